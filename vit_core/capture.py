@@ -1,0 +1,167 @@
+"""One forward pass with forward hooks, returned as one frozen result.
+
+`run_with_capture` is the only place that touches the model during a pass. Hooks exist only inside
+`_hooks_installed` and are removed in its `finally`, as is the one module flag it changes
+(`attn.fused_attn`: timm's fused SDPA path never materialises the attention matrix). The result
+holds CPU float32 numpy arrays with the batch axis removed, made read-only, so it can be cached and
+shared between sessions without copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+from torchvision import transforms as T
+
+from .analyses import softmax
+from .errors import CaptureError
+from .images import to_rgb
+from .loading import Geometry, LoadedModel
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Everything one forward pass showed. Shapes: T tokens, D width, L layers, H heads, C classes."""
+
+    model_name: str
+    geometry: Geometry
+    input_image: np.ndarray  # uint8 (H, W, 3): the exact crop the model saw
+    input_tensor: np.ndarray  # float32 (3, H, W): normalised input of patch_embed
+    patch_embeddings: np.ndarray  # float32 (N, D): patch_embed output, before prefix tokens and position
+    tokens: np.ndarray  # float32 (L+1, T, D): entering block 0, then after each block (before the final norm)
+    pattern: np.ndarray  # float32 (L, H, T, T): post-softmax attention, rows = queries
+    final_tokens: np.ndarray  # float32 (T, D): after the final norm
+    pre_logits: np.ndarray  # float32 (D',): input of the classifier head (pooled, fc_norm'ed)
+    logits: np.ndarray  # float32 (C,)
+    forward_seconds: float  # wall time of the hooked forward pass
+
+    @property
+    def probs(self) -> np.ndarray:
+        return softmax(self.logits)  # (C,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Preprocessing: timm's eval transform, split where the PIL crop becomes a tensor
+
+
+def split_eval_transform(data_config: dict) -> tuple[T.Compose, T.Compose]:
+    """timm's eval transform for this model as (PIL -> PIL crop, PIL crop -> normalised tensor)."""
+    transform = create_transform(**data_config, is_training=False)
+    steps = list(transform.transforms)
+    to_tensor_at = next(i for i, t in enumerate(steps) if type(t).__name__ in ("ToTensor", "MaybeToTensor", "PILToTensor"))
+    return T.Compose(steps[:to_tensor_at]), T.Compose(steps[to_tensor_at:])
+
+
+def preprocess(loaded: LoadedModel, image: Image.Image) -> tuple[np.ndarray, torch.Tensor]:
+    """The crop the model sees (uint8 (H, W, 3)) and its normalised tensor ((1, 3, H, W))."""
+    to_crop, to_tensor = split_eval_transform(loaded.data_config)
+    crop = to_crop(to_rgb(image))
+    return np.asarray(crop, dtype=np.uint8).copy(), to_tensor(crop).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hooks
+
+
+@contextlib.contextmanager
+def _hooks_installed(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
+    """Register the capture hooks and switch attention to the explicit softmax path; undo both on exit."""
+    blocks = list(model.blocks)
+    fused_before = [blk.attn.fused_attn for blk in blocks]
+    was_training = model.training
+    with contextlib.ExitStack() as stack:
+        try:
+            model.eval()
+            for blk in blocks:
+                blk.attn.fused_attn = False  # the un-fused path computes softmax(q k^T * scale) and passes it through attn_drop
+
+            def keep(key: str, tensor: torch.Tensor) -> None:
+                store.setdefault(key, []).append(tensor.detach())
+
+            handles = [
+                model.patch_embed.register_forward_hook(lambda m, i, o: keep("patch_embeddings", o)),
+                blocks[0].register_forward_pre_hook(lambda m, args: keep("tokens", args[0])),
+                model.norm.register_forward_hook(lambda m, i, o: keep("final_tokens", o)),
+                model.head.register_forward_pre_hook(lambda m, args: keep("pre_logits", args[0])),
+            ]
+            for blk in blocks:
+                handles.append(blk.register_forward_hook(lambda m, i, o: keep("tokens", o)))
+                handles.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: keep("pattern", o)))
+            for handle in handles:
+                stack.callback(handle.remove)
+            yield
+        finally:
+            for blk, fused in zip(blocks, fused_before):
+                blk.attn.fused_attn = fused
+            model.train(was_training)
+
+
+def _frozen(t: torch.Tensor) -> np.ndarray:
+    array = t.detach().to(torch.float32).cpu().numpy()
+    array.setflags(write=False)
+    return array
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry point
+
+
+def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
+    """Preprocess `image` as the model's pretrained config says, run one hooked forward pass, and
+    return every intermediate as numpy.
+
+    Safe to call from many threads on one shared `loaded`: passes are serialised by its lock (the
+    hooks and the attention flag are per-model state). Raises CaptureError if the model did not
+    produce exactly one attention pattern per block.
+    """
+    model, geometry = loaded.model, loaded.geometry
+    crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W)
+    store: dict[str, list[torch.Tensor]] = {}
+    with loaded.lock:
+        started = time.perf_counter()
+        with torch.inference_mode(), _hooks_installed(model, store):
+            logits = model(x)  # (1, C)
+        seconds = time.perf_counter() - started
+
+    num_layers = geometry.num_layers
+    patterns = store.get("pattern", [])
+    if len(patterns) != num_layers:
+        raise CaptureError(
+            f"expected one attention pattern per block ({num_layers}), got {len(patterns)}: this model's "
+            "attention does not run through timm's standard path."
+        )
+    tokens = store["tokens"]
+    assert len(tokens) == num_layers + 1, f"{len(tokens)} token captures for {num_layers} blocks"
+    pattern = torch.cat(patterns, dim=0)  # L x (1, H, T, T) -> (L, H, T, T)
+    assert pattern.shape[-1] == geometry.num_tokens, f"pattern {tuple(pattern.shape)} vs {geometry.num_tokens} tokens"
+
+    input_image = crop
+    input_image.setflags(write=False)
+    return Capture(
+        model_name=loaded.name,
+        geometry=geometry,
+        input_image=input_image,
+        input_tensor=_frozen(x[0]),  # (3, H, W)
+        patch_embeddings=_frozen(store["patch_embeddings"][0][0]),  # (1, N, D) -> (N, D)
+        tokens=_frozen(torch.cat(tokens, dim=0)),  # (L+1) x (1, T, D) -> (L+1, T, D)
+        pattern=_frozen(pattern),
+        final_tokens=_frozen(store["final_tokens"][0][0]),  # (1, T, D) -> (T, D)
+        pre_logits=_frozen(store["pre_logits"][0][0]),  # (1, D') -> (D',)
+        logits=_frozen(logits[0]),  # (1, C) -> (C,)
+        forward_seconds=seconds,
+    )
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    """Forward (pre-)hooks registered anywhere on `model` (0 outside a capture)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

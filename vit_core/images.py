@@ -1,0 +1,151 @@
+"""Decoding images that people actually upload into plain 8-bit RGB.
+
+Whatever comes in (a phone photo with an EXIF rotation, a transparent PNG, a CMYK JPEG, a 16-bit
+scan, an animated GIF), the model gets one RGB picture that looks the way the user saw it, or the
+user gets an `ImageError` with one sentence saying what is wrong. Nothing here touches Pillow's
+process-wide settings (`LOAD_TRUNCATED_IMAGES`, `MAX_IMAGE_PIXELS`): the server shares them between
+every browser session.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import ImageError
+
+_logger = logging.getLogger(__name__)
+
+# Refuse before decoding anything larger: 50 MP is a 8660 x 5770 photo, well above any phone camera,
+# and below Pillow's own decompression-bomb warning level (89 MP), so we decide, not a warning filter.
+MAX_PIXELS = 50_000_000
+SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
+UPLOAD_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+
+_WHITE = (255, 255, 255)
+_EXIF_ORIENTATION = 0x0112
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    image: Image.Image  # mode "RGB", EXIF orientation applied
+    source_format: str  # e.g. "PNG"
+    source_size: tuple[int, int]  # (width, height) as stored, before EXIF rotation
+    notes: tuple[str, ...] = ()  # what was done that a user may want to know ("first of 12 frames")
+
+
+def _sniff(head: bytes) -> str | None:
+    """A user-facing name for common non-image files, from their first bytes."""
+    stripped = head.lstrip()
+    if stripped[:5].lower() in (b"<?xml", b"<svg ") or b"<svg" in stripped[:512].lower():
+        return "an SVG (vector) file; export it as PNG or JPEG first"
+    if head[:4] == b"PK\x03\x04":
+        return "a zip archive; unpack it and upload one image"
+    if head[:5] == b"%PDF-":
+        return "a PDF document; export the page as PNG or JPEG first"
+    return None
+
+
+def _read_bytes(source: bytes | str | Path | io.IOBase) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    if isinstance(source, (str, Path)):
+        try:
+            return Path(source).read_bytes()
+        except OSError as e:
+            raise ImageError(f"Could not read {source}: {e.strerror or e}.") from e
+    return source.read()
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to 8-bit RGB the way a viewer would show it.
+
+    Transparency is composited on white (what a browser shows for a PNG on a white page); 16- and
+    32-bit integer data is scaled to 8 bits rather than clipped (Pillow's plain `convert("RGB")`
+    keeps only values below 256); float data is min-max scaled.
+    """
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode == "P" and "transparency" in im.info or mode == "PA":
+        im, mode = im.convert("RGBA"), "RGBA"
+    if mode in ("RGBA", "LA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, _WHITE + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if mode.startswith("I"):  # "I", "I;16", "I;16B", "I;16L", "I;16N": 16-bit data in PNG/TIFF
+        values = np.asarray(im, dtype=np.float64)
+        peak = 65535.0 if mode.startswith("I;16") or values.max(initial=0) > 255 else 255.0
+        gray = np.clip(np.round(values * (255.0 / peak)), 0, 255).astype(np.uint8)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    if mode == "F":
+        values = np.asarray(im, dtype=np.float64)
+        lo, hi = float(values.min(initial=0)), float(values.max(initial=0))
+        gray = np.zeros_like(values) if hi <= lo else (values - lo) / (hi - lo)
+        return Image.fromarray(np.round(gray * 255).astype(np.uint8), mode="L").convert("RGB")
+    return im.convert("RGB")  # "1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV"
+
+
+def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> DecodedImage:
+    """Decode an image file (bytes, path or file object) or normalise a PIL image to RGB.
+
+    Raises ImageError with a user-facing sentence for an empty, unreadable, truncated or oversized
+    file. Animated files give their first frame.
+    """
+    if isinstance(source, Image.Image):
+        im = ImageOps.exif_transpose(source)
+        return DecodedImage(to_rgb(im), source.format or "PIL", source.size)
+
+    data = _read_bytes(source)
+    if not data:
+        raise ImageError("The file is empty.")
+    try:
+        im = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
+        if isinstance(e, Image.DecompressionBombError):
+            raise ImageError(f"The image is too large to open safely (over {MAX_PIXELS // 1_000_000} MP).") from e
+        what = _sniff(data[:1024])
+        if what:
+            raise ImageError(f"This is {what}.") from e
+        raise ImageError(
+            "This file is not an image ViT Lens can read. Use JPEG, PNG, WebP, BMP, GIF or TIFF."
+        ) from e
+
+    width, height = im.size
+    if width * height > MAX_PIXELS:
+        raise ImageError(
+            f"The image is {width} x {height} pixels ({width * height / 1e6:.0f} MP); the limit is "
+            f"{MAX_PIXELS // 1_000_000} MP. Downscale it first."
+        )
+    if width < 1 or height < 1:
+        raise ImageError("The image has no pixels.")
+
+    notes = []
+    frames = getattr(im, "n_frames", 1)
+    if frames > 1:
+        notes.append(f"Animated file: using the first of its {frames} frames.")
+        im.seek(0)
+    try:
+        im.load()
+    except (OSError, ValueError, SyntaxError) as e:  # Pillow raises all three for damaged data
+        raise ImageError(f"The image file is damaged or truncated ({e}).") from e
+
+    fmt = im.format or "unknown"
+    if im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+        notes.append("Rotated according to the camera's EXIF orientation.")
+    transposed = ImageOps.exif_transpose(im)
+    if im.mode not in ("RGB", "L"):
+        notes.append(f"Converted from {im.mode} to RGB" + (" on white." if "A" in im.mode or "transparency" in im.info else "."))
+    rgb = to_rgb(transposed)
+    _logger.debug("decoded %s %sx%s %s -> RGB %s", fmt, width, height, im.mode, rgb.size)
+    return DecodedImage(rgb, fmt, (width, height), tuple(notes))
+
+
+def load_image(source: bytes | str | Path | io.IOBase | Image.Image) -> Image.Image:
+    """`decode_image(source).image`: an RGB PIL image, or ImageError."""
+    return decode_image(source).image

@@ -1,0 +1,479 @@
+"""Loading any Vision Transformer of timm's family, with its geometry, preprocessing and labels.
+
+`load_model` is the one way in. It wraps timm and never edits its modules: weights come through
+timm's own pretrained machinery (hub cache first, so a populated cache works with no network), a
+local file loaded safely, the bundled teaching model, or an explicit random init.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import logging
+import os
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import timm
+import timm.data
+from timm.models.vision_transformer import VisionTransformer
+
+from .errors import ModelError, OfflineError, WeightsError
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "vit_base_patch16_224"
+TEACHING_MODEL = "vit-lens/shapes-vit"
+TEACHING_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Token geometry read from the model (analyses.md: never hard-code 197, 14 or 1)."""
+
+    img_size: tuple[int, int]  # (H, W) of the input the model was built for
+    patch_size: tuple[int, int]  # (ph, pw)
+    grid: tuple[int, int]  # (gh, gw)
+    prefix_names: tuple[str, ...]  # e.g. ("CLS",), ("CLS", "DIST"), ("CLS", "REG1", ..), ()
+    no_embed_class: bool  # position embedding has no rows for prefix tokens
+    has_pos_embed: bool  # a learned absolute position embedding exists
+    num_layers: int
+    num_heads: int
+    embed_dim: int
+    num_classes: int
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return len(self.prefix_names)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def has_class_token(self) -> bool:
+        return "CLS" in self.prefix_names
+
+    def token_name(self, index: int) -> str:
+        """'CLS', 'DIST', 'REG1' for prefix tokens, 'patch 17 (row 1, col 3)' for patches."""
+        if index < self.num_prefix_tokens:
+            return self.prefix_names[index]
+        k = index - self.num_prefix_tokens
+        return f"patch {k} (row {k // self.grid[1]}, col {k % self.grid[1]})"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A timm ViT in eval mode with everything needed to run and explain it."""
+
+    model: VisionTransformer
+    name: str  # as asked for, e.g. "vit_base_patch16_224" or "vit-lens/shapes-vit"
+    weights: str  # where the weights came from, for people: "hub: timm/...", "file: ft.safetensors", "random init (seed 0)"
+    geometry: Geometry
+    data_config: dict[str, Any]  # timm's resolved preprocessing: input_size, interpolation, crop_pct, mean, std
+    labels: tuple[str, ...] | None  # class names in head order, or None (indices are shown)
+    # Forwards on a shared model are serialised: capture flips module flags and registers hooks.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if self.labels and index < len(self.labels) else f"class {index}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Geometry and family checks
+
+
+def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    return (int(x), int(x)) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def read_geometry(model: VisionTransformer) -> Geometry:
+    """Token geometry of a timm VisionTransformer, from its own attributes."""
+    prefix = []
+    if getattr(model, "cls_token", None) is not None:
+        prefix.append("CLS")
+    if getattr(model, "dist_token", None) is not None:  # DeiT distilled: cls, dist, patches
+        prefix.append("DIST")
+    num_reg = model.reg_token.shape[1] if getattr(model, "reg_token", None) is not None else 0
+    prefix += [f"REG{i + 1}" for i in range(num_reg)]
+    assert len(prefix) == model.num_prefix_tokens, f"prefix {prefix} vs num_prefix_tokens {model.num_prefix_tokens}"
+    patch_embed = model.patch_embed
+    return Geometry(
+        img_size=_pair(patch_embed.img_size),
+        patch_size=_pair(patch_embed.patch_size),
+        grid=_pair(patch_embed.grid_size),
+        prefix_names=tuple(prefix),
+        no_embed_class=bool(model.no_embed_class),
+        has_pos_embed=getattr(model, "pos_embed", None) is not None,
+        num_layers=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads,
+        embed_dim=model.embed_dim,
+        num_classes=model.num_classes,
+    )
+
+
+def check_supported(model: torch.nn.Module, name: str) -> None:
+    """Refuse models outside timm's VisionTransformer family, or with attention we can't capture."""
+    if not isinstance(model, VisionTransformer):
+        raise ModelError(
+            f"{name} is not a Vision Transformer of timm's VisionTransformer family "
+            f"(it is a {type(model).__name__}). ViT Lens shows ViT, DeiT, SigLIP-style and register "
+            "models such as vit_base_patch16_224, deit_small_distilled_patch16_224 or vit_small_patch16_224."
+        )
+    for i, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        if attn is None or not hasattr(attn, "fused_attn") or not hasattr(attn, "attn_drop"):
+            raise ModelError(
+                f"{name}: block {i} uses {type(attn).__name__}, whose attention pattern ViT Lens can't "
+                "capture. Choose a standard ViT."
+            )
+    if getattr(model.patch_embed, "dynamic_img_pad", False) or getattr(model, "dynamic_img_size", False):
+        raise ModelError(f"{name} uses a dynamic image size; ViT Lens needs a fixed input size.")
+
+
+def _check_name(name: str) -> None:
+    if timm.is_model(name):
+        return
+    arch, _ = timm.models.split_model_name_tag(name)
+    if timm.is_model(arch):
+        return
+    close = difflib.get_close_matches(arch, timm.list_models("*vit*") + timm.list_models("deit*"), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ModelError(f"timm has no model called {name!r}.{hint}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Hub access: fail within seconds when offline, use the cache when it holds the weights
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_reachable_at(bucket: int) -> bool:
+    del bucket  # only keys the cache: one probe a minute at most
+    from huggingface_hub import constants
+
+    try:
+        request = urllib.request.Request(constants.ENDPOINT, method="HEAD")
+        urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT_S).close()
+        return True
+    except urllib.error.HTTPError:
+        return True  # the server answered: the network is there
+    except (OSError, ValueError) as e:
+        _logger.info("hub %s not reachable: %s", constants.ENDPOINT, e)
+        return False
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers within a few seconds (cached for a minute)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    return _hub_reachable_at(int(time.time() // 60))
+
+
+def _cached_weights_file(hub_id: str) -> str | None:
+    """Path of a weights file of `hub_id` already in the local hub cache, if any."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+        path = try_to_load_from_cache(hub_id, filename)
+        if isinstance(path, str):
+            return path
+    return None
+
+
+def _offline_message(what: str) -> str:
+    return (
+        f"Pretrained weights for {what} are not in the local cache and the Hugging Face hub can't be "
+        "reached. Connect once to download them, point HF_HOME at a cache that has them, pass a "
+        f"weights file, or use the bundled offline model {TEACHING_MODEL!r}."
+    )
+
+
+def _create_pretrained(name: str, **kwargs: Any) -> tuple[torch.nn.Module, str]:
+    """timm.create_model(pretrained=True), but from the hub cache when possible and never slow offline."""
+    if name.startswith("hf-hub:"):
+        hub_id = name[len("hf-hub:"):]
+        from huggingface_hub import constants
+
+        if not constants.HF_HUB_OFFLINE and not hub_reachable():
+            raise OfflineError(_offline_message(name) + " (With HF_HUB_OFFLINE=1, hub ids are read from the cache.)")
+        return _timm_create(name, pretrained=True, **kwargs), f"hub: {hub_id}"
+
+    cfg = timm.models.get_pretrained_cfg(name)
+    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    if not hub_id:
+        raise ModelError(f"timm has no pretrained weights for {name}; load it with pretrained=False or a weights file.")
+    cached = _cached_weights_file(hub_id)
+    if cached:
+        # timm's own load path, pointed at the cached file: no network round trip at all.
+        model = _timm_create(name, pretrained=True, pretrained_cfg_overlay={"file": cached}, **kwargs)
+        return model, f"hub cache: {hub_id}"
+    if not hub_reachable():
+        raise OfflineError(_offline_message(name))
+    _logger.info("downloading %s from the hub", hub_id)
+    return _timm_create(name, pretrained=True, **kwargs), f"hub: {hub_id}"
+
+
+def _timm_create(name: str, **kwargs: Any) -> torch.nn.Module:
+    try:
+        return timm.create_model(name, **kwargs)
+    except (OSError, RuntimeError) as e:
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        if isinstance(e, LocalEntryNotFoundError) or isinstance(e.__cause__, LocalEntryNotFoundError):
+            raise OfflineError(_offline_message(name)) from e
+        raise
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights files
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors / .pth / .pt / .bin file, never unpickling arbitrary objects."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in WEIGHT_SUFFIXES:
+        raise WeightsError(f"{path.name}: unsupported weights format; use {', '.join(WEIGHT_SUFFIXES)}.")
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file.")
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError, ValueError) as e:
+            raise WeightsError(f"{path.name} is not a valid safetensors file (truncated or damaged?): {e}") from e
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types; all mean "refused"
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise WeightsError(
+                f"{path.name} was refused: it contains Python objects, not only tensors, and loading it "
+                "could run code. ViT Lens loads weights safely (weights_only); convert it to safetensors."
+            ) from e
+        raise WeightsError(f"{path.name} could not be read as a PyTorch checkpoint: {e}") from e
+    for key in ("state_dict", "model", "model_state_dict", "module"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{path.name} holds no state dict of tensors.")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _head_classes(state: dict[str, torch.Tensor]) -> int | None:
+    head = state.get("head.weight")
+    return int(head.shape[0]) if head is not None and head.ndim == 2 else None
+
+
+def _load_weights_into(model: VisionTransformer, path: Path, name: str) -> None:
+    if path.suffix.lower() == ".npz":  # the original Google JAX checkpoints, through timm's converter
+        try:
+            model.load_pretrained(str(path))
+        except Exception as e:  # noqa: BLE001
+            raise WeightsError(f"{path.name} is not a JAX ViT checkpoint that fits {name}: {e}") from e
+        return
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    state = read_state_dict(path)
+    try:
+        state = checkpoint_filter_fn(state, model)  # timm's own conversions (e.g. pos_embed resampling)
+    except Exception as e:  # noqa: BLE001
+        raise WeightsError(f"{path.name} does not fit {name}: {e}") from e
+    result = _strict_load(model, state)
+    if result:
+        raise WeightsError(f"{path.name} does not fit {name}: {result}")
+
+
+def _strict_load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
+    """Load strictly; return a one-line description of the mismatch, or '' on success."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong_shape = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing tensors ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensors ({', '.join(unexpected[:3])}{', ...' if len(unexpected) > 3 else ''})")
+    if wrong_shape:
+        problems.append(f"shape mismatch: {'; '.join(wrong_shape[:3])} (file vs model)")
+    if problems:
+        return "; ".join(problems) + ". Is it the right architecture?"
+    model.load_state_dict(state, strict=True)
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Labels
+
+
+def read_labels(path: str | Path) -> tuple[str, ...]:
+    """Class names from a text file (one per line) or JSON (a list, or {"label_names": [...]}, or id2label)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+        if isinstance(data, dict):
+            data = data.get("label_names") or data.get("labels") or data.get("id2label") or data
+        if isinstance(data, dict):
+            data = [data[k] for k in sorted(data, key=int)]
+        return tuple(str(x) for x in data)
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _labels_beside(weights: Path) -> tuple[str, ...] | None:
+    for candidate in (weights.with_suffix(".labels.txt"), weights.parent / "labels.txt", weights.parent / "label_names.json"):
+        if candidate.is_file():
+            return read_labels(candidate)
+    return None
+
+
+def imagenet_labels(model: torch.nn.Module) -> tuple[str, ...] | None:
+    """Human-readable ImageNet names from timm's bundled ImageNetInfo (no download), if the head fits."""
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = infer_imagenet_subset(model)
+    if not subset:
+        return None
+    return tuple(ImageNetInfo(subset).label_descriptions())
+
+
+# ----------------------------------------------------------------------------------------------
+# The bundled teaching model
+
+
+def _load_teaching_model() -> tuple[VisionTransformer, tuple[str, ...]]:
+    config_path = TEACHING_MODEL_DIR / "config.json"
+    weights_path = TEACHING_MODEL_DIR / "model.safetensors"
+    if not config_path.is_file() or not weights_path.is_file():
+        raise ModelError(f"The bundled teaching model is missing from {TEACHING_MODEL_DIR}; retrain it (see its MODEL_CARD.md).")
+    config = json.loads(config_path.read_text())
+    model = VisionTransformer(**config["model_args"])
+    problem = _strict_load(model, read_state_dict(weights_path))
+    if problem:
+        raise WeightsError(f"The bundled teaching model's weights don't fit its config: {problem}")
+    _attach_pretrained_cfg(model, config["pretrained_cfg"], config["model_args"].get("num_classes", 1000))
+    return model, read_labels(TEACHING_MODEL_DIR / "labels.txt")
+
+
+def _attach_pretrained_cfg(model: torch.nn.Module, cfg: dict[str, Any], num_classes: int) -> None:
+    """Give a directly-built model the preprocessing config timm models carry, for resolve_model_data_config."""
+    full = {"input_size": (3, 224, 224), "interpolation": "bicubic", "crop_pct": 0.9, "crop_mode": "center",
+            "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "num_classes": num_classes,
+            "first_conv": "patch_embed.proj", "classifier": "head"}
+    full.update({k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+    model.pretrained_cfg = full
+    model.default_cfg = full
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry point
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    weights: str | Path | None = None,
+    pretrained: bool = True,
+    labels: str | Path | tuple[str, ...] | list[str] | None = None,
+    seed: int = 0,
+    **model_kwargs: Any,
+) -> LoadedModel:
+    """Load a Vision Transformer by name, ready for `run_with_capture`.
+
+    name: a timm model name (optionally with a pretrained tag), an "hf-hub:" id, or TEACHING_MODEL.
+    weights: a local weights file (.safetensors, .pth/.pt/.bin loaded with weights_only, or a JAX
+        .npz); the head size is taken from the file. Overrides `pretrained`.
+    pretrained: False for an explicit random init (deterministic under `seed`).
+    labels: class names, or a label file (txt: one per line; json). Default: a label file beside
+        the weights, else ImageNet names when the head has 1000/21k classes, else indices.
+    model_kwargs: passed to timm.create_model (e.g. depth=2 for a small test model).
+    Raises ModelError, WeightsError or OfflineError with a message for the user.
+    """
+    started = time.perf_counter()
+    label_names: tuple[str, ...] | None = None
+    if name == TEACHING_MODEL:
+        model, label_names = _load_teaching_model()
+        source = f"bundled: {TEACHING_MODEL_DIR.name}"
+    else:
+        if not name.startswith("hf-hub:"):
+            _check_name(name)
+            _probe_family(name, model_kwargs)
+        if weights is not None:
+            weights = Path(weights)
+            if weights.suffix.lower() != ".npz":
+                classes = _head_classes(read_state_dict(weights))
+                if classes is not None:
+                    model_kwargs.setdefault("num_classes", classes)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                model = _timm_create(name, pretrained=False, **model_kwargs)
+            check_supported(model, name)
+            _load_weights_into(model, weights, name)
+            source = f"file: {weights.name}"
+            label_names = _labels_beside(weights)
+        elif pretrained:
+            model, source = _create_pretrained(name, **model_kwargs)
+        else:
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                model = _timm_create(name, pretrained=False, **model_kwargs)
+            source = f"random init (seed {seed})"
+    check_supported(model, name)
+    model.eval()
+
+    if labels is not None:
+        label_names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
+    elif label_names is None:
+        label_names = imagenet_labels(model)
+    if label_names is not None and len(label_names) != model.num_classes:
+        raise WeightsError(
+            f"The labels list {len(label_names)} classes but the model's head has {model.num_classes}: "
+            "wrong label file or wrong class count."
+        )
+
+    geometry = read_geometry(model)
+    data_config = timm.data.resolve_model_data_config(model)
+    # The pretrained config keeps its own size when a model is built at another (img_size=...):
+    # the model's patch embedding is the authority.
+    data_config["input_size"] = (3, *geometry.img_size)
+    loaded = LoadedModel(model, name, source, geometry, data_config, label_names)
+    _logger.info("loaded %s (%s) in %.1f s", name, source, time.perf_counter() - started)
+    return loaded
+
+
+def _probe_family(name: str, model_kwargs: dict[str, Any]) -> None:
+    """Refuse a non-ViT before building it for real (a resnet or swin costs nothing on 'meta')."""
+    try:
+        with torch.device("meta"):
+            probe = timm.create_model(name, pretrained=False, **model_kwargs)
+    except (TypeError, ValueError, AssertionError, RuntimeError, NotImplementedError) as e:
+        _logger.debug("meta probe of %s failed (%s); checking after the real build", name, e)
+        return
+    check_supported(probe, name)
+
+
+def teaching_model_available() -> bool:
+    return (TEACHING_MODEL_DIR / "model.safetensors").is_file()
+
+
+def env_default_model() -> str:
+    """The model the dashboard opens with: $VIT_LENS_MODEL, else the ImageNet ViT-B/16."""
+    return os.environ.get("VIT_LENS_MODEL", DEFAULT_MODEL)

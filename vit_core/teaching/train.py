@@ -1,0 +1,298 @@
+"""Train the bundled teaching model, "Shapes ViT", on CPU in under 30 minutes.
+
+The model is a plain ``timm.models.vision_transformer.VisionTransformer``, so the dashboard loads it
+through the same code path as any timm ViT. Inputs are preprocessed exactly as timm's eval transform
+does with the shipped ``pretrained_cfg`` (64 px images need no resize or crop; ToTensor, then
+Normalize(mean=0.5, std=0.5)), see ``preprocess``.
+
+Recipe (every number lives in ``TrainConfig``):
+
+* data: ``num_train`` procedural images drawn once into RAM, in chunks of ``chunk_size`` generated in
+  ``gen_workers`` processes; chunk k uses the seed ``(TRAIN_SEED_TAG, seed, k)``, which no evaluation
+  seed can equal (evaluation uses plain integer seeds);
+* augmentation: a random element of the dihedral group per image (flips and transposes). Every
+  class is symmetric under a mirror and drawn at a random rotation, so this preserves the label;
+* AdamW, linear warmup then cosine decay to zero, label smoothing, gradient clipping, float32.
+
+Run: ``python -m vit_core.teaching.train --out assets/shapes_vit``
+then ``python -m vit_core.teaching.evaluate assets/shapes_vit`` for metrics and the model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import multiprocessing
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer
+
+from vit_core.teaching.data import CLASS_NAMES, make_dataset
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "vit-lens/shapes-vit"
+TRAIN_SEED_TAG = 0x5EED  # first entropy word of every training chunk's seed
+MEAN = (0.5, 0.5, 0.5)
+STD = (0.5, 0.5, 0.5)
+
+
+@dataclass
+class TrainConfig:
+    # model
+    img_size: int = 64
+    patch_size: int = 8
+    embed_dim: int = 128
+    depth: int = 6
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    # data
+    num_train: int = 80_000
+    chunk_size: int = 2_000
+    gen_workers: int = 2
+    # optimisation
+    steps: int = 3_000
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_steps: int = 150
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    # runtime
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 100
+
+
+def model_args_from(cfg: TrainConfig) -> dict:
+    """The complete keyword arguments of VisionTransformer, written to config.json."""
+    return {
+        "img_size": cfg.img_size,
+        "patch_size": cfg.patch_size,
+        "in_chans": 3,
+        "embed_dim": cfg.embed_dim,
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+        "mlp_ratio": cfg.mlp_ratio,
+        "qkv_bias": True,
+        "num_classes": len(CLASS_NAMES),
+        "class_token": True,
+        "global_pool": "token",
+        "pos_embed": "learn",
+        "no_embed_class": False,
+        "reg_tokens": 0,
+        "pre_norm": False,
+        "final_norm": True,
+        "fc_norm": None,
+        "dynamic_img_size": False,
+    }
+
+
+def pretrained_cfg_from(cfg: TrainConfig) -> dict:
+    """Preprocessing that timm.data.resolve_model_data_config will read back."""
+    return {
+        "input_size": [3, cfg.img_size, cfg.img_size],
+        "mean": list(MEAN),
+        "std": list(STD),
+        "crop_pct": 1.0,
+        "interpolation": "bilinear",
+        "crop_mode": "center",
+    }
+
+
+def build_model(model_args: dict) -> VisionTransformer:
+    """A plain timm VisionTransformer from config.json's ``model_args``."""
+    return VisionTransformer(**model_args)
+
+
+def preprocess(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W, 3) or (B, 3, H, W) -> normalised float32 (B, 3, H, W).
+
+    Same arithmetic as torchvision ToTensor (divide by 255) + Normalize(MEAN, STD), which is what
+    timm's eval transform does for this model's pretrained_cfg (the resize/crop is a no-op at 64 px).
+    """
+    if images.shape[-1] == 3:
+        images = images.permute(0, 3, 1, 2)  # (B, H, W, 3) -> (B, 3, H, W)
+    x = images.float().div(255.0)
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def dihedral_augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Apply a random one of the 8 flips/rotations per image. x (B, C, S, S), square images."""
+    b = x.shape[0]
+    flips = torch.rand(b, 3, generator=gen) < 0.5  # (B, 3): transpose, flip H, flip W
+    x = torch.where(flips[:, 0].view(b, 1, 1, 1), x.transpose(-1, -2), x)
+    x = torch.where(flips[:, 1].view(b, 1, 1, 1), x.flip(-2), x)
+    x = torch.where(flips[:, 2].view(b, 1, 1, 1), x.flip(-1), x)
+    return x
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at cfg.steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+def _train_chunk(job: tuple[tuple[int, int, int], int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk of training images and labels (masks are not needed for training)."""
+    seed, n, size = job
+    images, _, labels = make_dataset(n, seed=seed, size=size)
+    return images, labels
+
+
+def make_train_set(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw the training images into RAM: uint8 (N, 3, H, W) and int64 labels (N,).
+
+    Chunks are seeded independently, so the result does not depend on gen_workers.
+    """
+    n_chunks = math.ceil(cfg.num_train / cfg.chunk_size)
+    jobs = [
+        ((TRAIN_SEED_TAG, cfg.seed, k), min(cfg.chunk_size, cfg.num_train - k * cfg.chunk_size), cfg.img_size)
+        for k in range(n_chunks)
+    ]
+    if cfg.gen_workers > 1 and n_chunks > 1:
+        ctx = multiprocessing.get_context("spawn")  # no fork after torch has started threads
+        with ctx.Pool(cfg.gen_workers) as pool:
+            chunks = pool.map(_train_chunk, jobs, chunksize=1)
+    else:
+        chunks = [_train_chunk(job) for job in jobs]
+    images = torch.from_numpy(np.concatenate([c[0] for c in chunks]))
+    labels = torch.from_numpy(np.concatenate([c[1] for c in chunks]))
+    images = images.permute(0, 3, 1, 2).contiguous()  # (N, H, W, 3) -> (N, 3, H, W)
+    return images, labels
+
+
+def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTransformer, dict]:
+    """Train a Shapes ViT with ``cfg``; if ``out_dir`` is given, save it there.
+
+    Returns the trained model (eval mode) and a summary dict (losses, timing) that also goes into
+    config.json's "train" entry.
+    """
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    images, labels = make_train_set(cfg)
+    gen_s = time.perf_counter() - t0
+    log.info("generated %d training images in %.1f s (%.0f img/s)", len(labels), gen_s, len(labels) / gen_s)
+
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model_args = model_args_from(cfg)
+    model = build_model(model_args)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %.2f M parameters, %s", n_params / 1e6, model_args)
+
+    # no weight decay on biases, norms, position embedding and class token (the usual ViT split)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+    )
+
+    model.train()
+    n = len(labels)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    losses: list[float] = []
+    run_loss = run_acc = 0.0
+    t_train = time.perf_counter()
+    for step in range(cfg.steps):
+        if pos + cfg.batch_size > n:  # new epoch
+            perm, pos = torch.randperm(n, generator=gen), 0
+        idx = perm[pos : pos + cfg.batch_size]
+        pos += cfg.batch_size
+        x = dihedral_augment(preprocess(images[idx]), gen)
+        y = labels[idx]
+
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+
+        losses.append(loss.item())
+        run_loss += loss.item()
+        run_acc += (logits.argmax(-1) == y).float().mean().item()
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            k = (step % cfg.log_every) + 1
+            dt = time.perf_counter() - t_train
+            log.info(
+                "step %5d/%d  loss %.4f  train-acc %.3f  lr %.2e  %.0f img/s  %.0f s",
+                step + 1, cfg.steps, run_loss / k, run_acc / k, lr_at(step, cfg),
+                (step + 1) * cfg.batch_size / dt, dt,
+            )
+            run_loss = run_acc = 0.0
+    train_s = time.perf_counter() - t_train
+    model.eval()
+
+    summary = {
+        **dataclasses.asdict(cfg),
+        "num_params": n_params,
+        "epochs": round(cfg.steps * cfg.batch_size / n, 2),
+        "augmentation": "random dihedral (flips and transposes) per image",
+        "optimizer": "AdamW, no decay on biases/norms/pos_embed/cls_token",
+        "schedule": "linear warmup, cosine decay",
+        "train_seed": f"chunk k of training data: numpy default_rng(({TRAIN_SEED_TAG}, seed, k))",
+        "data_gen_seconds": round(gen_s, 1),
+        "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.perf_counter() - t0, 1),
+        "train_images_per_second": round(cfg.steps * cfg.batch_size / train_s, 1),
+        "first_loss": round(float(np.mean(losses[: min(20, len(losses))])), 4),
+        "final_loss": round(float(np.mean(losses[-min(100, len(losses)) :])), 4),
+        "torch_version": torch.__version__,
+    }
+    if out_dir is not None:
+        save(model, cfg, summary, out_dir)
+    return model, summary
+
+
+def save(model: VisionTransformer, cfg: TrainConfig, summary: dict, out_dir: str | Path) -> None:
+    """Write model.safetensors, config.json and labels.txt (the format the loader reads)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"))
+    config = {
+        "name": MODEL_NAME,
+        "model_args": model_args_from(cfg),
+        "pretrained_cfg": pretrained_cfg_from(cfg),
+        "train": summary,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "labels.txt").write_text("\n".join(CLASS_NAMES) + "\n")
+    log.info("saved %s", out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="assets/shapes_vit", help="output folder")
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
+                            default=getattr(defaults, f.name))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    _, summary = train(cfg, args.out)
+    print(json.dumps({k: summary[k] for k in ("total_seconds", "train_images_per_second", "final_loss")}))
+
+
+if __name__ == "__main__":
+    main()
