@@ -1,0 +1,60 @@
+"""Shared fixtures: small random-init ViTs (fixed seed) and images the tests draw themselves."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # tests import vit_core / dashboard from the checkout
+    sys.path.insert(0, str(REPO))
+
+torch.set_num_threads(2)
+
+# Small members of each branch of timm's VisionTransformer family: (name, create_model kwargs).
+SMALL = dict(embed_dim=64, num_heads=4, depth=2)
+FAMILY = {
+    "class_token": ("vit_tiny_patch16_224", dict(depth=2)),
+    "distilled": ("deit_tiny_distilled_patch16_224", dict(depth=2)),
+    "registers": ("vit_small_patch14_reg4_dinov2", dict(SMALL, img_size=112)),
+    "no_class_token": ("vit_base_patch16_siglip_224", SMALL),
+    "patch32": ("vit_base_patch32_224", SMALL),
+    "input384": ("vit_base_patch16_384", dict(SMALL, depth=1)),
+}
+
+
+def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Image:
+    """A deterministic RGB test picture: a smooth gradient with a few bright rectangles."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([x / w, y / h, 0.5 + 0.5 * np.sin((x + y) / 17.0 + seed)], axis=-1) * 200
+    for _ in range(3):
+        top, left = rng.integers(0, h - 40), rng.integers(0, w - 40)
+        img[top : top + 40, left : left + 40] = rng.integers(0, 256, size=3)
+    return Image.fromarray(img.astype(np.uint8))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A 2-block random-init vit_tiny_patch16_224 (14 x 14 patches of 16 px, 1 class token)."""
+    from vit_core import load_model
+
+    return load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=2)
+
+
+@pytest.fixture(scope="session")
+def family():
+    from vit_core import load_model
+
+    return {key: load_model(name, pretrained=False, seed=0, **kwargs) for key, (name, kwargs) in FAMILY.items()}
+
+
+@pytest.fixture
+def image():
+    return drawn_image(0)

@@ -1,0 +1,66 @@
+"""`python -m vit_core analyze`: the export format of interface.md, and failures that don't stop the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import REPO, drawn_image
+from vit_core import analyses, load_model, run_with_capture
+
+
+def run_cli(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "vit_core", "analyze", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_analyze_writes_the_interface_format_and_reports_failures(tmp_path):
+    drawn_image(3).save(tmp_path / "scene.png")
+    (tmp_path / "notes.jpg").write_text("not an image")
+    result = run_cli(tmp_path / "scene.png", tmp_path / "notes.jpg", tmp_path / "missing.png",
+                     "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out", "--topk", "3", cwd=tmp_path)
+
+    assert result.returncode == 2
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 2 and "notes.jpg" in errors[0] and "missing.png" in errors[1]
+    assert "Traceback" not in result.stderr
+
+    arrays = np.load(tmp_path / "out" / "scene.npz")
+    L, H, T, D, N = 12, 3, 197, 192, 196
+    expected = {
+        "input_image": (np.uint8, (224, 224, 3)), "logits": (np.float32, (1000,)), "probs": (np.float32, (1000,)),
+        "pattern": (np.float32, (L, H, T, T)), "tokens": (np.float32, (L + 1, T, D)), "grid": (np.int64, (2,)),
+        "patch_size": (np.int64, (2,)), "num_prefix_tokens": (np.int64, ()),
+        "mean_attention_distance": (np.float32, (L, H)), "mean_attention_distance_renorm": (np.float32, (L, H)),
+        "rollout": (np.float32, (14, 14)), "pos_embed_similarity": (np.float32, (N, 14, 14)),
+        "filters_pca": (np.float32, (28, 16, 16, 3)), "filters_pca_explained": (np.float32, (28,)),
+    }
+    assert set(arrays.files) == set(expected)
+    for key, (dtype, shape) in expected.items():
+        assert arrays[key].dtype == dtype and arrays[key].shape == shape, key
+
+    # The same numbers as the Python API on the same image and model.
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0)
+    cap = run_with_capture(loaded, drawn_image(3))
+    np.testing.assert_allclose(arrays["logits"], cap.logits, atol=1e-5)
+    np.testing.assert_allclose(arrays["rollout"], analyses.attention_rollout(cap.pattern, 1, (14, 14)), atol=1e-6)
+    assert arrays["grid"].tolist() == [14, 14] and int(arrays["num_prefix_tokens"]) == 1
+
+    summary = json.loads((tmp_path / "out" / "scene.json").read_text())
+    assert summary["model"] == "vit_tiny_patch16_224" and summary["weights"] == "random init (seed 0)"
+    assert len(summary["topk"]) == 3
+    best = int(np.argmax(arrays["probs"]))
+    assert summary["topk"][0]["index"] == best and summary["topk"][0]["label"] == loaded.labels[best]
+    assert summary["topk"][0]["prob"] == np.float32(arrays["probs"][best]).item()
+
+
+def test_unsupported_model_is_one_line_and_exit_2(tmp_path):
+    drawn_image(0).save(tmp_path / "a.png")
+    result = run_cli(tmp_path / "a.png", "--model", "resnet50", "--random-init", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not a Vision Transformer" in result.stderr

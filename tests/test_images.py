@@ -1,0 +1,166 @@
+"""Every kind of image people upload: decoded correctly or refused with a sentence, drawn here."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_core import ImageError, decode_image, run_with_capture
+
+
+def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    im.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def solid(color, size=(32, 24), mode="RGB") -> Image.Image:
+    return Image.new(mode, size, color)
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height (a decompression bomb needs no real pixels)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+
+
+# ---------------------------------------------------------------------------------- refused
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"", "empty"),
+        (b"just some text, named photo.jpg", "not an image"),
+        (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>', "SVG"),
+        (b"%PDF-1.4 ...", "PDF"),
+    ],
+)
+def test_non_images_are_refused_with_a_sentence(data, message):
+    with pytest.raises(ImageError, match=message):
+        decode_image(data)
+
+
+def test_zip_is_refused():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("a.png", encode(solid("red"), "PNG"))
+    with pytest.raises(ImageError, match="zip"):
+        decode_image(buffer.getvalue())
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_truncated_files_are_refused(fmt):
+    rng = np.random.default_rng(0)
+    data = encode(Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)), fmt)
+    with pytest.raises(ImageError, match="damaged or truncated|not an image"):
+        decode_image(data[: len(data) // 2])
+
+
+def test_decompression_bomb_is_refused_before_decoding():
+    with pytest.raises(ImageError, match="MP"):
+        decode_image(png_header_only(20000, 20000))  # 400 MP claimed in a 60-byte file
+
+
+def test_missing_file_is_an_image_error(tmp_path):
+    with pytest.raises(ImageError, match="Could not read"):
+        decode_image(tmp_path / "nope.png")
+
+
+# ---------------------------------------------------------------------------------- decoded correctly
+
+
+def test_cmyk_jpeg_keeps_its_colour():
+    red = solid((220, 30, 30)).convert("CMYK")
+    decoded = decode_image(encode(red, "JPEG", quality=95))
+    assert decoded.image.mode == "RGB"
+    r, g, b = np.asarray(decoded.image).reshape(-1, 3).mean(0)
+    assert r > 180 and g < 80 and b < 80
+
+
+def test_16bit_png_is_scaled_not_clipped():
+    ramp = (np.linspace(0, 65535, 256 * 4).reshape(4, 256)).astype(np.uint16)
+    data = encode(Image.fromarray(ramp), "PNG")
+    assert Image.open(io.BytesIO(data)).mode.startswith("I")
+    pixels = np.asarray(decode_image(data).image)[..., 0]
+    assert pixels.min() == 0 and pixels.max() == 255
+    assert len(np.unique(pixels)) > 200  # a plain convert("RGB") leaves a handful of levels
+
+
+def test_palette_png_with_transparency_is_composited_on_white():
+    im = Image.new("P", (20, 10), 0)
+    im.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)  # index 0 red, index 1 blue
+    im.paste(1, (10, 0, 20, 10))
+    data = encode(im, "PNG", transparency=1)  # the blue half is transparent
+    pixels = np.asarray(decode_image(data).image)
+    assert tuple(pixels[5, 2]) == (255, 0, 0)
+    assert tuple(pixels[5, 15]) == (255, 255, 255)
+
+
+def test_la_and_rgba_composite_on_white():
+    la = Image.new("LA", (4, 4), (0, 0))  # black, fully transparent
+    assert tuple(np.asarray(decode_image(encode(la, "PNG")).image)[0, 0]) == (255, 255, 255)
+    rgba = Image.new("RGBA", (4, 4), (0, 0, 0, 128))  # black at half opacity -> mid grey
+    assert abs(int(np.asarray(decode_image(encode(rgba, "PNG")).image)[0, 0, 0]) - 127) <= 1
+
+
+def test_one_bit_and_grayscale():
+    one_bit = Image.new("1", (8, 8), 1)
+    assert tuple(np.asarray(decode_image(encode(one_bit, "PNG")).image)[0, 0]) == (255, 255, 255)
+    gray = Image.new("L", (8, 8), 77)
+    assert tuple(np.asarray(decode_image(encode(gray, "PNG")).image)[0, 0]) == (77, 77, 77)
+
+
+def test_animated_gif_gives_its_first_frame():
+    frames = [solid(c) for c in [(255, 0, 0), (0, 255, 0), (0, 0, 255)]]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    decoded = decode_image(data)
+    r, g, b = np.asarray(decoded.image)[0, 0]
+    assert r > 200 and g < 50 and b < 50
+    assert any("first of its 3 frames" in note for note in decoded.notes)
+
+
+def test_exif_rotated_jpeg_is_turned_upright():
+    im = np.zeros((20, 40, 3), dtype=np.uint8)
+    im[:, :20] = (255, 0, 0)  # stored: left half red, 40 wide x 20 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    decoded = decode_image(encode(Image.fromarray(im), "JPEG", exif=exif, quality=95))
+    assert decoded.image.size == (20, 40)  # displayed portrait
+    pixels = np.asarray(decoded.image)
+    assert pixels[5, 10, 0] > 200 and pixels[35, 10, 0] < 50  # red is now the top half
+    assert any("EXIF" in note for note in decoded.notes)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (10000, 10), (10, 10000)])
+def test_extreme_aspect_ratios_reach_the_model(tiny, size):
+    decoded = decode_image(encode(Image.new("RGB", size, (10, 200, 30)), "PNG"))
+    cap = run_with_capture(tiny, decoded.image)
+    assert cap.input_image.shape == (224, 224, 3)
+    assert np.isfinite(cap.logits).all()
+    # A uniform image stays uniform, whatever the aspect ratio
+    assert np.abs(cap.input_image.astype(int) - (10, 200, 30)).max() <= 2
+
+
+def test_huge_but_legal_photo_decodes(tiny):
+    rng = np.random.default_rng(1)
+    small = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    big = Image.fromarray(small).resize((6000, 4500), Image.NEAREST)  # 27 MP
+    decoded = decode_image(encode(big, "JPEG", quality=80))
+    assert decoded.image.size == (6000, 4500)
+    assert run_with_capture(tiny, decoded.image).input_image.shape == (224, 224, 3)
+
+
+@pytest.mark.parametrize("fmt", ["WEBP", "BMP", "TIFF"])
+def test_other_formats(fmt):
+    decoded = decode_image(encode(solid((0, 128, 255)), fmt, **({"lossless": True} if fmt == "WEBP" else {})))
+    assert tuple(np.asarray(decoded.image)[0, 0]) == (0, 128, 255)
+    assert decoded.source_format == fmt

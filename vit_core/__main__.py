@@ -1,0 +1,75 @@
+"""`python -m vit_core analyze IMAGE [IMAGE ...] --model NAME [--weights FILE | --random-init] [--out DIR] [--topk K]`
+
+Writes DIR/<stem>.npz and DIR/<stem>.json per readable image (format: shared/spec/interface.md).
+A failure prints one line on stderr, the other images are still analysed, and the exit status is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .capture import run_with_capture
+from .errors import ViTLensError
+from .export import analysis_arrays, json_bytes, summary
+from .images import load_image
+from .loading import DEFAULT_MODEL, load_model
+from .runtime import configure_threads
+
+EXIT_FAILURES = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vit_core", description="ViT Lens: analyse images with a timm ViT.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    analyze = commands.add_parser("analyze", help="capture and analyse images; write .npz + .json per image")
+    analyze.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
+    analyze.add_argument("--model", default=DEFAULT_MODEL, help=f"timm model name, hf-hub: id or vit-lens/shapes-vit (default {DEFAULT_MODEL})")
+    source = analyze.add_mutually_exclusive_group()
+    source.add_argument("--weights", type=Path, help="local weights file (.safetensors, .pth/.pt/.bin, .npz)")
+    source.add_argument("--random-init", action="store_true", help="no pretrained weights: random init (seed 0)")
+    analyze.add_argument("--labels", type=Path, help="label file (one class name per line, or JSON)")
+    analyze.add_argument("--out", type=Path, default=Path("."), help="output folder (default: current)")
+    analyze.add_argument("--topk", type=int, default=5, help="predictions in the .json (default 5)")
+    return parser
+
+
+def _fail(message: str) -> None:
+    print(f"vit_core: {message}", file=sys.stderr)
+
+
+def analyze(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_model(args.model, weights=args.weights, pretrained=not args.random_init, labels=args.labels)
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.model}: {e}")
+        return EXIT_FAILURES
+    args.out.mkdir(parents=True, exist_ok=True)
+    failures = 0
+    for path in args.images:
+        try:
+            cap = run_with_capture(loaded, load_image(path))
+            np.savez_compressed(args.out / f"{path.stem}.npz", **analysis_arrays(loaded, cap))
+            (args.out / f"{path.stem}.json").write_bytes(json_bytes(summary(loaded, cap, args.topk)))
+            logging.getLogger(__name__).info("%s -> %s", path, args.out / f"{path.stem}.npz")
+        except ViTLensError as e:
+            failures += 1
+            _fail(f"{path}: {e}")
+    return EXIT_FAILURES if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    configure_threads()
+    if args.command == "analyze":
+        return analyze(args)
+    return EXIT_FAILURES
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The analysis of one image as plain arrays: the `.npz` + `.json` format of spec/interface.md.
+
+Used by the command line (`python -m vit_core analyze`) and the dashboard's download button, so
+both write exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import analyses
+from .capture import Capture
+from .loading import LoadedModel
+
+PCA_COMPONENTS = 28  # the paper's Fig. 7 (left) shows 28
+
+
+def patch_embed_weight(loaded: LoadedModel) -> np.ndarray:
+    """The patch-embedding Conv2d weight: (D, C, ph, pw) float32."""
+    return loaded.model.patch_embed.proj.weight.detach().to(torch.float32).cpu().numpy()
+
+
+def patch_embed_bias(loaded: LoadedModel) -> np.ndarray | None:
+    bias = loaded.model.patch_embed.proj.bias
+    return None if bias is None else bias.detach().to(torch.float32).cpu().numpy()
+
+
+def pos_embed_rows(loaded: LoadedModel) -> np.ndarray | None:
+    """The learned absolute position embedding (T_pe, D), or None if the model has none."""
+    pos = getattr(loaded.model, "pos_embed", None)
+    if pos is None or not isinstance(pos, torch.nn.Parameter):
+        return None
+    return pos.detach().to(torch.float32).cpu().numpy()[0]  # (1, T_pe, D) -> (T_pe, D)
+
+
+def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
+    """Every array of the export format, keyed as in interface.md."""
+    g = cap.geometry
+    p = g.num_prefix_tokens
+    pca = analyses.filters_pca(patch_embed_weight(loaded), k=PCA_COMPONENTS)
+    arrays = {
+        "input_image": np.ascontiguousarray(cap.input_image, dtype=np.uint8),
+        "logits": cap.logits.astype(np.float32),
+        "probs": cap.probs.astype(np.float32),
+        "pattern": cap.pattern.astype(np.float32),
+        "tokens": cap.tokens.astype(np.float32),
+        "grid": np.asarray(g.grid, dtype=np.int64),
+        "patch_size": np.asarray(g.patch_size, dtype=np.int64),
+        "num_prefix_tokens": np.asarray(p, dtype=np.int64),
+        "mean_attention_distance": analyses.mean_attention_distance(cap.pattern, p, g.grid, g.patch_size),
+        "mean_attention_distance_renorm": analyses.mean_attention_distance(
+            cap.pattern, p, g.grid, g.patch_size, renormalize=True
+        ),
+        "rollout": analyses.attention_rollout(cap.pattern, p, g.grid, has_class_token=g.has_class_token),
+        "filters_pca": pca.components,
+        "filters_pca_explained": pca.explained_variance_ratio,
+    }
+    pos = pos_embed_rows(loaded)
+    if pos is not None:
+        arrays["pos_embed_similarity"] = analyses.pos_embed_similarity(pos, p, g.no_embed_class, g.grid)
+    return arrays
+
+
+def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:
+    """The `.json` beside the arrays: model, weights source and the top-k predictions."""
+    return {
+        "model": loaded.name,
+        "weights": loaded.weights,
+        "topk": [
+            {"index": pred.index, "label": pred.label, "prob": pred.prob}
+            for pred in analyses.top_k(cap.logits, loaded.labels, topk)
+        ],
+    }
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """A compressed .npz file in memory (for a download button)."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def json_bytes(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8")

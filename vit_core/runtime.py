@@ -1,0 +1,36 @@
+"""Process-wide runtime settings, applied once at start-up by the CLI and the dashboard."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+
+_logger = logging.getLogger(__name__)
+
+
+def cpu_quota() -> int:
+    """CPUs this process may really use: the cgroup quota and affinity mask, not the host's cores.
+
+    PyTorch sizes its thread pool from the host, which oversubscribes a container with a quota.
+    """
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            available = min(available, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, available)
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count from the CPU quota (or $VIT_LENS_THREADS); returns it."""
+    threads = threads or int(os.environ.get("VIT_LENS_THREADS", "0")) or cpu_quota()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    _logger.info("torch threads: %d", threads)
+    return threads
