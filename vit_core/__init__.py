@@ -9,11 +9,19 @@ No Streamlit here: everything is usable from a notebook, a script or `python -m 
     cap.pattern  # float32 (L, H, T, T)
 """
 
-from . import analyses
-from .capture import Capture, hook_count, preprocess, run_with_capture
-from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
-from .images import DecodedImage, decode_image, load_image
-from .loading import DEFAULT_MODEL, TEACHING_MODEL, Geometry, LoadedModel, hub_reachable, load_model
+import os
+
+# numpy's OpenBLAS threads spin against torch's on a small machine: measured on 2 cores, the filter
+# PCA took 1.8-2.9 s with 2 BLAS threads and 0.4 s with 1. The forward pass runs in torch, whose
+# own thread pool is set by runtime.configure_threads. Takes effect only if numpy is not imported
+# yet (the CLI, a notebook importing vit_core first); scripts/dashboard and scripts/test export it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from . import analyses  # noqa: E402
+from .capture import Capture, hook_count, preprocess, run_with_capture  # noqa: E402
+from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError  # noqa: E402
+from .images import DecodedImage, decode_image, load_image  # noqa: E402
+from .loading import DEFAULT_MODEL, TEACHING_MODEL, Geometry, LoadedModel, hub_reachable, load_model  # noqa: E402
 
 __all__ = [
     "analyses", "Capture", "CaptureError", "DecodedImage", "DEFAULT_MODEL", "Geometry", "ImageError",

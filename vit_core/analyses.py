@@ -87,20 +87,32 @@ def filters_pca(weight: np.ndarray, k: int = 28) -> FilterPCA:
     """Top-k principal components of the patch-embedding filters.
 
     The D filters are D samples of ph*pw*C features (flattened as in `filter_images`); the mean
-    filter is subtracted and the principal directions are the right singular vectors of the
-    centred (D, F) matrix. Explained-variance ratio = s_i^2 / sum_j s_j^2 over all components.
-    The sign of a component is arbitrary; k is capped at min(D, F).
+    filter is subtracted and the principal directions are the eigenvectors of the centred data's
+    scatter matrix, largest eigenvalue first. Explained-variance ratio = lambda_i / sum_j lambda_j
+    over all components. The sign of a component is arbitrary; k is capped at min(D, F).
+
+    Computed with `eigh` on the smaller of the Gram (D x D) and scatter (F x F) matrices: several
+    times faster than an SVD of the (D, F) matrix with the same result.
     """
     images = filter_images(weight).astype(np.float64)  # (D, ph, pw, C)
     num_filters, ph, pw, channels = images.shape
     samples = images.reshape(num_filters, -1)  # (D, F)
     mean = samples.mean(axis=0)
-    _, singular, vt = np.linalg.svd(samples - mean, full_matrices=False)  # vt: (min(D,F), F)
-    variance = singular**2
-    k = min(k, vt.shape[0])
-    ratio = variance[:k] / variance.sum() if variance.sum() > 0 else np.zeros(k)
+    centred = samples - mean
+    if num_filters <= centred.shape[1]:
+        eigval, u = np.linalg.eigh(centred @ centred.T)  # Gram (D, D), ascending
+        eigval, u = np.clip(eigval[::-1], 0, None), u[:, ::-1]
+        directions = centred.T @ u / np.sqrt(np.maximum(eigval, 1e-300))  # (F, D): v_i = X^T u_i / s_i
+    else:
+        eigval, directions = np.linalg.eigh(centred.T @ centred)  # scatter (F, F), ascending
+        eigval, directions = np.clip(eigval[::-1], 0, None), directions[:, ::-1]
+    k = min(k, num_filters, centred.shape[1])
+    total = eigval.sum()
+    ratio = eigval[:k] / total if total > 0 else np.zeros(k)
+    components = directions[:, :k].T  # (k, F)
+    components = components / np.maximum(np.linalg.norm(components, axis=1, keepdims=True), 1e-300)
     return FilterPCA(
-        components=vt[:k].reshape(k, ph, pw, channels).astype(np.float32),
+        components=components.reshape(k, ph, pw, channels).astype(np.float32),
         explained_variance_ratio=ratio.astype(np.float32),
         mean_filter=mean.reshape(ph, pw, channels).astype(np.float32),
     )
@@ -283,8 +295,8 @@ def mean_attention_distance(
     if renormalize:
         patch_to_patch = patch_to_patch / np.maximum(patch_to_patch.sum(axis=-1, keepdims=True), 1e-12)
     distance = patch_distances(grid, patch_size)  # (N, N)
-    per_query = (patch_to_patch * distance).sum(axis=-1)  # (L, H, N)
-    return per_query.mean(axis=-1).astype(np.float32)
+    total = np.einsum("lhij,ij->lh", patch_to_patch, distance)  # sum over queries i and keys j
+    return (total / distance.shape[0]).astype(np.float32)
 
 
 def uniform_attention_distance(grid: tuple[int, int], patch_size: tuple[int, int]) -> float:

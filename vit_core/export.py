@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import weakref
 from typing import Any
 
 import numpy as np
@@ -38,11 +39,30 @@ def pos_embed_rows(loaded: LoadedModel) -> np.ndarray | None:
     return pos.detach().to(torch.float32).cpu().numpy()[0]  # (1, T_pe, D) -> (T_pe, D)
 
 
+# Per-model analyses depend on the weights only: computed once per loaded model, not per image.
+_model_arrays: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def model_arrays(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """The export's per-model arrays (filter PCA, position-embedding similarity), cached per model."""
+    cached = _model_arrays.get(loaded.model)
+    if cached is None:
+        g = loaded.geometry
+        pca = analyses.filters_pca(patch_embed_weight(loaded), k=PCA_COMPONENTS)
+        cached = {"filters_pca": pca.components, "filters_pca_explained": pca.explained_variance_ratio}
+        pos = pos_embed_rows(loaded)
+        if pos is not None:
+            cached["pos_embed_similarity"] = analyses.pos_embed_similarity(pos, g.num_prefix_tokens, g.no_embed_class, g.grid)
+        for array in cached.values():
+            array.setflags(write=False)
+        _model_arrays[loaded.model] = cached
+    return cached
+
+
 def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
     """Every array of the export format, keyed as in interface.md."""
     g = cap.geometry
     p = g.num_prefix_tokens
-    pca = analyses.filters_pca(patch_embed_weight(loaded), k=PCA_COMPONENTS)
     arrays = {
         "input_image": np.ascontiguousarray(cap.input_image, dtype=np.uint8),
         "logits": cap.logits.astype(np.float32),
@@ -57,13 +77,8 @@ def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
             cap.pattern, p, g.grid, g.patch_size, renormalize=True
         ),
         "rollout": analyses.attention_rollout(cap.pattern, p, g.grid, has_class_token=g.has_class_token),
-        "filters_pca": pca.components,
-        "filters_pca_explained": pca.explained_variance_ratio,
     }
-    pos = pos_embed_rows(loaded)
-    if pos is not None:
-        arrays["pos_embed_similarity"] = analyses.pos_embed_similarity(pos, p, g.no_embed_class, g.grid)
-    return arrays
+    return {**arrays, **model_arrays(loaded)}
 
 
 def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:
