@@ -217,3 +217,31 @@ def test_softmax_and_top_k():
     assert top[0].prob == pytest.approx(expected[1])
     assert A.top_k(logits, None, k=1)[0].label == "class 1"
     assert A.softmax(np.array([1000.0, 0.0]))[0] == pytest.approx(1.0)  # no overflow
+
+
+# ---------------------------------------------------------------------------------- resampling
+
+
+@pytest.mark.parametrize("prefix,no_embed_class", [(1, False), (5, True)])
+def test_resample_pos_embed_keeps_prefix_rows_and_changes_the_grid(prefix, no_embed_class):
+    rng = np.random.default_rng(9)
+    gh, gw, d = 4, 4, 6
+    rows = gh * gw + (0 if no_embed_class else prefix)
+    pos = rng.normal(size=(rows, d)).astype(np.float32)
+    same = A.resample_pos_embed(pos, (gh, gw), (gh, gw), prefix, no_embed_class)
+    np.testing.assert_allclose(same, pos, atol=1e-6)  # no resolution change, no change
+    bigger = A.resample_pos_embed(pos, (gh, gw), (6, 8), prefix, no_embed_class)
+    assert bigger.shape == (6 * 8 + (0 if no_embed_class else prefix), d)
+    if not no_embed_class:
+        np.testing.assert_array_equal(bigger[:prefix], pos[:prefix])
+    sim = A.pos_embed_similarity(bigger, prefix, no_embed_class, (6, 8))
+    assert sim.shape == (48, 6, 8)
+
+
+def test_resampling_a_smooth_embedding_keeps_it_smooth():
+    # An embedding that is a linear function of the patch position stays (nearly) linear.
+    ys, xs = np.mgrid[0:4, 0:4]
+    pos = np.stack([ys.ravel(), xs.ravel(), np.ones(16)], axis=1).astype(np.float32)  # (16, 3)
+    out = A.resample_pos_embed(pos, (4, 4), (8, 8), 0, True)  # (64, 3)
+    assert np.all(np.diff(out[:, 1].reshape(8, 8), axis=1) > -1e-3)  # x increases along rows
+    assert np.all(np.diff(out[:, 0].reshape(8, 8), axis=0) > -1e-3)  # y increases down columns

@@ -161,6 +161,33 @@ def pos_embed_similarity(
     return cosine_similarity_matrix(rows).reshape(gh * gw, gh, gw)
 
 
+def resample_pos_embed(
+    pos_embed: np.ndarray,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int,
+    no_embed_class: bool,
+) -> np.ndarray:
+    """The position embedding for another input resolution, interpolated in 2D as timm does it.
+
+    pos_embed: (T_pe, D) -> (T_pe', D) with gh'*gw' patch rows; prefix rows are left untouched.
+    Uses timm's own `resample_abs_pos_embed` (bicubic, antialiased), the code path a model built at
+    another `img_size` takes when it loads these weights.
+    """
+    import torch
+    from timm.layers import resample_abs_pos_embed
+
+    prefix = 0 if no_embed_class else num_prefix_tokens
+    resampled = resample_abs_pos_embed(
+        torch.from_numpy(np.ascontiguousarray(pos_embed, dtype=np.float32))[None],  # (1, T_pe, D)
+        new_size=list(new_grid),
+        old_size=list(old_grid),
+        num_prefix_tokens=prefix,
+        verbose=False,
+    )
+    return resampled[0].numpy()  # (1, T_pe', D) -> (T_pe', D)
+
+
 # ----------------------------------------------------------------------------------------------
 # Attention maps (one head, head mean, prefix share)
 
