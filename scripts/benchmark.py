@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vit_core import load_model, preprocess, run_with_capture  # noqa: E402
 from vit_core.export import analysis_arrays, model_arrays  # noqa: E402
-from vit_core.runtime import configure_threads  # noqa: E402
+from vit_core.runtime import bf16_supported, configure_threads  # noqa: E402
 
 
 def sample_image():
@@ -84,6 +84,25 @@ def main() -> None:
         p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
         print(f"{name:40s} {median * 1e3:10.1f} {p90 * 1e3:8.1f} {median / base:6.2f}")
     print(f"once per model (filter PCA, position-embedding similarity): {per_model_seconds * 1e3:.0f} ms")
+    report_bf16(loaded, image, args.repeats, statistics.median(times["run_with_capture"]))
+
+
+def report_bf16(loaded, image, repeats: int, fp32_seconds: float) -> None:
+    """The opt-in bf16 fast mode: speed-up and largest attention error against fp32, or why not."""
+    if not bf16_supported():
+        print("bf16 fast mode: not offered, this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
+        return
+    reference = run_with_capture(loaded, image)
+    fast = run_with_capture(loaded, image, bf16=True)
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run_with_capture(loaded, image, bf16=True)
+        samples.append(time.perf_counter() - started)
+    bf16_seconds = statistics.median(samples)
+    error = float(abs(fast.pattern - reference.pattern).max())
+    print(f"bf16 fast mode: {bf16_seconds * 1e3:.1f} ms, {fp32_seconds / bf16_seconds:.2f}x faster than fp32 capture, "
+          f"largest attention error {error:.2e}, top-1 {'same' if fast.logits.argmax() == reference.logits.argmax() else 'DIFFERENT'}")
 
 
 if __name__ == "__main__":

@@ -160,3 +160,14 @@ def test_crop_follows_the_model_preprocessing(tiny):
     assert column[112] > 200 and column[10] < 20  # the bar stays centred, the edges are cropped away
     expected = (cap.input_image.astype(np.float32) / 255 - 0.5) / 0.5  # mean = std = 0.5 for this model
     np.testing.assert_allclose(cap.input_tensor.transpose(1, 2, 0), expected, atol=1e-6)
+
+
+def test_bf16_capture_is_close_and_still_float32(tiny, image):
+    # Runs everywhere (emulated where the CPU lacks bf16); the dashboard offers it only where it's fast.
+    reference = run_with_capture(tiny, image)
+    fast = run_with_capture(tiny, image, bf16=True)
+    assert fast.pattern.dtype == np.float32 and fast.logits.dtype == np.float32
+    np.testing.assert_allclose(fast.pattern.sum(-1), 1, atol=2e-2)
+    assert np.abs(fast.pattern - reference.pattern).max() < 5e-2
+    assert not np.array_equal(fast.logits, reference.logits)  # it really ran in bf16
+    assert hook_count(tiny.model) == 0

@@ -116,20 +116,24 @@ def _frozen(t: torch.Tensor) -> np.ndarray:
 # The entry point
 
 
-def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
+def run_with_capture(loaded: LoadedModel, image: Image.Image, *, bf16: bool = False) -> Capture:
     """Preprocess `image` as the model's pretrained config says, run one hooked forward pass, and
     return every intermediate as numpy.
 
     Safe to call from many threads on one shared `loaded`: passes are serialised by its lock (the
     hooks and the attention flag are per-model state). Raises CaptureError if the model did not
     produce exactly one attention pattern per block.
+
+    bf16=True runs the pass under CPU bf16 autocast (an opt-in fast mode, only where
+    `runtime.bf16_supported()`; results are still returned as float32, but are approximate).
     """
     model, geometry = loaded.model, loaded.geometry
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W)
     store: dict[str, list[torch.Tensor]] = {}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with loaded.lock:
         started = time.perf_counter()
-        with torch.inference_mode(), _hooks_installed(model, store):
+        with torch.inference_mode(), autocast, _hooks_installed(model, store):
             logits = model(x)  # (1, C)
         seconds = time.perf_counter() - started
 
