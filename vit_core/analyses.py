@@ -264,7 +264,7 @@ def rollout_matrix(pattern: np.ndarray, fusion: Fusion = "mean", last_layer: int
     pattern: (L, H, T, T) -> R: (T, T). `last_layer` (inclusive, 0-based) stops early; None = all.
     Computed in float64: a product of up to 24+ stochastic matrices.
     """
-    fused = fuse_heads(pattern.astype(np.float64), fusion)  # (L, T, T)
+    fused = fuse_heads(pattern, fusion).astype(np.float64)  # (L, T, T): fuse first, the product needs float64
     stop = fused.shape[0] if last_layer is None else last_layer + 1
     assert 1 <= stop <= fused.shape[0], f"last_layer {last_layer} outside 0..{fused.shape[0] - 1}"
     eye = np.eye(fused.shape[-1])

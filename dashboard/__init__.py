@@ -1,0 +1,1 @@
+"""ViT Lens dashboard (Streamlit). Entry point: `streamlit run dashboard/app.py`."""

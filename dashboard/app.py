@@ -1,0 +1,46 @@
+"""ViT Lens: look inside a Vision Transformer, on your own image.
+
+    streamlit run dashboard/app.py
+
+Sidebar: model, image, downloads. Main area: a header, then one tab per stage of the forward pass.
+"""
+
+import sys
+from pathlib import Path
+
+# `streamlit run dashboard/app.py` puts only dashboard/ on sys.path; the repository root is needed
+# for `import vit_core` and `import dashboard.*`.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import streamlit as st  # noqa: E402
+
+from dashboard import inputs, state, views  # noqa: E402
+
+st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
+state.configure_torch_threads()
+
+with st.sidebar:
+    st.title("ViT Lens")
+    st.caption("Look inside a Vision Transformer, on your own image.")
+    request = inputs.model_ui()
+    request, loaded = inputs.load_model_ui(request)
+    image = inputs.image_ui(loaded.name)
+
+with st.spinner("Running the model on this image..."):
+    cap = state.capture(request, loaded, image)
+    state.attention_distances(request, image, cap)  # every image seen joins the session's distance average
+ctx = views.ViewContext(request, loaded, cap, image)
+
+with st.sidebar:
+    st.divider()
+    inputs.export_ui(loaded, cap, ctx.stem)
+    st.caption(f"Weights: {loaded.weights}. One forward pass: {cap.forward_seconds * 1000:.0f} ms.")
+
+inputs.untrained_warning(loaded)
+views.header(ctx)
+
+tabs = st.tabs(views.VIEW_LABELS, key=state.K_VIEW, bind="query-params")
+for tab, view in zip(tabs, views.VIEWS):
+    if tab.open:  # only the open tab runs: switching tabs reruns the script, the forward pass stays cached
+        with tab:
+            view(ctx)

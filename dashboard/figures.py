@@ -1,0 +1,393 @@
+"""Pure figure builders: arrays in, PNG bytes (or one plotly figure) out. No Streamlit here.
+
+Every picture the dashboard shows is built here, so the bytes shown are the bytes downloaded, and
+every builder can be tested headless. Most views use PNGs made with PIL or matplotlib's
+object-oriented API (no pyplot: it keeps global state and is not thread-safe). Plotly is used only
+where a click matters: the image with its patch grid, on which a patch is picked.
+
+Conventions: `crop` is the uint8 (H, W, 3) image the model saw; maps are (gh, gw) float arrays;
+patch k sits at row k // gw, column k % gw (see shared/spec/analyses.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Sequence
+
+import matplotlib
+import numpy as np
+import plotly.graph_objects as go
+from matplotlib.figure import Figure
+from PIL import Image, ImageDraw, ImageFont
+
+ATTENTION_CMAP = "inferno"
+SIMILARITY_CMAP = "viridis"
+DISPLAY_SIDE = 448  # the crop is enlarged to about this many pixels for display
+_FONT_CACHE: dict[int, ImageFont.ImageFont] = {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def font(size: int = 12) -> ImageFont.ImageFont:
+    if size not in _FONT_CACHE:
+        _FONT_CACHE[size] = ImageFont.load_default(size=size)
+    return _FONT_CACHE[size]
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """uint8 (H, W, 3) or (H, W) -> PNG bytes (fast compression: these are made on every rerun)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def figure_png(fig: Figure, dpi: int = 100) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    return buffer.getvalue()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of PNG bytes."""
+    return Image.open(io.BytesIO(data)).size
+
+
+def display_scale(crop_side: int, target: int = DISPLAY_SIDE) -> int:
+    """Integer enlargement so a crop of `crop_side` pixels shows at about `target` pixels."""
+    return max(1, round(target / crop_side))
+
+
+def enlarge(rgb: np.ndarray, scale: int) -> np.ndarray:
+    """Nearest-neighbour enlargement: every pixel becomes a scale x scale block."""
+    return rgb if scale == 1 else np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+
+
+def colorize(values: np.ndarray, cmap: str = ATTENTION_CMAP, vmin: float | None = None, vmax: float | None = None) -> np.ndarray:
+    """Float array -> uint8 RGB through a matplotlib colormap; min-max scaled unless vmin/vmax given."""
+    lo = float(np.nanmin(values)) if vmin is None else vmin
+    hi = float(np.nanmax(values)) if vmax is None else vmax
+    scaled = np.zeros_like(values, dtype=np.float64) if hi <= lo else (values - lo) / (hi - lo)
+    rgba = matplotlib.colormaps[cmap](np.clip(scaled, 0, 1))
+    return (rgba[..., :3] * 255).round().astype(np.uint8)
+
+
+def map_to_pixels(amap: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
+    """(gh, gw) -> (gh*ph, gw*pw): each patch value fills its patch (no smoothing, no invention)."""
+    ph, pw = patch_size
+    return np.repeat(np.repeat(amap, ph, axis=0), pw, axis=1)
+
+
+def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alpha: float = 0.65,
+            cmap: str = ATTENTION_CMAP) -> np.ndarray:
+    """The crop darkened and tinted by a per-patch map, min-max scaled for display: uint8 (H, W, 3)."""
+    colours = colorize(map_to_pixels(amap, patch_size), cmap).astype(np.float32)
+    blended = (1 - alpha) * crop.astype(np.float32) + alpha * colours
+    return blended.round().clip(0, 255).astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------
+# The crop with its patch grid
+
+
+def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
+                     highlight: int | None = None, show_indices: bool = True) -> np.ndarray:
+    """The crop enlarged, with grid lines, patch indices and an optional highlighted patch: uint8."""
+    gh, gw = grid
+    ph, pw = patch_size
+    s = display_scale(crop.shape[1])
+    im = Image.fromarray(enlarge(crop, s))
+    draw = ImageDraw.Draw(im)
+    for r in range(1, gh):
+        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=(255, 255, 255), width=1)
+    for c in range(1, gw):
+        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=(255, 255, 255), width=1)
+    if show_indices:
+        size = max(7, min(12, int(pw * s * 0.3)))
+        f = font(size)
+        for k in range(gh * gw):
+            r, c = divmod(k, gw)
+            x, y = c * pw * s + 2, r * ph * s + 1
+            draw.text((x, y), str(k), fill=(255, 255, 255), font=f, stroke_width=1, stroke_fill=(0, 0, 0))
+    if highlight is not None:
+        r, c = divmod(highlight, gw)
+        draw.rectangle([c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1], outline=(0, 255, 255), width=3)
+    return np.asarray(im)
+
+
+def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], patch_size: tuple[int, int],
+                           selected: int | None = None, hover_values: np.ndarray | None = None,
+                           height: int = 480) -> go.Figure:
+    """Plotly figure of an image (already enlarged: an array or its PNG bytes) with one invisible
+    marker per patch.
+
+    Clicking a marker selects it; its `customdata` is the patch index k. `selected` gets a cyan
+    frame. `hover_values` (gh, gw), e.g. the attention shown, appear in the hover text.
+    """
+    gh, gw = grid
+    ph, pw = patch_size
+    data = display if isinstance(display, bytes) else png_bytes(display)
+    width, disp_height = png_size(data)
+    s = width / (gw * pw)  # display pixels per input pixel
+    k = np.arange(gh * gw)
+    rows, cols = np.divmod(k, gw)
+    xs, ys = (cols + 0.5) * pw * s, (rows + 0.5) * ph * s
+    text = [f"patch {i} (row {r}, col {c})" for i, r, c in zip(k, rows, cols)]
+    if hover_values is not None:
+        text = [f"{t}<br>value {v:.4f}" for t, v in zip(text, hover_values.reshape(-1))]
+    source = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    fig = go.Figure()
+    fig.add_trace(go.Image(source=source, hoverinfo="skip"))
+    marker_px = 0.9 * height / gh
+    fig.add_trace(go.Scatter(
+        x=xs, y=ys, mode="markers", customdata=k, text=text, hovertemplate="%{text}<extra></extra>",
+        marker=dict(symbol="square", size=marker_px, color="rgba(255,255,255,0.01)", line=dict(width=0)),
+        selected=dict(marker=dict(opacity=0.01)), unselected=dict(marker=dict(opacity=0.01)),
+        showlegend=False, name="patches",
+    ))
+    if selected is not None:
+        r, c = divmod(selected, gw)
+        fig.add_shape(type="rect", x0=c * pw * s, x1=(c + 1) * pw * s, y0=r * ph * s, y1=(r + 1) * ph * s,
+                      line=dict(color="cyan", width=3))
+    fig.update_xaxes(visible=False, range=[0, width])
+    fig.update_yaxes(visible=False, range=[disp_height, 0], scaleanchor="x")
+    fig.update_layout(height=height, margin=dict(l=0, r=0, t=0, b=0), dragmode=False, clickmode="event+select",
+                      hoverlabel=dict(bgcolor="white"))
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Mosaics of maps (all heads of a layer) and tiles
+
+
+def mosaic(tiles: Sequence[np.ndarray], titles: Sequence[str], cols: int, pad: int = 6, title_height: int = 18) -> np.ndarray:
+    """Equal-sized uint8 tiles on a white sheet, each with a caption above: uint8 (H, W, 3)."""
+    th, tw = tiles[0].shape[:2]
+    rows = -(-len(tiles) // cols)
+    sheet = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + title_height + pad) + pad), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    f = font(13)
+    for i, (tile, title) in enumerate(zip(tiles, titles)):
+        r, c = divmod(i, cols)
+        x, y = pad + c * (tw + pad), pad + r * (th + title_height + pad)
+        draw.text((x, y), title, fill=(0, 0, 0), font=f)
+        sheet.paste(Image.fromarray(tile), (x, y + title_height))
+    return np.asarray(sheet)
+
+
+def head_maps_mosaic(crop: np.ndarray, maps: np.ndarray, patch_size: tuple[int, int], titles: Sequence[str],
+                     query_patch: int | None = None, grid: tuple[int, int] | None = None, cols: int | None = None,
+                     tile_side: int = 160) -> np.ndarray:
+    """Each map (n, gh, gw) overlaid on the crop, in one sheet (one PNG, not n charts).
+
+    Each tile is min-max scaled on its own (display only); the query patch gets a cyan frame.
+    """
+    n = maps.shape[0]
+    cols = cols or min(n, 6)
+    height, width = crop.shape[:2]
+    side = (tile_side, round(tile_side * height / width))  # (width, height) of a tile
+    factor = side[0] / width
+    tiles = []
+    for amap in maps:
+        im = Image.fromarray(overlay(crop, amap, patch_size))
+        im = im.resize(side, Image.Resampling.BILINEAR if factor < 1 else Image.Resampling.NEAREST)
+        if query_patch is not None and grid is not None:
+            r, c = divmod(query_patch, grid[1])
+            ph, pw = patch_size
+            ImageDraw.Draw(im).rectangle([c * pw * factor, r * ph * factor, (c + 1) * pw * factor - 1,
+                                          (r + 1) * ph * factor - 1], outline=(0, 255, 255), width=2)
+        tiles.append(np.asarray(im))
+    return mosaic(tiles, titles, cols)
+
+
+# ----------------------------------------------------------------------------------------------
+# Patches
+
+
+def patch_pixels_image(patch: np.ndarray, side: int = 192) -> np.ndarray:
+    """One (ph, pw, 3) uint8 patch enlarged so its pixels are visible."""
+    return enlarge(patch, max(1, side // patch.shape[1]))
+
+
+def vector_png(vector: np.ndarray, title: str, channels: int | None = 3, height: float = 2.2) -> bytes:
+    """A long vector as a line plot; with `channels`, entries are coloured R, G, B in turn."""
+    fig = Figure(figsize=(9, height))
+    ax = fig.add_subplot()
+    idx = np.arange(vector.shape[0])
+    if channels == 3:
+        for ch, colour in enumerate(("#d62728", "#2ca02c", "#1f77b4")):
+            ax.plot(idx[ch::3], vector[ch::3], ".", ms=2.5, color=colour, label="RGB"[ch])
+        ax.legend(loc="upper right", fontsize=8, ncols=3, markerscale=3)
+    else:
+        ax.plot(idx, vector, lw=0.8, color="#444")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(0, len(vector))
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    return figure_png(fig)
+
+
+def token_matrix_png(tokens: np.ndarray, title: str, num_prefix_tokens: int, height: float = 2.6) -> bytes:
+    """A (T, D) token matrix as a heat strip: one row per token (prefix tokens on top)."""
+    fig = Figure(figsize=(4.2, height))
+    ax = fig.add_subplot()
+    lim = float(np.percentile(np.abs(tokens), 99)) or 1.0
+    ax.imshow(tokens, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    if num_prefix_tokens:
+        ax.axhline(num_prefix_tokens - 0.5, color="black", lw=0.8)
+    ax.set_xlabel(f"{tokens.shape[1]} features", fontsize=8)
+    ax.set_ylabel(f"{tokens.shape[0]} tokens", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    return figure_png(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Embedding filters
+
+
+def filters_grid_png(images: np.ndarray, titles: Sequence[str], cols: int, title: str, tile_side: int = 64) -> bytes:
+    """(k, ph, pw, 3) filter images, min-max scaled each on its own for display, in one sheet."""
+    lo = images.min(axis=(1, 2, 3), keepdims=True)
+    hi = images.max(axis=(1, 2, 3), keepdims=True)
+    scaled = np.where(hi > lo, (images - lo) / np.where(hi > lo, hi - lo, 1), 0.5)
+    s = max(1, tile_side // images.shape[2])
+    tiles = [enlarge((im * 255).round().astype(np.uint8), s) for im in scaled]
+    sheet = mosaic(tiles, titles, cols)
+    head = Image.new("RGB", (sheet.shape[1], 24), (255, 255, 255))
+    ImageDraw.Draw(head).text((6, 4), title, fill=(0, 0, 0), font=font(15))
+    return png_bytes(np.concatenate([np.asarray(head), sheet], axis=0))
+
+
+def explained_variance_png(ratio: np.ndarray) -> bytes:
+    fig = Figure(figsize=(6, 2.4))
+    ax = fig.add_subplot()
+    k = np.arange(1, len(ratio) + 1)
+    ax.bar(k, ratio * 100, color="#4c72b0")
+    ax.plot(k, np.cumsum(ratio) * 100, "o-", ms=3, color="#dd8452", label="cumulative")
+    ax.set_xlabel("principal component", fontsize=9)
+    ax.set_ylabel("% of variance", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+    return figure_png(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Position embeddings
+
+
+def similarity_tiles_png(similarity: np.ndarray, grid: tuple[int, int], highlight: int | None = None,
+                         title: str = "") -> bytes:
+    """The paper's Fig. 7 (center): tile (r, c) is patch (r, c)'s cosine similarity map, (N, gh, gw).
+
+    Drawn as one image (tiles separated by a blank line) so even 28 x 28 tiles stay one cheap PNG.
+    """
+    gh, gw = grid
+    sheet = np.full((gh * (gh + 1), gw * (gw + 1)), np.nan, dtype=np.float32)
+    for k in range(gh * gw):
+        r, c = divmod(k, gw)
+        sheet[r * (gh + 1):r * (gh + 1) + gh, c * (gw + 1):c * (gw + 1) + gw] = similarity[k]
+    fig = Figure(figsize=(6.4, 6.4 * gh / gw + 0.4))
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps[SIMILARITY_CMAP].with_extremes(bad="white")
+    im = ax.imshow(sheet, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    if highlight is not None:
+        r, c = divmod(highlight, gw)
+        ax.add_patch(matplotlib.patches.Rectangle((c * (gw + 1) - 0.8, r * (gh + 1) - 0.8), gw + 0.6, gh + 0.6,
+                                                  fill=False, edgecolor="red", lw=1.5))
+    step = max(1, gw // 7)
+    ax.set_xticks([c * (gw + 1) + gw / 2 - 0.5 for c in range(0, gw, step)], [str(c) for c in range(0, gw, step)])
+    ax.set_yticks([r * (gh + 1) + gh / 2 - 0.5 for r in range(0, gh, step)], [str(r) for r in range(0, gh, step)])
+    ax.set_xlabel("input patch column")
+    ax.set_ylabel("input patch row")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="cosine similarity")
+    return figure_png(fig)
+
+
+def map_png(amap: np.ndarray, title: str, cmap: str = SIMILARITY_CMAP, vmin: float | None = None,
+            vmax: float | None = None, highlight: int | None = None, label: str = "") -> bytes:
+    """One (gh, gw) map, enlarged, with a colour bar and an optional framed cell."""
+    gh, gw = amap.shape
+    fig = Figure(figsize=(3.6, 3.6 * gh / gw + 0.3))
+    ax = fig.add_subplot()
+    im = ax.imshow(amap, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    if highlight is not None:
+        r, c = divmod(highlight, gw)
+        ax.add_patch(matplotlib.patches.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, label=label)
+    return figure_png(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention distance and prediction
+
+
+def attention_distance_png(mad: np.ndarray, uniform: float, mad_average: np.ndarray | None = None,
+                           num_images: int = 1, title: str = "") -> bytes:
+    """Paper Fig. 7 (right): mean attention distance per head (a dot each) against depth.
+
+    mad, mad_average: (L, H) in pixels. Dots of this image; crosses: the average over images.
+    """
+    num_layers, num_heads = mad.shape
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    rng = np.random.default_rng(0)
+    jitter = rng.uniform(-0.12, 0.12, size=(num_layers, num_heads))
+    layers = np.arange(num_layers)[:, None] + jitter
+    colours = matplotlib.colormaps["tab20"](np.arange(num_heads) % 20)
+    for h in range(num_heads):
+        ax.scatter(layers[:, h], mad[:, h], s=18, color=colours[h], label=f"head {h}" if num_heads <= 16 else None)
+    if mad_average is not None and num_images > 1:
+        ax.scatter(np.arange(num_layers)[:, None].repeat(num_heads, 1), mad_average, marker="x", s=16,
+                   color="black", alpha=0.6, label=f"average of {num_images} images")
+    ax.axhline(uniform, color="grey", ls="--", lw=1)
+    ax.text(num_layers - 0.5, uniform, " uniform attention", va="bottom", ha="right", fontsize=8, color="grey")
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(np.arange(num_layers))
+    ax.set_ylim(bottom=0, top=max(float(np.nanmax(mad)), uniform) * 1.15)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    if num_heads <= 16:
+        ax.legend(fontsize=7, ncols=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return figure_png(fig)
+
+
+def top_k_png(labels: Sequence[str], probs: Sequence[float]) -> bytes:
+    """Horizontal bars, best on top."""
+    fig = Figure(figsize=(6, 0.45 * len(labels) + 0.8))
+    ax = fig.add_subplot()
+    y = np.arange(len(labels))[::-1]
+    ax.barh(y, np.asarray(probs) * 100, color="#4c72b0")
+    ax.set_yticks(y, [label if len(label) <= 40 else label[:38] + "..." for label in labels], fontsize=9)
+    for yi, p in zip(y, probs):
+        ax.text(p * 100 + 1, yi, f"{p * 100:.1f}%", va="center", fontsize=8)
+    ax.set_xlim(0, 110)
+    ax.set_xlabel("probability (%)")
+    ax.grid(axis="x", alpha=0.3)
+    return figure_png(fig)
+
+
+def logits_png(logits: np.ndarray, marked: Sequence[int], marked_labels: Sequence[str]) -> bytes:
+    """Every logit against its class index, the top classes marked."""
+    fig = Figure(figsize=(9, 2.8))
+    ax = fig.add_subplot()
+    idx = np.arange(len(logits))
+    if len(logits) > 50:
+        ax.plot(idx, logits, lw=0.6, color="#555")
+    else:
+        ax.bar(idx, logits, color="#888")
+    for i, label in zip(marked, marked_labels):
+        ax.plot([i], [logits[i]], "o", color="#d62728", ms=4)
+        ax.annotate(label[:20], (i, logits[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("class index")
+    ax.set_ylabel("logit")
+    ax.set_xlim(-0.5, len(logits) - 0.5)
+    ax.grid(alpha=0.3)
+    return figure_png(fig)

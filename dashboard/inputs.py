@@ -1,0 +1,117 @@
+"""The sidebar: choose a model, choose an image, download the analysis. Small `*_ui` helpers
+that return plain values; every widget has an explicit key.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vit_core
+from dashboard import state, text
+from vit_core import export
+from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_default_model
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+
+
+def model_ui() -> state.ModelRequest | None:
+    """The model choice (bound to `?model=`); None while own weights are chosen but not uploaded yet."""
+    choices = state.model_choices()
+    names = list(choices)
+    start = env_default_model()
+    name = st.selectbox("Model", names, index=names.index(start) if start in names else 0, key=state.K_MODEL,
+                        format_func=lambda n: choices[n], bind="query-params",
+                        help="timm Vision Transformers; pretrained weights are downloaded once (the first time "
+                             "can take a minute). The bundled Shapes ViT works offline.")
+    if name != state.UPLOAD_WEIGHTS:
+        return state.ModelRequest(name)
+    archs = [n for n in state.MODEL_CHOICES if n not in (TEACHING_MODEL, state.UPLOAD_WEIGHTS)]
+    arch = st.selectbox("Architecture of your weights", archs, key=state.K_ARCH,
+                        help="Any timm ViT name works from Python; here, the listed ones.")
+    weights = st.file_uploader(f"Weights file (up to {state.MAX_WEIGHTS_MB} MB)", type=[s.lstrip(".") for s in WEIGHT_SUFFIXES],
+                               key=state.K_WEIGHTS, max_upload_size=state.MAX_WEIGHTS_MB,
+                               help="safetensors preferred; .pth/.pt/.bin are loaded with weights_only (no code runs)")
+    labels = st.file_uploader("Label file (optional: one class per line, or JSON)", type=["txt", "json"], key=state.K_LABELS)
+    if weights is None:
+        st.info("Upload a weights file for the chosen architecture.")
+        return None
+    weights_path, digest = state.save_upload(weights)
+    labels_path = ""
+    if labels is not None:
+        labels_path, labels_digest = state.save_upload(labels)
+        digest += labels_digest[:16]
+    return state.ModelRequest(arch, weights_path=weights_path, labels_path=labels_path, weights_id=digest)
+
+
+def load_model_ui(request: state.ModelRequest | None) -> tuple[state.ModelRequest, LoadedModel]:
+    """Load the requested model with a spinner. A model that can't be had (offline, bad weights):
+    say why, and show the bundled teaching model (or an untrained tiny one) instead."""
+    if request is None:
+        request, _ = state.fallback_request()
+    try:
+        with st.spinner(f"Loading {request.name} (downloading its weights the first time)...", show_time=True):
+            return request, state.load(request)
+    except vit_core.ViTLensError as e:
+        fallback, note = state.fallback_request()
+        kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
+        st.error(f"{kind}: {e}\n\n{note}")
+        with st.spinner("Loading the fallback model..."):
+            return fallback, state.load(fallback)
+
+
+# ----------------------------------------------------------------------------------------------
+# Image
+
+
+def image_ui(model_name: str) -> state.ImageChoice | None:
+    """Example, upload or camera: the input touched last wins. A bad file: an error and the previous image."""
+    examples = state.example_names()
+    default = state.default_example(model_name)
+    example = st.selectbox("Example image", examples, index=examples.index(default), key=state.K_EXAMPLE,
+                           bind="query-params", on_change=state.set_image_source, args=("example",))
+    upload = st.file_uploader("...or your own image", type=list(state.IMAGE_TYPES), key=state.K_UPLOAD,
+                              max_upload_size=state.MAX_IMAGE_MB, on_change=state.set_image_source, args=("upload",))
+    camera = None
+    if st.toggle("Take a photo with the camera", key=state.K_CAMERA_ON):
+        camera = st.camera_input("Camera", key=state.K_CAMERA, on_change=state.set_image_source, args=("camera",))
+
+    source = state.image_source()
+    if source == "upload" and upload is not None:
+        name, data = upload.name, upload.getvalue()
+    elif source == "camera" and camera is not None:
+        name, data = "camera photo", camera.getvalue()
+    else:
+        name, data = example, state.example_bytes(example)
+    try:
+        image = state.decode(name, data)
+    except vit_core.ImageError as e:
+        st.error(f"{name}: {e}")
+        previous = state.last_good_image()
+        if previous is not None:
+            st.caption(f"Still showing {previous.name}.")
+            return previous
+        return state.decode(example, state.example_bytes(example))
+    state.remember_good_image(image)
+    for note in image.decoded.notes:
+        st.caption(note)
+    return image
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+def export_ui(loaded: LoadedModel, cap: vit_core.Capture, stem: str) -> None:
+    st.download_button("All arrays of this image (.npz)", data=lambda: export.npz_bytes(export.analysis_arrays(loaded, cap)),
+                       file_name=f"{stem}.npz", mime="application/octet-stream", key="dl_npz", on_click="ignore",
+                       icon=":material/download:", help="input crop, logits, attention of every layer and head, tokens, "
+                                                        "distances, rollout, filters: the format of `python -m vit_core analyze`")
+    st.download_button("Summary (.json)", data=export.json_bytes(export.summary(loaded, cap)), file_name=f"{stem}.json",
+                       mime="application/json", key="dl_json", on_click="ignore", icon=":material/download:")
+
+
+def untrained_warning(loaded: LoadedModel) -> None:
+    if loaded.weights.startswith("random init"):
+        st.warning(text.UNTRAINED, icon=":material/warning:")

@@ -1,0 +1,372 @@
+"""The one module that owns Streamlit's caches, session state and the URL's query parameters.
+
+Caches (shared by every browser session, all keyed on strings, never on tensors or arrays):
+- models: `st.cache_resource`, keyed by name + weights digest; `LoadedModel.lock` serialises forwards;
+- one capture per (model, image): `st.cache_resource(max_entries=...)`, keyed by the model key and
+  the sha256 of the image bytes, the image itself passed as an underscore argument;
+- small per-model / per-capture analyses (filter PCA, position similarity, attention distance).
+
+Selections that matter live in the URL: the widgets below are created with
+`bind="query-params"`, so their key is the query parameter (`?model=...&view=Attention&layer=3`).
+
+Test and benchmark hooks (environment variables, read at start-up):
+- `VIT_LENS_MODEL=<name>`: the model the app opens with (`vit_core.loading.env_default_model`).
+- `VIT_LENS_MODEL=test-tiny`: a random-init 2-block `vit_tiny_patch16_224` (fast, offline); the
+  dashboard tests use it.
+- `VIT_LENS_RANDOM_INIT=1`: build every timm model with random weights instead of pretrained ones
+  (offline benchmarks: same compute as the pretrained model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import streamlit as st
+import torch
+from PIL import Image, ImageDraw, ImageFilter
+
+import vit_core
+from vit_core import ImageError, analyses, export
+from vit_core.images import UPLOAD_EXTENSIONS as IMAGE_TYPES
+from vit_core.loading import TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
+
+_logger = logging.getLogger(__name__)
+
+TEST_TINY = "test-tiny"
+UNTRAINED_FALLBACK = "vit_tiny_patch16_224"
+UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
+MAX_WEIGHTS_MB = 1024
+MAX_IMAGE_MB = 25
+MAX_BATCH_IMAGES = 32
+
+MODEL_CHOICES: dict[str, str] = {
+    "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
+    "vit_small_patch16_224": "ViT-S/16, small",
+    "deit_small_distilled_patch16_224": "DeiT-S distilled (class + distillation token)",
+    "vit_base_patch32_224": "ViT-B/32 (32-pixel patches)",
+    "vit_base_patch16_384": "ViT-B/16 at 384 x 384",
+    "vit_base_patch16_siglip_224": "SigLIP ViT-B/16 (no class token)",
+    TEACHING_MODEL: "Shapes ViT, bundled, works offline",
+    UPLOAD_WEIGHTS: "Your own weights file...",
+}
+
+# Widget keys. Those bound to the URL are the query parameters of a shared link.
+K_MODEL, K_ARCH, K_WEIGHTS, K_LABELS = "model", "arch", "weights_file", "labels_file"
+K_EXAMPLE, K_UPLOAD, K_CAMERA_ON, K_CAMERA = "example", "upload", "camera_on", "camera"
+K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"
+K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "pos_patch", "pos_res"
+K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
+_SOURCE, _LAST_GOOD, _MAD_HISTORY = "_image_source", "_last_good_image", "_mad_history"
+
+
+def model_choices() -> dict[str, str]:
+    """The sidebar's model list; the start-up model from $VIT_LENS_MODEL first if it isn't listed."""
+    start = env_default_model()
+    if start in MODEL_CHOICES:
+        return dict(MODEL_CHOICES)
+    label = "Test model (tiny, random init)" if start == TEST_TINY else start
+    return {start: label, **MODEL_CHOICES}
+
+
+def random_init_forced() -> bool:
+    return os.environ.get("VIT_LENS_RANDOM_INIT", "") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Torch threads: size the pool from the container's CPU quota, once per process
+
+
+@st.cache_resource
+def configure_torch_threads() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = max(1, min(cpus, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    torch.set_num_threads(cpus)
+    return cpus
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+
+@st.cache_resource(max_entries=3, show_spinner=False)
+def _cached_model(name: str, weights_path: str, labels_path: str, weights_id: str, random_init: bool) -> LoadedModel:
+    del weights_id  # only keys the cache: the digest of the uploaded file(s)
+    if name == TEST_TINY:
+        return vit_core.load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
+    if name == TEACHING_MODEL:
+        return vit_core.load_model(TEACHING_MODEL)
+    kwargs: dict[str, Any] = {}
+    if labels_path:
+        kwargs["labels"] = labels_path
+    if weights_path:
+        return vit_core.load_model(name, weights=weights_path, **kwargs)
+    return vit_core.load_model(name, pretrained=not random_init, **kwargs)
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    name: str  # a timm name, TEACHING_MODEL or TEST_TINY
+    weights_path: str = ""  # a local copy of uploaded weights
+    labels_path: str = ""
+    weights_id: str = ""  # sha256 of the uploaded weights (+ labels)
+
+    @property
+    def key(self) -> str:
+        """Identifies the model in every per-model / per-image cache key."""
+        return f"{self.name}|{self.weights_id or ('random' if self.random_init else 'pretrained')}"
+
+    @property
+    def random_init(self) -> bool:
+        return random_init_forced() and not self.weights_path and self.name not in (TEACHING_MODEL, TEST_TINY)
+
+
+def load(request: ModelRequest) -> LoadedModel:
+    """The model, from the cache or loaded now. Raises vit_core errors (OfflineError, WeightsError, ...)."""
+    return _cached_model(request.name, request.weights_path, request.labels_path, request.weights_id, request.random_init)
+
+
+def fallback_request() -> tuple[ModelRequest, str]:
+    """What to show when the chosen model can't be had: the bundled model, else an untrained one."""
+    if teaching_model_available():
+        return ModelRequest(TEACHING_MODEL), f"Showing the bundled {MODEL_CHOICES[TEACHING_MODEL]!r} model instead."
+    return (ModelRequest(TEST_TINY),
+            "The bundled teaching model is missing too, so a tiny RANDOMLY INITIALISED model is shown: "
+            "its attention and predictions mean nothing.")
+
+
+def save_upload(upload: Any) -> tuple[str, str]:
+    """Store an uploaded weights / labels file under its digest (so the model cache can key on it).
+
+    Hashing a few hundred MB costs about a second: done once per upload (its file_id), not per rerun.
+    """
+    saved = st.session_state.setdefault("_saved_uploads", {})
+    if upload.file_id in saved:
+        return saved[upload.file_id]
+    data, suffix = upload.getvalue(), Path(upload.name).suffix
+    digest = hashlib.sha256(data).hexdigest()
+    folder = Path(tempfile.gettempdir()) / "vit_lens_uploads"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{digest[:32]}{suffix.lower()}"
+    if not path.exists():
+        path.write_bytes(data)
+    saved[upload.file_id] = (str(path), digest)
+    return str(path), digest
+
+
+# ----------------------------------------------------------------------------------------------
+# Images
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    name: str  # for people and file names
+    sha: str  # sha256 of the bytes: the per-image cache key
+    decoded: vit_core.DecodedImage
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _decoded(sha: str, _data: bytes) -> vit_core.DecodedImage:
+    return vit_core.decode_image(_data)
+
+
+def decode(name: str, data: bytes) -> ImageChoice:
+    """Decode uploaded or example bytes; raises vit_core.ImageError with a message for the user."""
+    sha = hashlib.sha256(data).hexdigest()
+    return ImageChoice(name, sha, _decoded(sha, data))
+
+
+def synthetic_scene(size: int = 448) -> bytes:
+    """A simple scene the app draws itself: sky, sun, hills, a house and a tree (PNG bytes)."""
+    im = Image.new("RGB", (size, size))
+    sky = np.linspace([120, 180, 250], [220, 235, 255], size).astype(np.uint8)  # (size, 3)
+    im.paste(Image.fromarray(np.repeat(sky[:, None, :], size, axis=1)))
+    d = ImageDraw.Draw(im)
+    u = size / 100
+    d.ellipse([75 * u, 8 * u, 92 * u, 25 * u], fill=(255, 210, 60))
+    d.ellipse([-30 * u, 55 * u, 70 * u, 130 * u], fill=(90, 160, 80))
+    d.ellipse([40 * u, 60 * u, 140 * u, 130 * u], fill=(70, 140, 60))
+    d.rectangle([20 * u, 52 * u, 48 * u, 78 * u], fill=(200, 70, 60))
+    d.polygon([(16 * u, 53 * u), (34 * u, 36 * u), (52 * u, 53 * u)], fill=(110, 60, 40))
+    d.rectangle([30 * u, 64 * u, 38 * u, 78 * u], fill=(80, 50, 30))
+    d.rectangle([70 * u, 55 * u, 74 * u, 75 * u], fill=(100, 70, 40))
+    d.ellipse([62 * u, 38 * u, 82 * u, 60 * u], fill=(40, 120, 50))
+    im = im.filter(ImageFilter.GaussianBlur(0.6))
+    buffer = io.BytesIO()
+    im.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _shape_names() -> tuple[str, ...]:
+    try:
+        from vit_core.teaching.data import CLASS_NAMES
+    except ImportError:
+        return ()
+    return CLASS_NAMES
+
+
+def example_names() -> list[str]:
+    return ["Grace Hopper (photo)", "Synthetic scene (drawn by the app)"] + [f"Shape: {s}" for s in _shape_names()]
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def example_bytes(name: str) -> bytes:
+    """The bytes of a built-in example image (small: cache_data's copy per hit is cheap)."""
+    if name.startswith("Grace Hopper"):
+        import matplotlib.cbook
+
+        with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
+            return f.read()
+    if name.startswith("Shape: "):
+        from vit_core.teaching.data import sample_image
+
+        buffer = io.BytesIO()
+        sample_image(name.removeprefix("Shape: "), seed=0, size=64).save(buffer, format="PNG")
+        return buffer.getvalue()
+    return synthetic_scene()
+
+
+def default_example(model_name: str) -> str:
+    names = example_names()
+    if model_name == TEACHING_MODEL and len(names) > 2:
+        return names[2]
+    return names[0]
+
+
+def image_source() -> str:
+    return st.session_state.get(_SOURCE, "example")
+
+
+def set_image_source(source: str) -> None:
+    """on_change callback of the image inputs: the input touched last is the one shown."""
+    st.session_state[_SOURCE] = source
+
+
+def last_good_image() -> ImageChoice | None:
+    return st.session_state.get(_LAST_GOOD)
+
+
+def remember_good_image(image: ImageChoice) -> None:
+    st.session_state[_LAST_GOOD] = image
+
+
+# ----------------------------------------------------------------------------------------------
+# Captures and per-capture analyses
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _capture(model_key: str, image_sha: str, _loaded: LoadedModel, _image: Image.Image) -> vit_core.Capture:
+    return vit_core.run_with_capture(_loaded, _image)
+
+
+def capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
+    """One hooked forward pass per (model, image), shared by every session."""
+    return _capture(request.key, image.sha, loaded, image.decoded.image)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _distances(model_key: str, image_sha: str, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    g = _cap.geometry
+    args = (_cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size)
+    return analyses.mean_attention_distance(*args), analyses.mean_attention_distance(*args, renormalize=True)
+
+
+def attention_distances(request: ModelRequest, image: ImageChoice, cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    """Mean attention distance (L, H) of this image, both conventions; recorded in the session history."""
+    result = _distances(request.key, image.sha, cap)
+    history = st.session_state.setdefault(_MAD_HISTORY, {})
+    history.setdefault(request.key, {})[image.sha] = result
+    return result
+
+
+def distance_history(request: ModelRequest) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per image sha: (MAD, MAD renormalised) of every image analysed with this model in this session."""
+    return st.session_state.get(_MAD_HISTORY, {}).get(request.key, {})
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def patches_as_linear(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised input cut into flattened patches (N, ph*pw*3), and E x + b for each (N, D)."""
+    g = _cap.geometry
+    image = np.ascontiguousarray(_cap.input_tensor.transpose(1, 2, 0))  # (3, H, W) -> (H, W, 3)
+    flat = analyses.flatten_patches(analyses.split_patches(image, g.patch_size))  # (N, ph, pw, 3) -> (N, ph*pw*3)
+    linear = analyses.embed_patches_linear(flat, export.patch_embed_weight(_loaded), export.patch_embed_bias(_loaded))
+    return flat, linear
+
+
+@st.cache_resource(max_entries=6, show_spinner=False)
+def filters_pca(model_key: str, _loaded: LoadedModel) -> analyses.FilterPCA:
+    return analyses.filters_pca(export.patch_embed_weight(_loaded), k=export.PCA_COMPONENTS)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def pos_similarity(model_key: str, grid: tuple[int, int], _loaded: LoadedModel) -> np.ndarray | None:
+    """Position-embedding similarity (N', gh', gw') on `grid` (resampled in 2D if it differs), or None."""
+    from timm.layers import resample_abs_pos_embed
+
+    g = _loaded.geometry
+    rows = export.pos_embed_rows(_loaded)
+    if rows is None:
+        return None
+    if tuple(grid) == tuple(g.grid):
+        return analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, g.grid)
+    prefix = 0 if g.no_embed_class else g.num_prefix_tokens
+    resampled = resample_abs_pos_embed(
+        torch.from_numpy(rows.copy())[None], new_size=list(grid), old_size=list(g.grid), num_prefix_tokens=prefix
+    )[0].numpy()  # (1, T_pe, D) -> (1, T_pe', D) -> (T_pe', D)
+    return analyses.pos_embed_similarity(resampled, g.num_prefix_tokens, g.no_embed_class, grid)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: vit_core.Capture) -> np.ndarray:
+    g = _cap.geometry
+    return analyses.attention_rollout(_cap.pattern, g.num_prefix_tokens, g.grid, fusion, last_layer,
+                                      has_class_token=g.has_class_token)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def export_npz(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> bytes:
+    return export.npz_bytes(export.analysis_arrays(_loaded, _cap))
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _png(key: str, _build: Callable[[], bytes]) -> bytes:
+    return _build()
+
+
+def cached_png(build: Callable[[], bytes], *key_parts: object) -> bytes:
+    """PNG bytes of a figure, built once per key (model key, image sha, figure name, its settings).
+
+    Figures cost 50-300 ms each with matplotlib on a busy 2-core machine; a control change rebuilds
+    only the figure whose key it changes.
+    """
+    return _png("|".join(str(part) for part in key_parts), build)
+
+
+# ----------------------------------------------------------------------------------------------
+# Clicks on a patch image
+
+
+def patch_click_callback(chart_key: str, target_key: str, offset: int = 0) -> None:
+    """on_select callback: a click on patch k of a chart sets widget `target_key` to offset + k."""
+    points = st.session_state[chart_key].selection.points
+    if not points:
+        return
+    point = points[0]
+    k = point.get("customdata", point.get("point_index"))
+    if isinstance(k, list):
+        k = k[0]
+    if k is not None:
+        st.session_state[target_key] = offset + int(k)

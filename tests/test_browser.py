@@ -1,0 +1,151 @@
+"""End to end in a real browser: `streamlit run dashboard/app.py` driven by Playwright + Debian's chromium.
+
+The server runs the tiny random-init test model (`VIT_LENS_MODEL=test-tiny`). Screenshots go to
+tests/artifacts/ (gitignored). Skipped only when no `chromium` is installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium")
+VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {**os.environ, "VIT_LENS_MODEL": "test-tiny", "PYTHONUNBUFFERED": "1"}
+    env.pop("VIT_LENS_RANDOM_INIT", None)
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"streamlit did not start; see {ARTIFACTS / 'streamlit.log'}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1800})
+        page.goto(server)
+        yield page
+        browser.close()
+
+
+def settle(page, timeout: float = 90_000) -> None:
+    """Wait until the app is connected, its script has finished and nothing is still loading."""
+    page.wait_for_timeout(400)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout)
+    page.wait_for_selector('[data-testid="stApp"][data-test-connection-state="CONNECTED"]', timeout=timeout)
+    page.wait_for_selector('[data-testid="stSkeleton"]', state="detached", timeout=timeout)
+    page.wait_for_timeout(300)
+
+
+def no_exception(page) -> None:
+    blocks = page.locator('[data-testid="stException"]')
+    assert blocks.count() == 0, blocks.first.inner_text()
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()
+    settle(page)
+
+
+def test_upload_visit_every_view_and_click_a_patch(page, tmp_path):
+    settle(page)
+    no_exception(page)
+    assert page.locator('[data-testid="stTab"], button[role="tab"]').count() >= len(VIEWS)
+
+    # upload an image through the real file input
+    rng = np.random.default_rng(0)
+    picture = tmp_path / "stripes.png"
+    rgb = np.zeros((180, 240, 3), dtype=np.uint8)
+    rgb[:, ::30] = 255
+    rgb[..., 1] = rng.integers(0, 120, size=(180, 240))
+    Image.fromarray(rgb).save(picture)
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(picture))
+    settle(page)
+    no_exception(page)
+    assert "stripes.png" in page.locator('[data-testid="stMain"]').inner_text()
+
+    for name in VIEWS:
+        open_tab(page, name)
+        no_exception(page)
+        panel = page.locator('[role="tabpanel"]:visible')
+        figures = panel.locator('[data-testid="stImage"], [data-testid="stPlotlyChart"]')
+        assert figures.count() > 0, f"{name}: no figure"
+        page.screenshot(path=str(ARTIFACTS / f"view_{name.lower()}.png"), full_page=True)
+
+    # the attention view: click patch 20 on the image, the query follows
+    open_tab(page, "Attention")
+    chart = page.locator('[data-testid="stPlotlyChart"]').first
+    chart.scroll_into_view_if_needed()
+    heading_before = page.locator('[role="tabpanel"]:visible').inner_text()
+    assert "CLS" in heading_before
+    points = chart.locator(".scatterlayer .point")
+    assert points.count() == 196
+    points.nth(20).click(force=True)
+    settle(page)
+    no_exception(page)
+    text = page.locator('[role="tabpanel"]:visible').inner_text()
+    assert "patch 20 (row 1, col 6)" in text
+    assert "query=patch" in page.url  # the choice is in the shareable link
+    page.screenshot(path=str(ARTIFACTS / "view_attention_clicked.png"), full_page=True)
+
+
+def test_a_shared_link_opens_the_same_view(page, server):
+    page.goto(f"{server}/?view=Attention&layer=1&head=head+2")
+    settle(page)
+    no_exception(page)
+    text = page.locator('[role="tabpanel"]:visible').inner_text()
+    assert "layer 1, head 2" in text

@@ -1,0 +1,147 @@
+"""The dashboard run in-process with Streamlit's AppTest (no browser).
+
+The model is chosen by environment variable (see dashboard/state.py): `VIT_LENS_MODEL=test-tiny` is a
+random-init 2-block vit_tiny_patch16_224, fast and offline. The bundled Shapes ViT is tested when
+its weights exist. `st.cache_resource` persists across tests in one process, so the model loads once.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "dashboard" / "app.py")
+VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setenv("VIT_LENS_MODEL", "test-tiny")
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+
+
+def run_app(**query: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.query_params.update(query)
+    at.run()
+    assert_healthy(at)
+    return at
+
+
+def assert_healthy(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def shown(at: AppTest) -> tuple:
+    """What the user sees, comparably: image URLs (content hashes), chart specs, texts."""
+    images = tuple(url for im in at.get("image") for url in im.value)
+    charts = tuple(c.proto.spec for c in at.get("plotly_chart"))
+    texts = tuple(m.value for m in at.markdown) + tuple(m.value for m in at.caption) + tuple(m.value for m in at.metric)
+    return images, charts, texts
+
+
+def png(rgb: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_every_view_renders_on_a_tiny_model(tiny):
+    at = run_app()
+    assert at.tabs and [t.label for t in at.tabs] == list(VIEWS)
+    assert "vit_tiny_patch16_224" in "".join(m.value for m in at.markdown)
+    assert any("RANDOM weights" in w.value for w in at.warning)
+    for view in VIEWS:
+        at.session_state["view"] = view
+        at.run()
+        assert_healthy(at)
+        assert not at.error, [e.value for e in at.error]
+        assert at.get("image"), f"{view} shows no figure"
+    # shapes come from the live capture: 1 class token + 14 x 14 patches, width 192
+    at.session_state["view"] = "Pipeline"
+    at.run()
+    table = "".join(m.value for m in at.markdown)
+    assert "[1, 197, 192]" in table and "[1, 3, 224, 224]" in table
+
+
+@pytest.mark.parametrize(
+    "view, widget, key, value",
+    [
+        ("Attention", "slider", "layer", 0),
+        ("Attention", "selectbox", "head", 1),
+        ("Attention", "selectbox", "query", 20),
+        ("Attention", "radio", "fusion", "max"),
+        ("Attention", "slider", "rollout_layer", 0),
+        ("Patches", "number_input", "patch", 3),
+        ("Positions", "select_slider", "pos_res", 7),
+        ("Positions", "number_input", "pos_patch", 3),
+        ("Filters", "number_input", "filter_start", 32),
+        ("Distance", "toggle", "mad_renorm", True),
+        ("Prediction", "slider", "topk", 3),
+        ("Pipeline", "slider", "pipe_block", 0),
+    ],
+)
+def test_each_control_changes_what_is_shown(tiny, view, widget, key, value):
+    at = run_app(view=view)
+    before = shown(at)
+    getattr(at, widget)(key=key).set_value(value).run()
+    assert_healthy(at)
+    assert shown(at) != before, f"{key} -> {value} changed nothing in {view}"
+
+
+def test_query_parameters_open_the_shared_view(tiny):
+    at = run_app(view="Attention", layer="1", head="head 2", query="patch 5 (row 0, col 5)")
+    assert at.slider(key="layer").value == 1
+    assert at.selectbox(key="head").value == 2
+    assert at.selectbox(key="query").value == 1 + 5
+    assert any("layer 1" in m.value for m in at.markdown)
+
+
+def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny):
+    at = run_app(view="Attention")
+    before = shown(at)[0]
+    at.file_uploader(key="upload").set_value(("holiday.png", b"this is not an image", "image/png")).run()
+    assert_healthy(at)
+    assert any("holiday.png" in e.value and "not an image" in e.value for e in at.error)
+    assert shown(at)[0] == before  # the previous image's views still render
+    for view in ("Patches", "Prediction"):
+        at.session_state["view"] = view
+        at.run()
+        assert_healthy(at)
+        assert at.get("image")
+
+    rng = np.random.default_rng(0)
+    good = png(rng.integers(0, 255, size=(120, 160, 3), dtype=np.uint8))
+    at.file_uploader(key="upload").set_value(("noise.png", good, "image/png")).run()
+    assert_healthy(at)
+    assert not at.error
+    assert any("noise.png" in m.value for m in at.markdown)
+
+
+def test_examples_and_export(tiny):
+    at = run_app(view="Prediction")
+    at.selectbox(key="example").set_value("Synthetic scene (drawn by the app)").run()
+    assert_healthy(at)
+    assert any("Synthetic scene" in m.value for m in at.markdown)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert any(".npz" in label for label in labels) and any(".json" in label for label in labels)
+
+
+@pytest.mark.skipif(not (ROOT / "assets" / "shapes_vit" / "model.safetensors").is_file(),
+                    reason="the bundled Shapes ViT is not trained yet (assets/shapes_vit/model.safetensors)")
+def test_bundled_teaching_model(monkeypatch):
+    monkeypatch.setenv("VIT_LENS_MODEL", "vit-lens/shapes-vit")
+    at = run_app()
+    assert "vit-lens/shapes-vit" in "".join(m.value for m in at.markdown)
+    assert not any("RANDOM weights" in w.value for w in at.warning)
+    for view in VIEWS:
+        at.session_state["view"] = view
+        at.run()
+        assert_healthy(at)
+        assert at.get("image")

@@ -1,0 +1,114 @@
+"""The dashboard's figure builders, headless: types, sizes, and that what is drawn is the analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from dashboard import figures
+from vit_core import analyses
+
+GRID, PATCH = (4, 5), (8, 8)
+H, W = GRID[0] * PATCH[0], GRID[1] * PATCH[1]
+
+
+@pytest.fixture
+def crop():
+    return np.random.default_rng(0).integers(0, 256, size=(H, W, 3), dtype=np.uint8)
+
+
+def is_png(data: bytes) -> bool:
+    return isinstance(data, bytes) and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_map_to_pixels_fills_each_patch_with_its_value():
+    amap = np.arange(20, dtype=np.float32).reshape(GRID)
+    pixels = figures.map_to_pixels(amap, PATCH)
+    assert pixels.shape == (H, W)
+    for k in range(20):
+        r, c = divmod(k, GRID[1])
+        block = pixels[r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
+        assert np.all(block == amap[r, c])
+
+
+def test_overlay_orders_patches_like_the_map(crop):
+    amap = np.zeros(GRID, dtype=np.float32)
+    amap[2, 3] = 1.0  # the hottest patch must be the brightest once overlaid on a black image
+    out = figures.overlay(np.zeros_like(crop), amap, PATCH)
+    assert out.shape == crop.shape and out.dtype == np.uint8
+    brightness = out.sum(axis=-1)
+    assert brightness[2 * 8 + 4, 3 * 8 + 4] == brightness.max()
+    assert brightness[0, 0] < brightness.max()
+
+
+def test_patch_grid_image_is_enlarged_and_highlights(crop):
+    plain = figures.patch_grid_image(crop, GRID, PATCH, show_indices=False)
+    s = figures.display_scale(W)
+    assert plain.shape == (H * s, W * s, 3)
+    marked = figures.patch_grid_image(crop, GRID, PATCH, highlight=7, show_indices=False)
+    assert not np.array_equal(plain, marked)
+
+
+def test_clickable_figure_has_one_marker_per_patch_at_its_centre(crop):
+    amap = np.random.default_rng(1).random(GRID).astype(np.float32)
+    display = figures.enlarge(figures.overlay(crop, amap, PATCH), 3)
+    assert figures.clickable_image_figure(figures.png_bytes(display), GRID, PATCH).data[1].x[6] == pytest.approx(36)
+    fig = figures.clickable_image_figure(display, GRID, PATCH, selected=6, hover_values=amap)
+    assert isinstance(fig, go.Figure)
+    image, markers = fig.data
+    assert isinstance(image, go.Image) and image.source.startswith("data:image/png;base64,")
+    assert list(markers.customdata) == list(range(20))
+    # patch 6 = row 1, col 1: centre at (1.5 * 8 * 3) in display pixels on both axes
+    assert markers.x[6] == pytest.approx(36) and markers.y[6] == pytest.approx(36)
+    assert f"{amap[1, 1]:.4f}" in markers.text[6]
+    assert len(fig.layout.shapes) == 1
+
+
+def test_head_mosaic_is_one_image_for_all_heads(crop):
+    pattern = np.random.default_rng(2).random((2, 6, 21, 21)).astype(np.float32)
+    pattern /= pattern.sum(-1, keepdims=True)
+    maps = analyses.layer_attention_maps(pattern, 1, 0, 1, GRID)
+    sheet = figures.head_maps_mosaic(crop, maps, PATCH, [f"head {h}" for h in range(6)], query_patch=3, grid=GRID, cols=3)
+    assert sheet.dtype == np.uint8 and sheet.ndim == 3
+    assert is_png(figures.png_bytes(sheet))
+
+
+def test_png_builders_return_pngs(crop):
+    rng = np.random.default_rng(3)
+    sim = analyses.pos_embed_similarity(rng.normal(size=(21, 16)), 1, False, GRID)
+    pca = analyses.filters_pca(rng.normal(size=(32, 3, 8, 8)).astype(np.float32), k=6)
+    mad = rng.uniform(0, 40, size=(3, 4)).astype(np.float32)
+    logits = rng.normal(size=10).astype(np.float32)
+    pngs = [
+        figures.similarity_tiles_png(sim, GRID, highlight=2, title="t"),
+        figures.map_png(sim[2], "tile", vmin=-1, vmax=1, highlight=2),
+        figures.filters_grid_png(pca.components, [f"PC{i}" for i in range(6)], cols=3, title="pca"),
+        figures.explained_variance_png(pca.explained_variance_ratio),
+        figures.attention_distance_png(mad, analyses.uniform_attention_distance(GRID, PATCH), mad * 0.5, 2),
+        figures.top_k_png(["a", "b"], [0.7, 0.2]),
+        figures.logits_png(logits, [1, 2], ["b", "c"]),
+        figures.vector_png(rng.normal(size=192), "v"),
+        figures.token_matrix_png(rng.normal(size=(21, 16)), "tokens", 1),
+    ]
+    for data in pngs:
+        assert is_png(data)
+        width, height = figures.png_size(data)
+        assert 50 < width < 3000 and 50 < height < 3000
+
+
+def test_similarity_tiles_sheet_holds_every_tile():
+    # the sheet drawn is tile k at block (k // gw, k % gw): rebuild it the way the figure does
+    sim = np.random.default_rng(4).random((20, 4, 5)).astype(np.float32)
+    gh, gw = GRID
+    sheet = np.full((gh * (gh + 1), gw * (gw + 1)), np.nan)
+    for k in range(20):
+        r, c = divmod(k, gw)
+        sheet[r * (gh + 1):r * (gh + 1) + gh, c * (gw + 1):c * (gw + 1) + gw] = sim[k]
+    assert np.array_equal(sheet[(gh + 1):(gh + 1) + gh, 2 * (gw + 1):2 * (gw + 1) + gw], sim[gw + 2])
+    assert is_png(figures.similarity_tiles_png(sim, GRID))
+
+
+def test_colorize_uses_the_full_range():
+    rgb = figures.colorize(np.array([[0.0, 1.0]]), "gray")
+    assert rgb[0, 0].tolist() == [0, 0, 0] and rgb[0, 1].tolist() == [255, 255, 255]
