@@ -30,13 +30,13 @@ from typing import Any, Callable
 
 import numpy as np
 import streamlit as st
-import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 import vit_core
-from vit_core import ImageError, analyses, export
-from vit_core.images import UPLOAD_EXTENSIONS as IMAGE_TYPES
+from vit_core import ImageError, analyses, export  # noqa: F401 - ImageError re-exported for the views
+from vit_core.images import UPLOAD_EXTENSIONS as IMAGE_TYPES  # noqa: F401 - the uploaders use it
 from vit_core.loading import TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
+from vit_core.runtime import configure_threads
 
 _logger = logging.getLogger(__name__)
 
@@ -86,15 +86,8 @@ def random_init_forced() -> bool:
 
 @st.cache_resource
 def configure_torch_threads() -> int:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cpus = max(1, min(cpus, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    torch.set_num_threads(cpus)
-    return cpus
+    """Once per server process (torch's thread pool is process-wide)."""
+    return configure_threads()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,19 +307,13 @@ def filters_pca(model_key: str, _loaded: LoadedModel) -> analyses.FilterPCA:
 @st.cache_resource(max_entries=24, show_spinner=False)
 def pos_similarity(model_key: str, grid: tuple[int, int], _loaded: LoadedModel) -> np.ndarray | None:
     """Position-embedding similarity (N', gh', gw') on `grid` (resampled in 2D if it differs), or None."""
-    from timm.layers import resample_abs_pos_embed
-
     g = _loaded.geometry
     rows = export.pos_embed_rows(_loaded)
     if rows is None:
         return None
-    if tuple(grid) == tuple(g.grid):
-        return analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, g.grid)
-    prefix = 0 if g.no_embed_class else g.num_prefix_tokens
-    resampled = resample_abs_pos_embed(
-        torch.from_numpy(rows.copy())[None], new_size=list(grid), old_size=list(g.grid), num_prefix_tokens=prefix
-    )[0].numpy()  # (1, T_pe, D) -> (1, T_pe', D) -> (T_pe', D)
-    return analyses.pos_embed_similarity(resampled, g.num_prefix_tokens, g.no_embed_class, grid)
+    if tuple(grid) != tuple(g.grid):
+        rows = analyses.resample_pos_embed(rows, g.grid, grid, g.num_prefix_tokens, g.no_embed_class)  # (T_pe', D)
+    return analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, grid)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)

@@ -6,7 +6,6 @@ tests/artifacts/ (gitignored). Skipped only when no `chromium` is installed (CI 
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import socket
@@ -27,6 +26,8 @@ VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance",
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
+if CHROMIUM is None and os.environ.get("CI"):
+    raise RuntimeError("CI must run the browser tests: scripts/test installs Debian's chromium, and it is missing")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 
 
