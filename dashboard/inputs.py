@@ -71,8 +71,9 @@ def image_ui(model_name: str) -> state.ImageChoice | None:
     default = state.default_example(model_name)
     example = st.selectbox("Example image", examples, index=examples.index(default), key=state.K_EXAMPLE,
                            bind="query-params", on_change=state.set_image_source, args=("example",))
-    upload = st.file_uploader("...or your own image", type=list(state.IMAGE_TYPES), key=state.K_UPLOAD,
-                              max_upload_size=state.MAX_IMAGE_MB, on_change=state.set_image_source, args=("upload",))
+    upload = st.file_uploader(f"...or your own image (up to {state.MAX_IMAGE_MB} MB)", type=list(state.IMAGE_TYPES),
+                              key=state.K_UPLOAD, max_upload_size=state.MAX_IMAGE_MB, on_change=state.set_image_source,
+                              args=("upload",), help=text.UPLOAD_HELP.format(mb=state.MAX_IMAGE_MB))
     camera = None
     if st.toggle("Take a photo with the camera", key=state.K_CAMERA_ON):
         camera = st.camera_input("Camera", key=state.K_CAMERA, on_change=state.set_image_source, args=("camera",))
@@ -94,7 +95,7 @@ def image_ui(model_name: str) -> state.ImageChoice | None:
             return previous
         return state.decode(example, state.example_bytes(example))
     state.remember_good_image(image)
-    for note in image.decoded.notes:
+    for note in image.notes:
         st.caption(note)
     return image
 

@@ -9,6 +9,10 @@ Caches (shared by every browser session, all keyed on strings, never on tensors 
 Selections that matter live in the URL: the widgets below are created with
 `bind="query-params"`, so their key is the query parameter (`?model=...&view=Attention&layer=3`).
 
+Shared by up to a classroom of sessions: every cache has `max_entries`, and what a session keeps
+for itself is capped too (the distance history, the saved weights uploads). A model that can't be
+loaded (offline, a refused weights file) is remembered for a minute, so reruns don't retry it.
+
 Test and benchmark hooks (environment variables, read at start-up):
 - `VIT_LENS_MODEL=<name>`: the model the app opens with (`vit_core.loading.env_default_model`).
 - `VIT_LENS_MODEL=test-tiny`: a random-init 2-block `vit_tiny_patch16_224` (fast, offline); the
@@ -24,6 +28,8 @@ import io
 import logging
 import os
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,9 +49,14 @@ _logger = logging.getLogger(__name__)
 TEST_TINY = "test-tiny"
 UNTRAINED_FALLBACK = "vit_tiny_patch16_224"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
-MAX_WEIGHTS_MB = 1024
+MAX_WEIGHTS_MB = 400  # the largest listed architecture (ViT-B/16 at 384) is about 350 MB; = server.maxUploadSize
 MAX_IMAGE_MB = 25
 MAX_BATCH_IMAGES = 32
+MAX_HISTORY_IMAGES = 200  # per session and model: the distance history keeps the latest (2 small arrays each)
+MAX_HISTORY_MODELS = 4
+MAX_SAVED_UPLOADS = 8  # per session: weights / label files remembered by upload id
+UPLOADS_DISK_MB = 4096  # saved weights uploads on disk, all sessions together: the oldest go first
+FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
 
 MODEL_CHOICES: dict[str, str] = {
     "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
@@ -126,9 +137,31 @@ class ModelRequest:
         return random_init_forced() and not self.weights_path and self.name not in (TEACHING_MODEL, TEST_TINY)
 
 
+_failures: dict[tuple, tuple[float, vit_core.ViTLensError]] = {}  # shared by every session
+_failures_lock = threading.Lock()
+
+
 def load(request: ModelRequest) -> LoadedModel:
-    """The model, from the cache or loaded now. Raises vit_core errors (OfflineError, WeightsError, ...)."""
-    return _cached_model(request.name, request.weights_path, request.labels_path, request.weights_id, request.random_init)
+    """The model, from the cache or loaded now. Raises vit_core errors (OfflineError, WeightsError, ...).
+
+    st.cache_resource does not cache exceptions: without the memory below, every rerun of every
+    session would retry a model that can't be had (offline: a meta build and, once a minute, a
+    hub probe of up to seconds).
+    """
+    args = (request.name, request.weights_path, request.labels_path, request.weights_id, request.random_init)
+    now = time.monotonic()
+    with _failures_lock:
+        failed = _failures.get(args)
+    if failed is not None and now - failed[0] < FAILURE_MEMORY_S:
+        raise failed[1]
+    try:
+        return _cached_model(*args)
+    except vit_core.ViTLensError as e:
+        with _failures_lock:
+            for key in [k for k, (t, _) in _failures.items() if now - t >= FAILURE_MEMORY_S]:
+                del _failures[key]
+            _failures[args] = (now, e)
+        raise
 
 
 def fallback_request() -> tuple[ModelRequest, str]:
@@ -146,17 +179,41 @@ def save_upload(upload: Any) -> tuple[str, str]:
     Hashing a few hundred MB costs about a second: done once per upload (its file_id), not per rerun.
     """
     saved = st.session_state.setdefault("_saved_uploads", {})
-    if upload.file_id in saved:
+    if upload.file_id in saved and Path(saved[upload.file_id][0]).is_file():  # (pruned: written again)
         return saved[upload.file_id]
     data, suffix = upload.getvalue(), Path(upload.name).suffix
     digest = hashlib.sha256(data).hexdigest()
     folder = Path(tempfile.gettempdir()) / "vit_lens_uploads"
     folder.mkdir(exist_ok=True)
     path = folder / f"{digest[:32]}{suffix.lower()}"
-    if not path.exists():
-        path.write_bytes(data)
+    if not path.exists():  # written whole, then renamed: another session never reads half a file
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as part:
+            part.write(data)
+        os.replace(part.name, path)
+        _prune_uploads(folder, keep=path)
     saved[upload.file_id] = (str(path), digest)
+    while len(saved) > MAX_SAVED_UPLOADS:
+        del saved[next(iter(saved))]
     return str(path), digest
+
+
+def _prune_uploads(folder: Path, keep: Path, max_bytes: int = UPLOADS_DISK_MB * 2**20) -> None:
+    """Delete the oldest saved uploads beyond `max_bytes` (a class uploading weights must not fill the disk).
+
+    A model already loaded from a deleted file stays in the cache, and a session that still holds
+    the upload writes the file again on its next run (save_upload).
+    """
+    try:
+        files = sorted((f for f in folder.iterdir() if f.is_file() and f != keep and f.suffix != ".part"),
+                       key=lambda f: f.stat().st_mtime)
+        total = keep.stat().st_size + sum(f.stat().st_size for f in files)
+        for f in files:
+            if total <= max_bytes:
+                break
+            total -= f.stat().st_size
+            f.unlink(missing_ok=True)
+    except OSError as e:  # another session pruning at the same time: harmless
+        _logger.debug("pruning uploads: %s", e)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,20 +222,52 @@ def save_upload(upload: Any) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ImageChoice:
+    """An image a session shows. Light enough to keep per session: the file's bytes (compressed) and
+    a display copy, not the decoded full-size picture (a 12 MP phone photo is 36 MB decoded)."""
+
     name: str  # for people and file names
     sha: str  # sha256 of the bytes: the per-image cache key
-    decoded: vit_core.DecodedImage
+    data: bytes  # the file as given
+    size: tuple[int, int]  # (width, height) of the decoded picture, upright
+    source_format: str
+    notes: tuple[str, ...]  # what decoding did that the user may want to know
+    display: Image.Image  # the picture, at most DISPLAY_SIDE pixels a side
+
+    def full_image(self) -> Image.Image:
+        """The decoded full-size RGB picture (from the shared cache, or decoded again)."""
+        return _decoded(self.sha, self.data).image
 
 
-@st.cache_resource(max_entries=32, show_spinner=False)
+DISPLAY_SIDE = 1024
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
 def _decoded(sha: str, _data: bytes) -> vit_core.DecodedImage:
     return vit_core.decode_image(_data)
 
 
+def _display_copy(image: Image.Image) -> Image.Image:
+    if max(image.size) <= DISPLAY_SIDE:
+        return image
+    small = image.copy()
+    small.thumbnail((DISPLAY_SIDE, DISPLAY_SIDE), Image.Resampling.LANCZOS)
+    return small
+
+
 def decode(name: str, data: bytes) -> ImageChoice:
     """Decode uploaded or example bytes; raises vit_core.ImageError with a message for the user."""
+    if len(data) > MAX_IMAGE_MB * 1024 * 1024:  # the browser enforces the widget's cap; a script may not
+        raise ImageError(f"The file is {len(data) / 2**20:.0f} MB; images are limited to {MAX_IMAGE_MB} MB.")
     sha = hashlib.sha256(data).hexdigest()
-    return ImageChoice(name, sha, _decoded(sha, data))
+    return ImageChoice(name, sha, data, *_image_info(sha, data))
+
+
+@st.cache_resource(max_entries=48, show_spinner=False)
+def _image_info(sha: str, _data: bytes) -> tuple[tuple[int, int], str, tuple[str, ...], Image.Image]:
+    """(size, source format, notes, display copy) of an image: what every rerun needs, kept longer
+    than the full-size decoded pictures."""
+    decoded = _decoded(sha, _data)
+    return decoded.image.size, decoded.source_format, decoded.notes, _display_copy(decoded.image)
 
 
 def synthetic_scene(size: int = 448) -> bytes:
@@ -259,14 +348,21 @@ def remember_good_image(image: ImageChoice) -> None:
 # Captures and per-capture analyses
 
 
+@dataclass(frozen=True)
+class _Lazy:
+    """The full-size picture of `choice`, decoded only if the capture is not cached."""
+
+    choice: ImageChoice
+
+
 @st.cache_resource(max_entries=24, show_spinner=False)
-def _capture(model_key: str, image_sha: str, _loaded: LoadedModel, _image: Image.Image) -> vit_core.Capture:
-    return vit_core.run_with_capture(_loaded, _image)
+def _capture(model_key: str, image_sha: str, _loaded: LoadedModel, _image: _Lazy) -> vit_core.Capture:
+    return vit_core.run_with_capture(_loaded, _image.choice.full_image())
 
 
 def capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
     """One hooked forward pass per (model, image), shared by every session."""
-    return _capture(request.key, image.sha, loaded, image.decoded.image)
+    return _capture(request.key, image.sha, loaded, _Lazy(image))
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
@@ -280,7 +376,14 @@ def attention_distances(request: ModelRequest, image: ImageChoice, cap: vit_core
     """Mean attention distance (L, H) of this image, both conventions; recorded in the session history."""
     result = _distances(request.key, image.sha, cap)
     history = st.session_state.setdefault(_MAD_HISTORY, {})
-    history.setdefault(request.key, {})[image.sha] = result
+    per_model = history.pop(request.key, {})
+    history[request.key] = per_model  # the latest model last
+    per_model.pop(image.sha, None)
+    per_model[image.sha] = result  # the latest image last
+    while len(per_model) > MAX_HISTORY_IMAGES:
+        del per_model[next(iter(per_model))]
+    while len(history) > MAX_HISTORY_MODELS:
+        del history[next(iter(history))]
     return result
 
 

@@ -86,3 +86,9 @@ UNTRAINED = (
     "This model has RANDOM weights (untrained): the pipeline and shapes are real, but its attention, "
     "filters and predictions carry no meaning."
 )
+
+UPLOAD_HELP = (
+    "JPEG, PNG, WebP, BMP, GIF or TIFF, up to {mb} MB. Phone photos are turned upright (EXIF), "
+    "transparency is shown on white, an animation gives its first frame. The image is analysed on "
+    "the server that runs this page; other users of it don't see it."
+)

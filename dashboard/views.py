@@ -91,7 +91,7 @@ def pipeline_view(ctx: ViewContext) -> None:
     g, cap, dc = ctx.loaded.geometry, ctx.cap, ctx.loaded.data_config
     st.markdown(text.PIPELINE)
     ph, pw = g.patch_size
-    w, h = ctx.image.decoded.image.size
+    w, h = ctx.image.size
     prefix = ", ".join(g.prefix_names) or "none"
     rows = [
         ("1. Your image", f"{w} x {h} pixels, RGB", shape((h, w, 3), batch=False)),
@@ -122,8 +122,9 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
     cols = st.columns(4)
     with cols[0]:
-        show_png(ctx.png(lambda: figures.png_bytes(np.asarray(ctx.image.decoded.image)), "image"), "pipe_image", f"{ctx.stem}_image",
-                 caption=f"1. your image {shape(np.asarray(ctx.image.decoded.image).shape, batch=False)}")
+        w, h = ctx.image.size
+        show_png(ctx.png(lambda: figures.png_bytes(np.asarray(ctx.image.display)), "image"),
+                 "pipe_image", f"{ctx.stem}_image", caption=f"1. your image {shape((h, w, 3), batch=False)}")
     with cols[1]:
         show_png(ctx.png(lambda: figures.png_bytes(figures.patch_grid_image(cap.input_image, g.grid, g.patch_size, show_indices=False)), "grid"),
                  "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
@@ -364,7 +365,8 @@ def distance_view(ctx: ViewContext) -> None:
     c1, c2 = st.columns([1, 2])
     renorm = c1.toggle("Renormalise rows over patches", key=state.K_MAD_RENORM, help=text.DISTANCE_CONVENTION)
     batch = c2.file_uploader(f"Add images to the average (up to {state.MAX_BATCH_IMAGES})", type=list(state.IMAGE_TYPES),
-                             accept_multiple_files=True, key=state.K_MAD_BATCH, max_upload_size=state.MAX_IMAGE_MB)
+                             accept_multiple_files=True, key=state.K_MAD_BATCH, max_upload_size=state.MAX_IMAGE_MB,
+                             help=text.UPLOAD_HELP.format(mb=state.MAX_IMAGE_MB) + " Each file is limited, not the batch.")
     mad, mad_renorm = state.attention_distances(ctx.request, ctx.image, cap)
     if batch:
         with st.spinner(f"Running the model on {len(batch[:state.MAX_BATCH_IMAGES])} images..."):
@@ -374,7 +376,8 @@ def distance_view(ctx: ViewContext) -> None:
                 except state.ImageError as e:
                     st.warning(f"{upload.name}: {e}")
                     continue
-                state.attention_distances(ctx.request, image, state.capture(ctx.request, ctx.loaded, image))
+                if image.sha not in state.distance_history(ctx.request):  # each forward once, not on every rerun
+                    state.attention_distances(ctx.request, image, state.capture(ctx.request, ctx.loaded, image))
     history = state.distance_history(ctx.request)
     index = 1 if renorm else 0
     current = mad_renorm if renorm else mad

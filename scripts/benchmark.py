@@ -1,13 +1,24 @@
-"""Benchmark the core: plain timm forward vs run_with_capture vs capture + all analyses.
+"""Benchmark ViT Lens on this machine, in one run: the core, the dashboard, a real browser, cold start.
 
-    .venv/bin/python scripts/benchmark.py [--model vit_base_patch16_224] [--repeats 15]
+    .venv/bin/python scripts/benchmark.py [--model vit_base_patch16_224] [--repeats 15] [--no-dashboard] [--no-browser]
 
-Measured in one run on the same image, interleaved so that machine noise hits each variant alike;
-medians are reported. Pretrained weights are not needed (nor available offline): a random init of
-the same architecture costs exactly the same arithmetic. Targets (issue 2): capture within 1.15x of
-the plain fused forward, capture + all analyses within 1.3x. "All analyses" are the per-image
-ones of the export (attention distance in both conventions, rollout, probabilities); the per-model
-ones (filter PCA, position similarity) are computed once per model and reported separately.
+1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward,
+   `run_with_capture`, capture + all per-image analyses of the export, and the bf16 fast mode
+   (or why it isn't offered).
+2. Dashboard, server side (AppTest, no browser): a new image with each view open; every view with the
+   capture cached (a tab switch); each control change. AppTest reruns the whole script, so these
+   are an upper bound of a fragment rerun.
+3. A real browser (headless chromium) against the server as `scripts/dashboard` starts it: cold
+   start (server start -> first page fully rendered, images loaded), a new image (file chosen ->
+   views rendered), a control change (layer slider / head select -> new map shown), and the
+   server's peak RSS.
+Then one table of everything beside its target.
+
+Pretrained weights are not needed (nor available offline): a random init of the same architecture
+costs exactly the same arithmetic (VIT_LENS_RANDOM_INIT=1 for the server; "cached" for the cold
+start means the weights are on disk; for a random init, the build time counts instead).
+Targets: capture within 1.15x of the plain forward; control change < 300 ms; new image < 2 s;
+cold start < 15 s.
 """
 
 from __future__ import annotations
@@ -17,14 +28,19 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: see vit_core/__init__.py
 
 import argparse
+import asyncio
+import io
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from vit_core import load_model, preprocess, run_with_capture  # noqa: E402
 from vit_core.export import analysis_arrays, model_arrays  # noqa: E402
@@ -39,14 +55,9 @@ def sample_image():
         return Image.open(f).convert("RGB")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vit_base_patch16_224")
-    parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
-
-    threads = configure_threads()
-    loaded = load_model(args.model, pretrained=False)
+def core(model: str, repeats: int) -> dict[str, float]:
+    """Section 1: medians in seconds of the plain forward, the capture and capture + analyses."""
+    loaded = load_model(model, pretrained=False)
     image = sample_image()
     started = time.perf_counter()
     model_arrays(loaded)  # filter PCA + position similarity: once per model, cached
@@ -68,7 +79,7 @@ def main() -> None:
     for fn in variants.values():  # warm-up: allocator, oneDNN kernels
         fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for name, fn in variants.items():
             started = time.perf_counter()
             fn()
@@ -76,15 +87,16 @@ def main() -> None:
 
     base = statistics.median(times["plain timm forward (fused attention)"])
     g = loaded.geometry
-    print(f"{args.model} (random init), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
-          f"CPU, torch {torch.__version__}, {threads} threads, median of {args.repeats}")
+    print(f"\n== 1. core: {model} (random init), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
+          f"CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats}")
     print(f"{'':40s} {'median ms':>10s} {'p90 ms':>8s} {'ratio':>6s}")
     for name, samples in times.items():
         median = statistics.median(samples)
         p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
         print(f"{name:40s} {median * 1e3:10.1f} {p90 * 1e3:8.1f} {median / base:6.2f}")
     print(f"once per model (filter PCA, position-embedding similarity): {per_model_seconds * 1e3:.0f} ms")
-    report_bf16(loaded, image, args.repeats, statistics.median(times["run_with_capture"]))
+    report_bf16(loaded, image, repeats, statistics.median(times["run_with_capture"]))
+    return {name: statistics.median(samples) for name, samples in times.items()}
 
 
 def report_bf16(loaded, image, repeats: int, fp32_seconds: float) -> None:
@@ -103,6 +115,161 @@ def report_bf16(loaded, image, repeats: int, fp32_seconds: float) -> None:
     error = float(abs(fast.pattern - reference.pattern).max())
     print(f"bf16 fast mode: {bf16_seconds * 1e3:.1f} ms, {fp32_seconds / bf16_seconds:.2f}x faster than fp32 capture, "
           f"largest attention error {error:.2e}, top-1 {'same' if fast.logits.argmax() == reference.logits.argmax() else 'DIFFERENT'}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The dashboard, server side (AppTest)
+
+VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
+CONTROLS = [  # (view, widget kind, key, two values to alternate)
+    ("Attention", "slider", "layer", [0, 5]),
+    ("Attention", "selectbox", "head", [3, -1]),
+    ("Attention", "selectbox", "query", [20, 0]),
+    ("Attention", "radio", "fusion", ["max", "mean"]),
+    ("Attention", "slider", "rollout_layer", [3, 7]),
+    ("Patches", "number_input", "patch", [3, 40]),
+    ("Positions", "number_input", "pos_patch", [3, 40]),
+    ("Positions", "select_slider", "pos_res", ["first", "last"]),
+    ("Distance", "toggle", "mad_renorm", [True, False]),
+    ("Prediction", "slider", "topk", [10, 5]),
+]
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    rgb = np.random.default_rng(seed).integers(0, 256, size=(300, 400, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _timed(at) -> float:
+    started = time.perf_counter()
+    at.run()
+    seconds = time.perf_counter() - started
+    assert not at.exception, [e.value for e in at.exception]
+    return seconds
+
+
+def dashboard(model: str, repeats: int) -> dict[str, float]:
+    """Section 2: AppTest timings in seconds (medians): new image per view, tab switch, controls."""
+    os.environ["VIT_LENS_MODEL"] = model
+    os.environ["VIT_LENS_RANDOM_INIT"] = "1"
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=300)
+    print(f"\n== 2. dashboard, server side (AppTest reruns the whole script; no browser), {model} random init, ms")
+    print(f"first run (model build, first forward, first figures): {_timed(at) * 1e3:.0f}")
+    for view in VIEWS:  # warm every view once (matplotlib fonts, caches)
+        at.session_state["view"] = view
+        _timed(at)
+    seed, new_image, cached = 100, {}, {}
+    for view in VIEWS:
+        at.session_state["view"] = view
+        samples = []
+        for _ in range(repeats):
+            seed += 1
+            at.file_uploader(key="upload").set_value((f"bench{seed}.png", _png(seed), "image/png"))
+            samples.append(_timed(at))
+        new_image[view] = statistics.median(samples)
+    for view in VIEWS:
+        samples = []
+        for _ in range(repeats):
+            at.session_state["view"] = view
+            samples.append(_timed(at))
+        cached[view] = statistics.median(samples)
+    print(f"{'view':<12} {'new image':>10} {'tab switch':>11}")
+    for view in VIEWS:
+        print(f"{view:<12} {new_image[view] * 1e3:10.0f} {cached[view] * 1e3:11.0f}")
+    controls = {}
+    print("control change (capture cached):")
+    for view, widget, key, values in CONTROLS:
+        at.session_state["view"] = view
+        _timed(at)
+        element = getattr(at, widget)(key=key)
+        if values == ["first", "last"]:
+            values = [int(element.options[0].split(" x")[0]), int(element.options[-1].split(" x")[0])]
+        samples = []
+        for i in range(repeats * 2):
+            getattr(at, widget)(key=key).set_value(values[i % 2])
+            samples.append(_timed(at))
+        controls[f"{view} {key}"] = statistics.median(samples)
+        print(f"  {view + ' ' + key:<24} median {controls[f'{view} {key}'] * 1e3:5.0f}  max {max(samples) * 1e3:5.0f}")
+    return {"new image (slowest view)": max(new_image.values()), "tab switch (slowest view)": max(cached.values()),
+            "control change (slowest)": max(controls.values()), "control change (median of controls)":
+            statistics.median(controls.values())}
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. A real browser: cold start, new image, control change, peak RSS
+
+
+def browser(model: str, images: int, changes: int) -> dict[str, float]:
+    """Section 3: one session in headless chromium against the server `scripts/dashboard` starts."""
+    import tempfile
+
+    import loadtest
+
+    workdir = Path(tempfile.mkdtemp(prefix="vit_lens_bench_"))
+    started = time.perf_counter()
+    proc, url = loadtest.start_server(model, True, workdir / "streamlit.log")
+    healthy = time.perf_counter() - started
+    try:
+        with loadtest.RssSampler(proc.pid) as rss:
+            result = asyncio.run(loadtest.drive(url, 1, images, changes, 120, 0, workdir, None))[0]
+    finally:
+        loadtest.stop_server(proc)
+    if result.errors:
+        print("browser errors:", *result.errors, sep="\n  ")
+    cold = healthy + result.first_render
+    print(f"\n== 3. real browser (headless chromium on this machine), {model} random init, one session")
+    print(f"cold start: server start -> health {healthy:.1f} s, page load -> fully rendered {result.first_render:.1f} s, "
+          f"total {cold:.1f} s")
+    print(loadtest.summarise("new image -> views rendered", result.new_image))
+    print(loadtest.summarise("control change -> rendered", result.control))
+    for kind in ("layer slider", "head select"):
+        print(loadtest.summarise(f"  of which {kind}", [t for t, k in zip(result.control, result.control_kinds) if k == kind]))
+    print(f"server peak RSS: {rss.peak_mb:.0f} MB")
+    return {"cold start": cold, "new image": statistics.median(result.new_image) if result.new_image else float("nan"),
+            "control change": statistics.median(result.control) if result.control else float("nan"),
+            "peak RSS MB": rss.peak_mb}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--repeats", type=int, default=15, help="core repeats (the dashboard uses a fifth of it)")
+    parser.add_argument("--no-dashboard", action="store_true", help="skip section 2 (AppTest)")
+    parser.add_argument("--no-browser", action="store_true", help="skip section 3 (needs chromium)")
+    args = parser.parse_args()
+    threads = configure_threads()
+
+    rows = []  # (what, measured, target, ok)
+    c = core(args.model, args.repeats)
+    plain, cap = c["plain timm forward (fused attention)"], c["run_with_capture"]
+    rows.append(("plain timm forward", f"{plain * 1e3:.0f} ms", "", None))
+    rows.append(("run_with_capture", f"{cap * 1e3:.0f} ms ({cap / plain:.2f}x)", "<= 1.15x", cap / plain <= 1.15))
+    full = c["run_with_capture + all analyses"]
+    rows.append(("capture + all analyses", f"{full * 1e3:.0f} ms ({full / plain:.2f}x)", "", None))
+    if not args.no_dashboard:
+        d = dashboard(args.model, max(3, args.repeats // 5))
+        rows.append(("control change, AppTest full rerun", f"{d['control change (median of controls)'] * 1e3:.0f} ms "
+                     f"(slowest {d['control change (slowest)'] * 1e3:.0f})", "< 300 ms", d["control change (slowest)"] < 0.3))
+        rows.append(("new image, AppTest (slowest view)", f"{d['new image (slowest view)']:.2f} s", "< 2 s",
+                     d["new image (slowest view)"] < 2))
+        rows.append(("tab switch, AppTest (slowest view)", f"{d['tab switch (slowest view)'] * 1e3:.0f} ms", "", None))
+    if not args.no_browser:
+        b = browser(args.model, images=4, changes=6)
+        rows.append(("control change, browser", f"{b['control change'] * 1e3:.0f} ms", "< 300 ms", b["control change"] < 0.3))
+        rows.append(("new image, browser", f"{b['new image']:.2f} s", "< 2 s", b["new image"] < 2))
+        rows.append(("cold start to first full render", f"{b['cold start']:.1f} s", "< 15 s", b["cold start"] < 15))
+        rows.append(("server peak RSS, one session", f"{b['peak RSS MB']:.0f} MB", "", None))
+    print(f"\n== summary: {args.model}, CPU, {threads} torch threads (medians)")
+    print(f"| {'what':<36} | {'measured':<26} | {'target':<9} | ok  |")
+    print(f"| {'-' * 36} | {'-' * 26} | {'-' * 9} | --- |")
+    for what, measured, target, ok in rows:
+        print(f"| {what:<36} | {measured:<26} | {target:<9} | {'' if ok is None else ('yes' if ok else 'NO'):<3} |")
 
 
 if __name__ == "__main__":

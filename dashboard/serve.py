@@ -1,0 +1,71 @@
+"""Start the dashboard server with the slow start-up work done before the first visitor arrives.
+
+    python -m dashboard.serve [streamlit options]     # what `bash scripts/dashboard` runs
+
+`streamlit run dashboard/app.py` imports torch and timm (seconds) inside the first page load, and
+loads the start-up model there too. Here the server process imports them first, sets torch's thread
+count once from the CPU quota, and loads the start-up model ($VIT_LENS_MODEL, else ViT-B/16) into
+the dashboard's shared cache in the background while Streamlit starts, with the capture of the
+default example image. Offline, that attempt fails
+fast and is remembered (dashboard.state.load), so the first page says why at once and shows the
+bundled model, which is loaded here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "dashboard" / "app.py"
+_logger = logging.getLogger("vit_lens.serve")
+
+
+def warm_up() -> None:
+    """Fill the shared caches with what the first page needs: the start-up model (or, if it can't be
+    had, the fallback), the capture of the default example image, and a first figure (matplotlib's
+    fonts and first draw cost about a second)."""
+    import vit_core
+    from dashboard import figures, state
+
+    started = time.perf_counter()
+    request = state.ModelRequest(vit_core.loading.env_default_model())
+    try:
+        try:
+            loaded = state.load(request)
+        except vit_core.ViTLensError as e:
+            _logger.warning("start-up model %s unavailable (%s); loading the fallback", request.name, e)
+            request = state.fallback_request()[0]
+            loaded = state.load(request)
+        example = state.default_example(loaded.name)
+        cap = state.capture(request, loaded, state.decode(example, state.example_bytes(example)))
+        figures.token_matrix_png(cap.tokens[-1], "warm-up", cap.geometry.num_prefix_tokens)
+        import plotly.graph_objects  # noqa: F401 - the first interactive figure
+    except vit_core.ViTLensError as e:  # the page will say so
+        _logger.warning("warm-up: %s", e)
+    except Exception:  # noqa: BLE001 - never take the server down from a warm-up; the page will show it
+        _logger.exception("warm-up failed")
+    _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import vit_core  # noqa: F401 - torch and timm, imported once for every session
+    from vit_core.runtime import configure_threads
+
+    configure_threads()
+    threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
+    from streamlit.web import cli
+
+    sys.argv = ["streamlit", "run", str(APP), *argv]
+    sys.exit(cli.main())
+
+
+if __name__ == "__main__":
+    main()

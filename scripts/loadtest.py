@@ -1,0 +1,497 @@
+"""A classroom on one server: N browser sessions at once, each checked against the same images analysed alone.
+
+    .venv/bin/python scripts/loadtest.py                      # 30 sessions, ViT-B/16 (random init), own server
+    .venv/bin/python scripts/loadtest.py --sessions 5 --model test-tiny
+    .venv/bin/python scripts/loadtest.py --url http://127.0.0.1:8501 --model vit_base_patch16_224 --server-pid 1234
+
+Starts the dashboard as scripts/dashboard does (`python -m dashboard.serve`) on a free loopback port (unless --url), then drives one
+headless chromium (Debian's, through Playwright) with one context per session. Every session at
+the same time:
+  1. opens the page;
+  2. uploads its own image (distinct bytes per session; the first a 12 MP JPEG like a phone's)
+     and waits until the views of the open tab are rendered;
+  3. opens the Attention tab and changes the layer slider / head select a few times, each time
+     waiting until the new map is shown;
+  4. downloads the sidebar's `.npz` export of what it shows;
+  and repeats 2-4 with a second image. Sessions are staggered by a fraction of a second, so
+  uploads, forwards and control changes of different sessions interleave.
+Afterwards every downloaded `.npz` is compared with `vit_core.run_with_capture` +
+`vit_core.export.analysis_arrays` run here, alone, on the same bytes: a session that got another
+session's result (or a half-finished one) is a mismatch.
+
+Reports latency (median, p95, max) for a new image (file chosen -> every view of the open tab
+rendered, images loaded) and a control change (key press / option chosen -> the new map shown),
+exceptions seen in any page or in the server log, mismatches, and the server's peak RSS (sampled
+VmRSS of the server and its children, and the server's VmHWM from /proc). Exits 1 on any
+mismatch, exception or timeout. All traffic goes to 127.0.0.1; the run is bounded by --deadline.
+The browsers run on the same machine as the server, so on a small machine they compete with it
+for the CPU: the latencies are an upper bound of what students on their own devices see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TINY = "test-tiny"
+# Compared arrays: exact for the crop, tight tolerances for float results of the same computation.
+EXACT = ("input_image", "grid", "patch_size", "num_prefix_tokens")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# The server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, random_init: bool, log_path: Path, extra_env: dict[str, str] | None = None,
+                 timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """The dashboard as `scripts/dashboard` starts it (`python -m dashboard.serve`, i.e. `streamlit run
+    dashboard/app.py` after the heavy imports) on a free loopback port; returns (process, url) once healthy."""
+    port = free_port()
+    env = {**os.environ, "VIT_LENS_MODEL": model, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("VIT_LENS_RANDOM_INIT", None)
+    if random_init:
+        env["VIT_LENS_RANDOM_INIT"] = "1"
+    env.update(extra_env or {})
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dashboard.serve", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"streamlit did not start; see {log_path}")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _status_kb(pid: int, field_name: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(c) for t in Path(f"/proc/{p}/task").iterdir()
+                    for c in (t / "children").read_text().split()]
+        except OSError:
+            kids = []
+        found += kids
+        todo += kids
+    return found
+
+
+class RssSampler:
+    """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak)."""
+
+    def __init__(self, pid: int, every: float = 0.1):
+        self.pid, self.every, self.peak_kb, self.hwm_kb = pid, every, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.every)
+
+    def sample(self) -> None:
+        pids = [self.pid] + _children(self.pid)
+        self.peak_kb = max(self.peak_kb, sum(_status_kb(p, "VmRSS") for p in pids))
+        self.hwm_kb = max(self.hwm_kb, sum(_status_kb(p, "VmHWM") for p in pids))
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sample()
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mb(self) -> float:
+        return max(self.peak_kb, self.hwm_kb) / 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Images: distinct bytes per session and step
+
+
+def session_image(session: int, step: int, size: tuple[int, int] = (480, 360)) -> tuple[str, bytes]:
+    """A phone-photo-like picture unique to (session, step): smooth colours, shapes, noise. JPEG or PNG."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(1000 * session + step)
+    w, h = size if max(size) <= 1024 else (size[0] // 4, size[1] // 4)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x / w, y / h, 0.5 + 0.5 * np.sin((x + 2 * y) / (15 + 5 * step) + session)], axis=-1)
+    rgb = (base * rng.uniform(120, 255, size=3) + rng.normal(0, 8, size=(h, w, 3))).clip(0, 255).astype(np.uint8)
+    im = Image.fromarray(rgb)
+    if (w, h) != size:  # drawn small, enlarged: a phone-sized photo in a fraction of the time
+        im = im.resize(size, Image.Resampling.BICUBIC)
+        w, h = size
+    draw = ImageDraw.Draw(im)
+    side = max(4, min(w, h) // 4)
+    for _ in range(4):
+        x0, y0 = rng.integers(0, w - side), rng.integers(0, h - side)
+        box = [int(x0), int(y0), int(x0 + rng.integers(side // 2, 2 * side)), int(y0 + rng.integers(side // 2, 2 * side))]
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
+    buffer = io.BytesIO()
+    if step % 2 == 0:
+        im.save(buffer, format="JPEG", quality=88)
+        return f"student{session:02d}_photo{step}.jpg", buffer.getvalue()
+    im.save(buffer, format="PNG")
+    return f"student{session:02d}_drawing{step}.png", buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------
+# One browser session
+
+
+@dataclass
+class SessionResult:
+    index: int
+    first_render: float = float("nan")
+    new_image: list[float] = field(default_factory=list)
+    control: list[float] = field(default_factory=list)
+    control_kinds: list[str] = field(default_factory=list)  # "layer slider" or "head select", per control entry
+    downloads: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (file name, image bytes, npz bytes)
+    errors: list[str] = field(default_factory=list)
+
+
+APP_IDLE = ('() => { const a = document.querySelector(\'[data-testid="stApp"]\');'
+            ' return a && a.dataset.testScriptState === "notRunning" && a.dataset.testConnectionState === "CONNECTED"'
+            ' && !document.querySelector(\'[data-testid="stSkeleton"]\')'
+            ' && [...document.querySelectorAll(\'[data-testid="stMain"] img\')].every(i => i.complete); }')
+
+
+async def idle(page, timeout_ms: float) -> None:
+    """The script has finished, the connection is up, nothing is loading and every image has arrived."""
+    await page.wait_for_function(APP_IDLE, timeout=timeout_ms, polling=50)
+
+
+async def check_no_exception(page, result: SessionResult, where: str) -> None:
+    blocks = page.locator('[data-testid="stException"]')
+    if await blocks.count():
+        result.errors.append(f"session {result.index}, {where}: {(await blocks.first.inner_text())[:300]}")
+
+
+async def run_session(browser, url: str, index: int, images: list[tuple[str, bytes]], changes: int,
+                      step_timeout_ms: float, start_delay: float, workdir: Path) -> SessionResult:
+    result = SessionResult(index)
+    context = await browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = await context.new_page()
+    page.on("pageerror", lambda e: result.errors.append(f"session {index}, page error: {e}"))
+    try:
+        await asyncio.sleep(start_delay)
+        started = time.perf_counter()
+        await page.goto(url, timeout=step_timeout_ms)
+        await page.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached", timeout=step_timeout_ms)
+        await idle(page, step_timeout_ms)
+        result.first_render = time.perf_counter() - started
+        await check_no_exception(page, result, "first load")
+        main = page.locator('[data-testid="stMain"]')
+        layer = None
+        for step, (name, data) in enumerate(images):
+            path = workdir / name
+            started = time.perf_counter()
+            await page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(path))
+            await main.get_by_text(f"image {name}", exact=False).first.wait_for(timeout=step_timeout_ms)
+            await idle(page, step_timeout_ms)
+            result.new_image.append(time.perf_counter() - started)
+            await check_no_exception(page, result, f"upload {name}")
+
+            if step == 0:
+                await page.get_by_role("tab", name="Attention", exact=True).click()
+                await main.get_by_text("mean of heads", exact=False).first.wait_for(timeout=step_timeout_ms)
+                await idle(page, step_timeout_ms)
+                slider = main.locator('[data-testid="stSlider"]').filter(has_text="Layer (0 = first block)").locator('input[type="range"]')
+                layer = int(await slider.input_value())
+            for change in range(changes):
+                panel = page.locator('[role="tabpanel"]:visible')
+                started = time.perf_counter()
+                if change % 2 == 0:  # the layer slider, by keyboard
+                    layer = layer - 1 if layer > 0 else layer + 1
+                    key = "ArrowLeft" if int(await slider.input_value()) > layer else "ArrowRight"
+                    await slider.focus()
+                    await slider.press(key)
+                    expected = f"layer {layer},"
+                else:  # the head select: type the option and choose it
+                    head = (index + change) % 3
+                    box = main.locator('[data-testid="stSelectbox"]').filter(has_text="Head").locator("input")
+                    await box.click()
+                    await box.fill(f"head {head}")
+                    await box.press("Enter")
+                    expected = f"layer {layer}, head {head}"
+                await panel.get_by_text(expected, exact=False).first.wait_for(timeout=step_timeout_ms)
+                await idle(page, step_timeout_ms)
+                result.control.append(time.perf_counter() - started)
+                result.control_kinds.append("layer slider" if change % 2 == 0 else "head select")
+                await check_no_exception(page, result, f"control change {change} ({expected})")
+
+            button = page.locator('[data-testid="stSidebar"]').get_by_role("button", name=re.compile(r"\.npz"))
+            async with page.expect_download(timeout=step_timeout_ms) as info:
+                await button.click()
+            download = await info.value
+            result.downloads.append((name, data, Path(await download.path()).read_bytes()))
+            await check_no_exception(page, result, f"download after {name}")
+    except Exception as e:  # noqa: BLE001 - a timeout or a broken page is a finding, not a crash of the tool
+        result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        try:
+            await page.screenshot(path=str(workdir / f"failed_session{index:02d}.png"), full_page=True)
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        await context.close()
+    return result
+
+
+def prepare_images(sessions: int, images: int, workdir: Path, photo_size: tuple[int, int] | None = None
+                   ) -> list[list[tuple[str, bytes]]]:
+    """Each session's images, written to workdir: the first a photo of `photo_size` (JPEG), then drawings."""
+    prepared = []
+    for i in range(sessions):
+        mine = [session_image(i, step, **({"size": photo_size} if step == 0 and photo_size else {})) for step in range(images)]
+        for name, data in mine:
+            (workdir / name).write_bytes(data)
+        prepared.append(mine)
+    return prepared
+
+
+async def drive(url: str, sessions: int, images: int, changes: int, step_timeout_s: float, stagger_s: float,
+                workdir: Path, screenshot: Path | None, photo_size: tuple[int, int] | None = None) -> list[SessionResult]:
+    from playwright.async_api import async_playwright
+
+    prepared = prepare_images(sessions, images, workdir, photo_size)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium is not installed (apt-get install -y chromium)")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            tasks = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir)
+                     for i in range(sessions)]
+            results = await asyncio.gather(*tasks)
+            if screenshot is not None:  # one more page after the storm: the app still answers
+                page = await browser.new_page(viewport={"width": 1400, "height": 1200})
+                await page.goto(url)
+                await page.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached")
+                await idle(page, step_timeout_s * 1000)
+                await page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            await browser.close()
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# The standalone reference
+
+
+def reference_model(model: str, random_init: bool):
+    """The model the server shows, built the same way (random init: timm's, seed 0)."""
+    from vit_core import load_model
+
+    if model == TINY:
+        return load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
+    return load_model(model, pretrained=not random_init)
+
+
+def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
+    """Differences between a session's download and the same image analysed alone ([] if none)."""
+    from vit_core import decode_image, run_with_capture
+    from vit_core.export import analysis_arrays
+
+    expected = analysis_arrays(loaded, run_with_capture(loaded, decode_image(image_bytes).image))
+    got = dict(np.load(io.BytesIO(npz)))
+    problems = []
+    if set(got) != set(expected):
+        problems.append(f"keys differ: {sorted(set(got) ^ set(expected))}")
+    for key in sorted(set(got) & set(expected)):
+        a, b = got[key], expected[key]
+        if a.shape != b.shape:
+            problems.append(f"{key}: shape {a.shape} vs {b.shape}")
+        elif key in EXACT and not np.array_equal(a, b):
+            problems.append(f"{key}: differs")
+        elif key not in EXACT and not np.allclose(a, b, rtol=RTOL, atol=ATOL):
+            problems.append(f"{key}: max |diff| {float(np.abs(a.astype(np.float64) - b).max()):.2e}")
+    return problems
+
+
+def percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, int(np.ceil(q * len(ordered))) - 1))]
+
+
+def summarise(name: str, samples: list[float]) -> str:
+    if not samples:
+        return f"{name:<34} (none)"
+    return (f"{name:<34} n={len(samples):<4} median {statistics.median(samples):6.2f} s   p95 {percentile(samples, 0.95):6.2f} s"
+            f"   max {max(samples):6.2f} s")
+
+
+def server_log_problems(log_path: Path) -> list[str]:
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    return [line for line in text.splitlines() if re.search(r"Traceback|Uncaught|Exception in|Error:", line)]
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bool = True, url: str | None = None,
+        server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
+        stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
+        photo_size: tuple[int, int] | None = None) -> dict:
+    """Run the load test; returns the report as a dict (also printed unless quiet)."""
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "streamlit.log"
+    proc = None
+    started = time.perf_counter()
+    if url is None:
+        proc, url = start_server(model, random_init, log_path)
+        server_pid = proc.pid
+        say(f"server {url} (pid {proc.pid}) up in {time.perf_counter() - started:.1f} s; log {log_path}")
+    sampler = RssSampler(server_pid) if server_pid else None
+    try:
+        if sampler:
+            sampler.__enter__()
+        say(f"{sessions} sessions x {images} images x {changes} control changes, model {model}"
+            f"{' (random init)' if random_init and model != TINY else ''}"
+            f"{f', first image a {photo_size[0]}x{photo_size[1]} photo' if photo_size else ''}")
+        t0 = time.perf_counter()
+        try:
+            results = asyncio.run(asyncio.wait_for(
+                drive(url, sessions, images, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
+                      photo_size),
+                timeout=deadline_s))
+        except TimeoutError:
+            results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]
+        storm_s = time.perf_counter() - t0
+    finally:
+        if sampler:
+            sampler.__exit__()
+        if proc is not None:
+            stop_server(proc)
+
+    say(f"all sessions done in {storm_s:.1f} s; comparing every download with a standalone run...")
+    loaded = reference_model(model, random_init)
+    mismatches: list[str] = []
+    compared = 0
+    for r in results:
+        for name, image_bytes, npz in r.downloads:
+            compared += 1
+            problems = compare(loaded, image_bytes, npz)
+            if problems:
+                mismatches.append(f"session {r.index}, {name}: {'; '.join(problems)}")
+    expected_downloads = sessions * images
+    errors = [e for r in results for e in r.errors]
+    if compared != expected_downloads:
+        errors.append(f"{compared} of {expected_downloads} downloads arrived")
+    log_problems = server_log_problems(log_path) if proc is not None else []
+    report = {
+        "sessions": sessions, "model": model, "seconds": storm_s,
+        "first_render": [r.first_render for r in results if not np.isnan(r.first_render)],
+        "new_image": [t for r in results for t in r.new_image],
+        "control": [t for r in results for t in r.control],
+        "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
+        "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir),
+    }
+    say(summarise("first page load -> rendered", report["first_render"]))
+    say(summarise("new image -> views rendered", report["new_image"]))
+    say(summarise("control change -> rendered", report["control"]))
+    for kind in ("layer slider", "head select"):
+        say(summarise(f"  of which {kind}", [t for r in results for t, k in zip(r.control, r.control_kinds) if k == kind]))
+    say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
+    say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
+    for line in (mismatches + errors + log_problems)[:20]:
+        say("  " + line)
+    if sampler:
+        say(f"server peak RSS (process + children): {report['peak_rss_mb']:.0f} MB")
+    report["ok"] = not mismatches and not errors and not log_problems
+    say("OK" if report["ok"] else "FAILED")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=30)
+    parser.add_argument("--model", default="vit_base_patch16_224", help=f"a timm name, or {TINY}")
+    parser.add_argument("--pretrained", action="store_true", help="the server loads pretrained weights (needs them cached)")
+    parser.add_argument("--url", help="an already running dashboard on this machine (loopback only)")
+    parser.add_argument("--server-pid", type=int, help="with --url: the server's pid, for its peak RSS")
+    parser.add_argument("--images", type=int, default=2, help="images uploaded per session")
+    parser.add_argument("--changes", type=int, default=4, help="control changes per image")
+    parser.add_argument("--step-timeout", type=float, default=300, help="seconds any one step may take")
+    parser.add_argument("--deadline", type=float, default=1500, help="seconds the whole browser part may take")
+    parser.add_argument("--workdir", type=Path, help="where images, downloads, the server log and screenshots go")
+    parser.add_argument("--photo", default="4032x3024", help="size of each session's first image, a JPEG like a "
+                                                              "phone's (WxH; 0 for a small one); later ones are 480x360 PNG/JPEG")
+    args = parser.parse_args()
+    if args.url and not re.match(r"^https?://(127\.0\.0\.1|localhost)(:\d+)?/?$", args.url):
+        raise SystemExit("--url must be a loopback address (http://127.0.0.1:PORT)")
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from vit_core.runtime import configure_threads
+
+    configure_threads()
+    report = run(args.sessions, args.model, not args.pretrained, args.url, args.server_pid, args.images, args.changes,
+                 args.step_timeout, deadline_s=args.deadline, workdir=args.workdir,
+                 photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,468 @@
+"""A class of students on one server: many sessions at once, hostile uploads, no network, upload caps.
+
+- Sessions in parallel threads (AppTest) each get exactly the analysis of their own image: each one's
+  `.npz` download equals `run_with_capture` + `analysis_arrays` run alone on the same bytes.
+- The same through real browsers (a short run of scripts/loadtest.py on the tiny model).
+- Every odd file a phone can hold (tests/hostile_corpus.py) uploaded through the app: analysed with
+  the right crop, or refused with a sentence; never a traceback, and the previous image stays.
+- Weights files that must be refused (wrong architecture, wrong class count, truncated, a pickle
+  that would run code), through the app.
+- With no network the app opens on the bundled model (or says that it can't) and says why within
+  5 s of the first page load; with a populated hub cache it uses the cached weights.
+
+The model is the tiny random-init one (`VIT_LENS_MODEL=test-tiny`), or vit_tiny through a local hub cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from unittest.mock import MagicMock
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO
+from hostile_corpus import corpus
+from vit_core import decode_image, run_with_capture
+from vit_core.export import analysis_arrays, summary
+from vit_core.loading import TEACHING_MODEL, teaching_model_available
+
+sys.path.insert(0, str(REPO / "scripts"))
+import loadtest  # noqa: E402
+
+from dashboard import state  # noqa: E402
+
+APP = str(REPO / "dashboard" / "app.py")
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+
+
+@pytest.fixture
+def tiny_env(monkeypatch):
+    monkeypatch.setenv("VIT_LENS_MODEL", "test-tiny")
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The test-tiny model as the app builds it, loaded here to analyse images alone."""
+    return loadtest.reference_model(loadtest.TINY, random_init=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# AppTest with one runtime shared by every session (and thread)
+
+
+class _SharedRuntime:
+    """Stands in for `Runtime` inside AppTest, whose every run installs its own mock runtime
+    globally and removes it afterwards: with sessions in threads, one run would pull the runtime
+    from under another. Here one runtime serves all of them, as in a real server."""
+
+    _instance = None
+
+
+def _own_session_runner(base):
+    """AppTest's script runner, with a session id of its own per AppTest (AppTest gives every one
+    the same id, so one session's rerun would revoke another's download buttons)."""
+
+    class OwnSessionRunner(base):
+        def __init__(self, script_path, session_state, *args, **kwargs):
+            super().__init__(script_path, session_state, *args, **kwargs)
+            self._session_id = f"session-{id(session_state)}"
+
+    return OwnSessionRunner
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """One media-file manager (downloads, images) and cache storage for every AppTest of this module."""
+    import streamlit.testing.v1.app_test as app_test_module
+    from streamlit import config
+    from streamlit.components.v2.component_manager import BidiComponentManager
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.caching.storage.dummy_cache_storage import MemoryCacheStorageManager
+    from streamlit.runtime.dataframe_source_manager import DataframeSourceManager
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    shared = MagicMock(spec=Runtime)
+    shared.storage = MemoryMediaFileStorage("/mock/media")
+    shared.media_file_mgr = MediaFileManager(shared.storage)
+    shared.dataframe_source_mgr = DataframeSourceManager()
+    shared.cache_storage_manager = MemoryCacheStorageManager()
+    components = BidiComponentManager()
+    components.discover_and_register_components(start_file_watching=False)
+    shared.bidi_component_registry = components
+    saved = (Runtime._instance, app_test_module.Runtime, app_test_module.patch_config_options,
+             app_test_module.LocalScriptRunner, config.get_option("global.appTest"))
+    Runtime._instance = shared
+    app_test_module.Runtime = _SharedRuntime
+    app_test_module.LocalScriptRunner = _own_session_runner(app_test_module.LocalScriptRunner)
+    app_test_module.patch_config_options = lambda options: contextlib.nullcontext()  # set once, below
+    config.set_option("global.appTest", True)
+    try:
+        yield shared
+    finally:
+        (Runtime._instance, app_test_module.Runtime, app_test_module.patch_config_options,
+         app_test_module.LocalScriptRunner, app_test_flag) = saved
+        config.set_option("global.appTest", app_test_flag)
+
+
+def start(**query: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query)
+    at.run()
+    healthy(at)
+    return at
+
+
+def healthy(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def upload(at: AppTest, name: str, data: bytes) -> AppTest:
+    at.file_uploader(key=state.K_UPLOAD).set_value((name, data, "application/octet-stream")).run()
+    healthy(at)
+    return at
+
+
+def header(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("Model **"))
+
+
+def download(at: AppTest, runtime, suffix: str) -> bytes:
+    """The bytes the session's sidebar download button gives (the .npz is generated on click)."""
+    button = next(b for b in at.get("download_button") if suffix in b.proto.label)
+    if button.proto.deferred_file_id:
+        url = runtime.media_file_mgr.execute_deferred(button.proto.deferred_file_id)
+    else:
+        url = button.proto.url
+    return runtime.storage.get_file(url.rsplit("/", 1)[-1]).content
+
+
+def npz(at: AppTest, runtime) -> dict[str, np.ndarray]:
+    return dict(np.load(io.BytesIO(download(at, runtime, ".npz"))))
+
+
+def standalone(loaded, data: bytes) -> dict[str, np.ndarray]:
+    return analysis_arrays(loaded, run_with_capture(loaded, decode_image(data).image))
+
+
+def assert_same_analysis(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(expected)
+    for key in expected:
+        if key in loadtest.EXACT:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(got[key], expected[key], rtol=loadtest.RTOL, atol=loadtest.ATOL, err_msg=key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Many sessions at once
+
+
+def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runtime, reference):
+    sessions, errors, results = 4, [], {}
+    barrier = threading.Barrier(sessions)
+
+    def student(i: int) -> None:
+        try:
+            at = start(view="Attention")
+            barrier.wait(timeout=120)  # everyone uploads at once
+            got = []
+            for step in range(2):
+                name, data = loadtest.session_image(i, step, size=(160 + 8 * i, 120))
+                upload(at, name, data)
+                at.slider(key=state.K_LAYER).set_value((i + step) % 2).run()
+                at.selectbox(key=state.K_HEAD).set_value((i + step) % 3).run()
+                healthy(at)
+                assert f"image **{name}**" in header(at)
+                assert any(f"layer {(i + step) % 2}, head {(i + step) % 3}" in m.value for m in at.markdown)
+                got.append((data, npz(at, runtime), json.loads(download(at, runtime, ".json"))))
+            results[i] = got
+        except BaseException as e:  # noqa: BLE001 - reported below, with the session
+            errors.append(f"session {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=student, args=(i,)) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert sorted(results) == list(range(sessions))
+    for i, got in results.items():
+        for data, arrays, summary_json in got:
+            assert_same_analysis(arrays, standalone(reference, data))
+            expected = summary(reference, run_with_capture(reference, decode_image(data).image))
+            assert [p["index"] for p in summary_json["topk"]] == [p["index"] for p in expected["topk"]]
+            assert np.allclose([p["prob"] for p in summary_json["topk"]], [p["prob"] for p in expected["topk"]], rtol=1e-4)
+    crops = {arrays["input_image"].tobytes() for got in results.values() for _, arrays, _ in got}
+    assert len(crops) == 2 * sessions  # and they really were different images
+
+
+def test_a_mismatch_would_be_detected(reference):
+    """The load test's comparison is not vacuous: another student's image is reported."""
+    _, mine = loadtest.session_image(0, 0)
+    _, theirs = loadtest.session_image(1, 0)
+    arrays = standalone(reference, mine)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    assert loadtest.compare(reference, mine, buffer.getvalue()) == []
+    problems = loadtest.compare(reference, theirs, buffer.getvalue())
+    assert any(p.startswith("input_image") for p in problems) and any(p.startswith("pattern") for p in problems)
+
+
+def test_the_distance_history_of_a_session_is_capped(tiny_env, runtime, monkeypatch):
+    monkeypatch.setattr(state, "MAX_HISTORY_IMAGES", 3)
+    at = start(view="Distance")
+    batch = [loadtest.session_image(50, step, size=(64, 48)) for step in range(5)]
+    at.file_uploader(key=state.K_MAD_BATCH).set_value([(n, d, "image/png") for n, d in batch]).run()
+    healthy(at)
+    history = at.session_state["_mad_history"]
+    assert [len(per_model) for per_model in history.values()] == [3]
+    assert any("average over the 3 image(s)" in c.value for c in at.caption)
+
+
+def test_saved_weights_uploads_are_pruned_oldest_first(tmp_path):
+    for i in range(5):
+        (tmp_path / f"old{i}.safetensors").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / f"old{i}.safetensors", (1000 + i, 1000 + i))
+    (tmp_path / "busy.part").write_bytes(b"x" * 1000)  # another session is writing it
+    new = tmp_path / "new.safetensors"
+    new.write_bytes(b"x" * 1000)
+    state._prune_uploads(tmp_path, keep=new, max_bytes=3000)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["busy.part", "new.safetensors", "old3.safetensors", "old4.safetensors"]
+
+
+@needs_chromium
+def test_sessions_in_real_browsers_each_get_their_own_analysis(tmp_path):
+    report = loadtest.run(sessions=2, model=loadtest.TINY, random_init=False, images=1, changes=2,
+                          step_timeout_s=90, stagger_s=0.1, deadline_s=240, workdir=tmp_path, quiet=True)
+    assert report["compared"] == 2 and not report["mismatches"], report
+    assert not report["errors"] and not report["server_log"], report
+    assert len(report["new_image"]) == 2 and len(report["control"]) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile and odd files, through the app
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    return corpus()
+
+
+def test_every_odd_file_is_analysed_correctly_or_refused_with_a_sentence(tiny_env, runtime, hostile):
+    at = start(view="Pipeline")
+    name, data = loadtest.session_image(7, 0)
+    upload(at, name, data)
+    previous_name, previous_crop = name, npz(at, runtime)["input_image"]
+    for case in hostile:
+        upload(at, case.filename, case.data)
+        errors = [e.value for e in at.error]
+        if case.refused:
+            assert len(errors) == 1 and errors[0].startswith(f"{case.filename}: "), (case.id, errors)
+            assert re.search(case.refused, errors[0]), (case.id, errors[0])
+            assert f"image **{previous_name}**" in header(at), case.id  # the previous image is still shown
+            assert any(f"Still showing {previous_name}" in c.value for c in at.caption), case.id
+            np.testing.assert_array_equal(npz(at, runtime)["input_image"], previous_crop, err_msg=case.id)
+        else:
+            assert not errors, (case.id, errors)
+            assert f"image **{case.filename}**" in header(at), case.id
+            crop = npz(at, runtime)["input_image"]
+            assert crop.shape == (224, 224, 3), case.id
+            case.crop(crop)
+            if case.note:
+                assert any(case.note in c.value for c in at.caption), (case.id, [c.value for c in at.caption])
+            previous_name, previous_crop = case.filename, crop
+        for view in ("Patches", "Pipeline"):  # the session goes on working
+            at.session_state[state.K_VIEW] = view
+            at.run()
+            healthy(at)
+            assert at.get("image"), (case.id, view)
+
+
+def test_uploads_are_capped_and_the_cap_is_told(tiny_env, runtime):
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["maxUploadSize"] == state.MAX_WEIGHTS_MB  # the server's own limit (HTTP 413)
+    assert config["server"]["enableXsrfProtection"] is True and config["server"]["headless"] is True
+    assert config["browser"]["gatherUsageStats"] is False
+    assert config["client"]["showErrorDetails"] in ("type", "none")
+
+    at = start()
+    uploader = at.file_uploader(key=state.K_UPLOAD)
+    assert uploader.proto.max_upload_size_mb == state.MAX_IMAGE_MB  # the browser refuses bigger files
+    assert f"{state.MAX_IMAGE_MB} MB" in uploader.proto.label and f"{state.MAX_IMAGE_MB} MB" in uploader.proto.help
+    before = header(at)
+    # a client that ignores the widget's cap: the app refuses the bytes itself
+    upload(at, "huge.jpg", b"\xff\xd8\xff" + b"\0" * (state.MAX_IMAGE_MB * 2**20 + 10))
+    assert any("limited to 25 MB" in e.value for e in at.error), [e.value for e in at.error]
+    assert header(at) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights files, through the app
+
+
+def tiny_weights(num_classes: int = 1000, arch: str = "vit_tiny_patch16_224", **kwargs) -> dict[str, torch.Tensor]:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **kwargs)
+    return {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+def choose_weights(at: AppTest, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None) -> AppTest:
+    at.selectbox(key=state.K_MODEL).set_value(state.UPLOAD_WEIGHTS).run()
+    healthy(at)
+    at.selectbox(key=state.K_ARCH).set_value(arch)
+    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
+    if labels:
+        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
+    at.run()
+    healthy(at)
+    return at
+
+
+def fallback_name() -> str:
+    return TEACHING_MODEL if teaching_model_available() else "vit_tiny_patch16_224"
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], tmp_path: Path) -> bytes:
+    path = tmp_path / "w.safetensors"
+    save_file(tensors, str(path))
+    return path.read_bytes()
+
+
+def test_weights_that_must_be_refused_are_refused_with_the_reason(tiny_env, runtime, tmp_path):
+    marker = tmp_path / "pwned"
+    evil = io.BytesIO()
+    torch.save({"head.weight": torch.zeros(2, 2), "payload": _RunsCode(marker)}, evil)
+    tiny = safetensors_bytes(tiny_weights(depth=2), tmp_path)
+    cases = [
+        ("wrong architecture", "vit_small_patch16_224", "tiny.safetensors", tiny, "does not fit vit_small_patch16_224.*mismatch"),
+        ("truncated", "vit_small_patch16_224", "cut.safetensors", tiny[: len(tiny) // 3], "not a valid safetensors file"),
+        ("pickle that runs code", "vit_small_patch16_224", "evil.pth", evil.getvalue(), "refused.*Python objects"),
+    ]
+    for what, arch, name, data, reason in cases:
+        at = start()
+        choose_weights(at, arch, name, data)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and "can't be loaded" in errors[0], (what, errors)
+        assert re.search(reason, errors[0]), (what, errors[0])
+        assert f"Model **{fallback_name()}**" in header(at), what  # something still works
+        for view in ("Attention", "Prediction"):
+            at.session_state[state.K_VIEW] = view
+            at.run()
+            healthy(at)
+    assert not marker.exists()  # the pickle's code never ran
+
+
+def test_a_label_file_with_the_wrong_class_count_is_refused(tiny_env, runtime, tmp_path):
+    weights = safetensors_bytes(tiny_weights(num_classes=10, arch="vit_small_patch16_224"), tmp_path)
+    at = start()
+    choose_weights(at, "vit_small_patch16_224", "ft.safetensors", weights)
+    assert not at.error, [e.value for e in at.error]
+    assert "file: " in header(at) and "vit_small_patch16_224" in header(at)  # the weights alone are fine
+    choose_weights(at, "vit_small_patch16_224", "ft.safetensors", weights, labels=("names.txt", b"cat\ndog\nbird\n"))
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "3 classes but the model's head has 10" in errors[0], errors
+
+
+# ----------------------------------------------------------------------------------------------
+# No network: real server, real browser, timed from the first page load
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def no_network_env(hf_home: Path) -> dict[str, str]:
+    """A hub that can't be reached: its address refuses connections (as with no network at all)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=f"http://127.0.0.1:{loadtest.free_port()}")
+    return env
+
+
+def open_and_time(browser, url: str, shown: str, screenshot: str) -> tuple[float, float, str]:
+    """Seconds from page load until `shown` is on the page, and until the page is fully rendered
+    (screenshot in tests/artifacts/)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        started = time.perf_counter()
+        page.goto(url)
+        page.get_by_text(shown, exact=False).first.wait_for(timeout=60_000)
+        message_s = time.perf_counter() - started
+        page.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached", timeout=60_000)
+        page.wait_for_function(loadtest.APP_IDLE, timeout=60_000, polling=50)
+        rendered_s = time.perf_counter() - started
+        assert page.locator('[data-testid="stException"]').count() == 0
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+        return message_s, rendered_s, page.locator('[data-testid="stApp"]').inner_text()
+    finally:
+        page.close()
+
+
+@needs_chromium
+def test_no_network_shows_the_bundled_model_and_says_why_within_5_s(browser, tmp_path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("HF_")]:
+        monkeypatch.delenv(key)
+    proc, url = loadtest.start_server("vit_base_patch16_224", False, tmp_path / "streamlit.log",
+                                      extra_env=no_network_env(tmp_path / "hf"))
+    try:
+        message_s, rendered_s, text = open_and_time(browser, url, "You are offline", "offline_start.png")
+    finally:
+        loadtest.stop_server(proc)
+    print(f"offline: reason shown {message_s:.1f} s, page rendered {rendered_s:.1f} s after the page load")
+    assert message_s < 5, f"the reason took {message_s:.1f} s"
+    assert "can't be reached" in text and "HF_HOME" in text
+    assert f"Model {fallback_name()}" in text
+    assert rendered_s < 30, rendered_s
+
+
+@needs_chromium
+def test_no_network_with_a_populated_hub_cache_uses_the_cached_weights(browser, tmp_path, monkeypatch):
+    from test_loading import HUB_ID, populate_hub_cache
+
+    for key in [k for k in os.environ if k.startswith("HF_")]:
+        monkeypatch.delenv(key)
+    populate_hub_cache(tmp_path / "hf")
+    proc, url = loadtest.start_server("vit_tiny_patch16_224", False, tmp_path / "streamlit.log",
+                                      extra_env=no_network_env(tmp_path / "hf"))
+    try:
+        message_s, rendered_s, text = open_and_time(browser, url, f"hub cache: {HUB_ID}", "offline_hub_cache.png")
+    finally:
+        loadtest.stop_server(proc)
+    print(f"hub cache: weights shown {message_s:.1f} s, page rendered {rendered_s:.1f} s after the page load")
+    assert "offline" not in text.lower() and "RANDOM weights" not in text
+    assert "Model vit_tiny_patch16_224" in text
+    assert message_s < 15 and rendered_s < 30, (message_s, rendered_s)
