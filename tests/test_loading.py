@@ -229,3 +229,19 @@ def test_offline_error_in_process():
         pytest.skip("the hub is reachable from this machine")
     with pytest.raises(OfflineError, match="can't be reached"):
         load_model("vit_small_patch16_224")
+
+
+def test_a_hanging_network_lookup_counts_as_offline_within_the_deadline(monkeypatch):
+    import time
+    import urllib.request
+
+    from vit_core import loading
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: time.sleep(60))  # a DNS lookup that never returns
+    loading._hub_reachable_at.cache_clear()
+    started = time.perf_counter()
+    try:
+        assert loading._hub_reachable_at(-1) is False
+    finally:
+        loading._hub_reachable_at.cache_clear()
+    assert time.perf_counter() - started < loading.HUB_PROBE_TIMEOUT_S + 2

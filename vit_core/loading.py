@@ -158,20 +158,29 @@ def _check_name(name: str) -> None:
 # Hub access: fail within seconds when offline, use the cache when it holds the weights
 
 
+def _probe(url: str, answer: list[bool]) -> None:
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=HUB_PROBE_TIMEOUT_S).close()
+        answer.append(True)
+    except urllib.error.HTTPError:
+        answer.append(True)  # the server answered: the network is there
+    except (OSError, ValueError) as e:
+        _logger.info("hub %s not reachable: %s", url, e)
+        answer.append(False)
+
+
 @functools.lru_cache(maxsize=1)
 def _hub_reachable_at(bucket: int) -> bool:
     del bucket  # only keys the cache: one probe a minute at most
     from huggingface_hub import constants
 
-    try:
-        request = urllib.request.Request(constants.ENDPOINT, method="HEAD")
-        urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT_S).close()
-        return True
-    except urllib.error.HTTPError:
-        return True  # the server answered: the network is there
-    except (OSError, ValueError) as e:
-        _logger.info("hub %s not reachable: %s", constants.ENDPOINT, e)
-        return False
+    # urllib's timeout does not cover the DNS lookup, which can hang on a broken network: the probe
+    # runs in a daemon thread and whatever it hasn't answered by the deadline counts as offline.
+    answer: list[bool] = []
+    probe = threading.Thread(target=_probe, args=(constants.ENDPOINT, answer), daemon=True)
+    probe.start()
+    probe.join(HUB_PROBE_TIMEOUT_S + 0.5)
+    return bool(answer and answer[0])
 
 
 def hub_reachable() -> bool:
