@@ -318,12 +318,13 @@ def mean_attention_distance(
     over patch keys.
     """
     p = num_prefix_tokens
-    patch_to_patch = pattern[:, :, p:, p:].astype(np.float64)  # (L, H, N, N)
+    patch_to_patch = pattern[:, :, p:, p:]  # (L, H, N, N), a view: no copy of the whole pattern
+    distance = patch_distances(grid, patch_size).astype(patch_to_patch.dtype)  # (N, N)
+    per_query = np.einsum("lhij,ij->lhi", patch_to_patch, distance).astype(np.float64)  # (L, H, N)
     if renormalize:
-        patch_to_patch = patch_to_patch / np.maximum(patch_to_patch.sum(axis=-1, keepdims=True), 1e-12)
-    distance = patch_distances(grid, patch_size)  # (N, N)
-    total = np.einsum("lhij,ij->lh", patch_to_patch, distance)  # sum over queries i and keys j
-    return (total / distance.shape[0]).astype(np.float32)
+        row_mass = patch_to_patch.sum(axis=-1, dtype=np.float64)  # (L, H, N): what the row gives to patches
+        per_query = per_query / np.maximum(row_mass, 1e-12)
+    return per_query.mean(axis=-1).astype(np.float32)
 
 
 def uniform_attention_distance(grid: tuple[int, int], patch_size: tuple[int, int]) -> float:

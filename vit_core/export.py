@@ -65,10 +65,10 @@ def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
     p = g.num_prefix_tokens
     arrays = {
         "input_image": np.ascontiguousarray(cap.input_image, dtype=np.uint8),
-        "logits": cap.logits.astype(np.float32),
-        "probs": cap.probs.astype(np.float32),
-        "pattern": cap.pattern.astype(np.float32),
-        "tokens": cap.tokens.astype(np.float32),
+        "logits": np.asarray(cap.logits, dtype=np.float32),
+        "probs": np.asarray(cap.probs, dtype=np.float32),
+        "pattern": np.asarray(cap.pattern, dtype=np.float32),
+        "tokens": np.asarray(cap.tokens, dtype=np.float32),
         "grid": np.asarray(g.grid, dtype=np.int64),
         "patch_size": np.asarray(g.patch_size, dtype=np.int64),
         "num_prefix_tokens": np.asarray(p, dtype=np.int64),
