@@ -63,7 +63,7 @@ def test_mask_size_reasonable(dataset):
     _, masks, _ = dataset
     frac = masks.mean(axis=(1, 2))
     assert (frac > 0.01).all(), "every object is visible"
-    assert (frac < 0.5).all(), "the object never fills the image"
+    assert (frac < 0.6).all(), "the object never fills the image"  # a square at 75 % of the side covers 56 %
     # the object's extent: typically a quarter to two thirds of the side
     for m in masks:
         ys, xs = np.nonzero(m)

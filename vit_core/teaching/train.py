@@ -12,7 +12,10 @@ Recipe (every number lives in ``TrainConfig``):
   seed can equal (evaluation uses plain integer seeds);
 * augmentation: a random element of the dihedral group per image (flips and transposes). Every
   class is symmetric under a mirror and drawn at a random rotation, so this preserves the label;
-* AdamW, linear warmup then cosine decay to zero, label smoothing, gradient clipping, float32.
+* AdamW, linear warmup then cosine decay to ``min_lr``, label smoothing, gradient clipping, float32;
+* position embedding: learned, initialised from 2D sin-cos values (see ``TrainConfig.pos_embed_init``);
+* length: a fixed number of steps, so the shipped weights are reproduced exactly by the same command
+  (``--time-budget-s S`` stops on the clock instead, for exploration only).
 
 Run: ``python -m vit_core.teaching.train --out assets/shapes_vit``
 then ``python -m vit_core.teaching.evaluate assets/shapes_vit`` for metrics and the model card.
@@ -51,23 +54,29 @@ class TrainConfig:
     # model
     img_size: int = 64
     patch_size: int = 8
-    embed_dim: int = 128
+    embed_dim: int = 64
     depth: int = 6
     num_heads: int = 4
     mlp_ratio: float = 2.0
     # data
-    num_train: int = 80_000
+    num_train: int = 40_000
     chunk_size: int = 2_000
     gen_workers: int = 2
     # optimisation
-    steps: int = 3_000
+    steps: int = 5_500  # fixed: the shipped weights are reproducible whatever the machine's load
+    time_budget_s: float = 0.0  # > 0: stop on the clock instead (exploration only, not reproducible)
     batch_size: int = 128
-    lr: float = 1e-3
+    lr: float = 8e-4
     min_lr: float = 1e-5
     weight_decay: float = 0.05
-    warmup_steps: int = 150
+    warmup_steps: int = 300
     label_smoothing: float = 0.1
     grad_clip: float = 1.0
+    # Start the (learned) position embedding from 2D sin-cos values, as big_vision and MAE do: a
+    # locality prior that a small ViT otherwise needs far more images to discover. From a random
+    # start, 586k images left the embedding without grid structure (Spearman 0.03) and the model at
+    # 72.6% accuracy. The model card reports the embedding's grid correlation at init and after training.
+    pos_embed_init: str = "sincos"  # or "random" (timm's trunc_normal(std=0.02))
     # runtime
     seed: int = 0
     threads: int = 2
@@ -115,6 +124,21 @@ def build_model(model_args: dict) -> VisionTransformer:
     return VisionTransformer(**model_args)
 
 
+def init_sincos_pos_embed(model: VisionTransformer) -> None:
+    """Set the patch rows of the learned position embedding to 2D sin-cos values (class row: 0).
+
+    The embedding stays a trainable parameter; only its starting point changes.
+    """
+    from timm.layers import build_sincos2d_pos_embed
+
+    grid = list(model.patch_embed.grid_size)
+    table = build_sincos2d_pos_embed(grid, dim=model.embed_dim)  # (gh*gw, D)
+    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    with torch.no_grad():
+        model.pos_embed[0, prefix:] = table
+        model.pos_embed[0, :prefix] = 0
+
+
 def preprocess(images: torch.Tensor) -> torch.Tensor:
     """uint8 (B, H, W, 3) or (B, 3, H, W) -> normalised float32 (B, 3, H, W).
 
@@ -139,12 +163,19 @@ def dihedral_augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return x
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at cfg.steps."""
+def lr_at(step: int, cfg: TrainConfig, progress: float | None = None) -> float:
+    """Linear warmup to cfg.lr over warmup_steps, then cosine decay to cfg.min_lr.
+
+    ``progress`` in [0, 1] is how far the cosine part has got; by default it is counted in steps
+    (reaching 1 at cfg.steps). With a time budget the training loop passes the share of the budget
+    spent after warmup instead, so the schedule always ends annealed, however fast the machine.
+    """
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
+    if progress is None:
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    t = min(max(progress, 0.0), 1.0)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
 
 
 def _train_chunk(job: tuple[tuple[int, int, int], int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -192,12 +223,17 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
     gen = torch.Generator().manual_seed(cfg.seed)
     model_args = model_args_from(cfg)
     model = build_model(model_args)
+    if cfg.pos_embed_init == "sincos":
+        init_sincos_pos_embed(model)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %.2f M parameters, %s", n_params / 1e6, model_args)
 
     # no weight decay on biases, norms, position embedding and class token (the usual ViT split)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n)]
+    def decays(name: str, p: torch.Tensor) -> bool:
+        return p.ndim >= 2 and name not in ("pos_embed", "cls_token")
+
+    decay = [p for n, p in model.named_parameters() if decays(n, p)]
+    no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr,
@@ -207,9 +243,20 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
     n = len(labels)
     perm, pos = torch.randperm(n, generator=gen), 0
     losses: list[float] = []
-    run_loss = run_acc = 0.0
+    run_loss = run_acc = last_acc = 0.0
     t_train = time.perf_counter()
+    t_warm = None  # clock when warmup ended (time-budget mode)
+    steps_done = 0
     for step in range(cfg.steps):
+        elapsed = time.perf_counter() - t_train
+        progress = None
+        if cfg.time_budget_s > 0:
+            if elapsed >= cfg.time_budget_s:
+                break
+            if step >= cfg.warmup_steps:
+                t_warm = elapsed if t_warm is None else t_warm
+                progress = (elapsed - t_warm) / max(1e-9, cfg.time_budget_s - t_warm)
+        lr = lr_at(step, cfg, progress)
         if pos + cfg.batch_size > n:  # new epoch
             perm, pos = torch.randperm(n, generator=gen), 0
         idx = perm[pos : pos + cfg.batch_size]
@@ -218,7 +265,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
         y = labels[idx]
 
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr
         logits = model(x)
         loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
         opt.zero_grad(set_to_none=True)
@@ -227,6 +274,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
 
+        steps_done = step + 1
         losses.append(loss.item())
         run_loss += loss.item()
         run_acc += (logits.argmax(-1) == y).float().mean().item()
@@ -234,10 +282,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
             k = (step % cfg.log_every) + 1
             dt = time.perf_counter() - t_train
             log.info(
-                "step %5d/%d  loss %.4f  train-acc %.3f  lr %.2e  %.0f img/s  %.0f s",
-                step + 1, cfg.steps, run_loss / k, run_acc / k, lr_at(step, cfg),
-                (step + 1) * cfg.batch_size / dt, dt,
+                "step %5d  loss %.4f  train-acc %.3f  lr %.2e  %.0f img/s  %.0f s",
+                step + 1, run_loss / k, run_acc / k, lr, (step + 1) * cfg.batch_size / dt, dt,
             )
+            last_acc = run_acc / k
             run_loss = run_acc = 0.0
     train_s = time.perf_counter() - t_train
     model.eval()
@@ -245,15 +293,19 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
     summary = {
         **dataclasses.asdict(cfg),
         "num_params": n_params,
-        "epochs": round(cfg.steps * cfg.batch_size / n, 2),
+        "steps_done": steps_done,
+        "images_seen": steps_done * cfg.batch_size,
+        "epochs": round(steps_done * cfg.batch_size / n, 2),
         "augmentation": "random dihedral (flips and transposes) per image",
         "optimizer": "AdamW, no decay on biases/norms/pos_embed/cls_token",
-        "schedule": "linear warmup, cosine decay",
+        "schedule": "linear warmup (steps), then cosine decay over the rest of the time budget"
+        if cfg.time_budget_s > 0 else "linear warmup, cosine decay over steps",
         "train_seed": f"chunk k of training data: numpy default_rng(({TRAIN_SEED_TAG}, seed, k))",
         "data_gen_seconds": round(gen_s, 1),
         "train_seconds": round(train_s, 1),
         "total_seconds": round(time.perf_counter() - t0, 1),
-        "train_images_per_second": round(cfg.steps * cfg.batch_size / train_s, 1),
+        "train_images_per_second": round(steps_done * cfg.batch_size / train_s, 1),
+        "final_train_accuracy": round(last_acc, 4),
         "first_loss": round(float(np.mean(losses[: min(20, len(losses))])), 4),
         "final_loss": round(float(np.mean(losses[-min(100, len(losses)) :])), 4),
         "torch_version": torch.__version__,

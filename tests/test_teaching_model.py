@@ -1,0 +1,152 @@
+"""The shipped Shapes ViT: it loads like any timm ViT, reproduces its model card, and training works."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm.data
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import load_file
+from timm.models.vision_transformer import VisionTransformer
+
+from vit_core.teaching import evaluate as ev
+from vit_core.teaching.data import CLASS_NAMES, make_dataset
+from vit_core.teaching.train import (
+    TrainConfig,
+    build_model,
+    init_sincos_pos_embed,
+    lr_at,
+    make_train_set,
+    model_args_from,
+    preprocess,
+    save,
+    train,
+)
+
+ASSET = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    torch.set_num_threads(2)
+    model, config = ev.load_model_dir(ASSET)
+    metrics = json.loads((ASSET / "metrics.json").read_text())
+    return model, config, metrics
+
+
+def test_files_and_config(shipped):
+    model, config, _ = shipped
+    assert config["name"] == "vit-lens/shapes-vit"
+    assert (ASSET / "MODEL_CARD.md").is_file()
+    assert (ASSET / "model.safetensors").stat().st_size <= 10 * 1024 * 1024
+    assert (ASSET / "labels.txt").read_text().splitlines() == list(CLASS_NAMES)
+    args = config["model_args"]
+    assert args["num_classes"] == len(CLASS_NAMES) and args["class_token"] and args["global_pool"] == "token"
+    assert args["depth"] >= 4 and args["num_heads"] >= 4
+    assert type(model) is VisionTransformer
+    state = load_file(str(ASSET / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in state.values())
+    assert state.keys() == model.state_dict().keys()  # strict load, nothing missing or extra
+    assert config["pretrained_cfg"]["input_size"] == [3, args["img_size"], args["img_size"]]
+
+
+def test_timm_eval_transform_matches_training_preprocess(shipped):
+    """The model was trained on exactly what timm's eval transform of its pretrained_cfg produces."""
+    model, config, _ = shipped
+    model.pretrained_cfg = config["pretrained_cfg"]
+    data_config = timm.data.resolve_model_data_config(model)
+    transform = timm.data.create_transform(**data_config, is_training=False)
+    images, _, _ = make_dataset(4, seed=99, size=config["model_args"]["img_size"])
+    ours = preprocess(torch.from_numpy(images))
+    theirs = torch.stack([transform(Image.fromarray(im)) for im in images])
+    assert theirs.shape == ours.shape
+    torch.testing.assert_close(theirs, ours, atol=1e-6, rtol=0)
+
+
+def test_reproduces_reported_accuracy(shipped):
+    model, _, metrics = shipped
+    images, _, labels = make_dataset(metrics["test_size"], seed=metrics["test_seed"])
+    accuracy = (ev.predict(model, images) == labels).mean()
+    assert accuracy >= metrics["test_accuracy"] - 0.01
+    assert metrics["accuracy"] >= 0.5  # the card's 2,000-image figure: far above chance (1/8)
+
+
+def test_attention_capture_restores_model(shipped):
+    model, _, _ = shipped
+    images, masks, _ = make_dataset(8, seed=5)
+    before = [blk.attn.fused_attn for blk in model.blocks]
+    logits, patterns = ev.predict_with_attention(model, images)
+    assert [blk.attn.fused_attn for blk in model.blocks] == before
+    assert all(len(blk.attn.attn_drop._forward_hooks) == 0 for blk in model.blocks)
+    t = model.num_prefix_tokens + model.patch_embed.num_patches
+    assert patterns.shape == (8, len(model.blocks), model.blocks[0].attn.num_heads, t, t)
+    np.testing.assert_allclose(patterns.sum(-1), 1.0, atol=1e-5)
+    with torch.no_grad():
+        plain = model(preprocess(torch.from_numpy(images))).numpy()
+    np.testing.assert_allclose(logits, plain, atol=1e-4)
+
+
+def test_metric_glue():
+    mask = np.zeros((16, 16), dtype=bool)
+    mask[3:5, 9:12] = True
+    region = ev.object_patches(mask, (8, 8))
+    assert region.tolist() == [[False, True], [False, False]]
+    assert ev.mass_on(np.array([[1.0, 3.0], [0.0, 0.0]]), region) == 0.75
+    np.testing.assert_array_equal(ev.rankdata(np.array([3.0, 1.0, 3.0, 2.0])), [3.5, 1.0, 3.5, 2.0])
+    x = np.array([1.0, 2.0, 2.0, 5.0, 7.0])
+    assert ev.spearman(x, x**3) == pytest.approx(1.0)
+    assert ev.spearman(x, -x) == pytest.approx(-1.0)
+    # against the textbook formula on tie-free data: 1 - 6 sum d^2 / (n (n^2 - 1))
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=50), rng.normal(size=50)
+    d = np.argsort(np.argsort(a)) - np.argsort(np.argsort(b))
+    assert ev.spearman(a, b) == pytest.approx(1 - 6 * (d**2).sum() / (50 * (50**2 - 1)))
+
+
+def test_learned_structure_reported(shipped):
+    model, _, metrics = shipped
+    assert ev.pos_embed_grid_spearman(model) == pytest.approx(metrics["pos_embed_spearman"], abs=1e-6)
+    assert metrics["rollout_object_mass"] > metrics["object_patch_fraction"]
+    mad = np.array(metrics["mean_attention_distance_px"])
+    assert mad.shape == (len(model.blocks), model.blocks[0].attn.num_heads)
+
+
+def test_sincos_start_is_a_grid_and_stays_trainable():
+    model = build_model(model_args_from(TrainConfig()))
+    assert ev.pos_embed_grid_spearman(model) < 0.2  # timm's random start has no grid
+    init_sincos_pos_embed(model)
+    assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.84 for the 8 x 8 grid at dim 64
+    assert model.pos_embed.requires_grad
+    assert torch.count_nonzero(model.pos_embed[0, 0]) == 0  # the class-token row starts at zero
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr=1e-5)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(99, cfg) < 2e-5
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 99))
+
+
+def test_a_few_training_steps_reduce_the_loss(tmp_path):
+    cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, num_train=256, chunk_size=128, gen_workers=1, steps=40,
+                      time_budget_s=0, batch_size=32, lr=3e-3, warmup_steps=5, label_smoothing=0.0, log_every=20)
+    model, summary = train(cfg)
+    torch.manual_seed(cfg.seed)  # train() seeds the same way right before building the model
+    init = build_model(model_args_from(cfg)).eval()
+    if cfg.pos_embed_init == "sincos":
+        init_sincos_pos_embed(init)
+    images, labels = make_train_set(cfg)  # deterministic: the very images train() used
+    x = preprocess(images)
+    with torch.no_grad():
+        loss_init = F.cross_entropy(init(x), labels).item()
+        loss_trained = F.cross_entropy(model(x), labels).item()
+    assert loss_trained < loss_init - 0.02, (loss_init, loss_trained)
+    assert summary["final_loss"] < summary["first_loss"]
+    save(model, cfg, summary, tmp_path)
+    reloaded, _ = ev.load_model_dir(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), model(x))
