@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -74,36 +74,51 @@ def preprocess(loaded: LoadedModel, image: Image.Image) -> tuple[np.ndarray, tor
 
 
 @contextlib.contextmanager
-def _hooks_installed(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
-    """Register the capture hooks and switch attention to the explicit softmax path; undo both on exit."""
+def attention_recorded(model: torch.nn.Module, record: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Inside the block, every attention block runs timm's un-fused path and hands its post-softmax
+    pattern (B, H, T, T) to `record`; the hooks and the `fused_attn` flags are restored on exit,
+    also when the forward raises.
+
+    timm's fused SDPA path never materialises the pattern (a hook on `attn_drop` would see nothing);
+    the un-fused path computes softmax(q k^T * scale) and passes it through `attn_drop`.
+    """
     blocks = list(model.blocks)
     fused_before = [blk.attn.fused_attn for blk in blocks]
+    handles = []
+    try:
+        for blk in blocks:
+            blk.attn.fused_attn = False
+            handles.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: record(o.detach())))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for blk, fused in zip(blocks, fused_before):
+            blk.attn.fused_attn = fused
+
+
+@contextlib.contextmanager
+def _hooks_installed(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
+    """Register the capture hooks (attention, tokens, embeddings, head input) in eval mode; undo all on exit."""
     was_training = model.training
+
+    def keep(key: str, tensor: torch.Tensor) -> None:
+        store.setdefault(key, []).append(tensor.detach())
+
     with contextlib.ExitStack() as stack:
-        try:
-            model.eval()
-            for blk in blocks:
-                blk.attn.fused_attn = False  # the un-fused path computes softmax(q k^T * scale) and passes it through attn_drop
-
-            def keep(key: str, tensor: torch.Tensor) -> None:
-                store.setdefault(key, []).append(tensor.detach())
-
-            handles = [
-                model.patch_embed.register_forward_hook(lambda m, i, o: keep("patch_embeddings", o)),
-                blocks[0].register_forward_pre_hook(lambda m, args: keep("tokens", args[0])),
-                model.norm.register_forward_hook(lambda m, i, o: keep("final_tokens", o)),
-                model.head.register_forward_pre_hook(lambda m, args: keep("pre_logits", args[0])),
-            ]
-            for blk in blocks:
-                handles.append(blk.register_forward_hook(lambda m, i, o: keep("tokens", o)))
-                handles.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: keep("pattern", o)))
-            for handle in handles:
-                stack.callback(handle.remove)
-            yield
-        finally:
-            for blk, fused in zip(blocks, fused_before):
-                blk.attn.fused_attn = fused
-            model.train(was_training)
+        stack.callback(model.train, was_training)
+        model.eval()
+        stack.enter_context(attention_recorded(model, lambda pattern: keep("pattern", pattern)))
+        handles = [
+            model.patch_embed.register_forward_hook(lambda m, i, o: keep("patch_embeddings", o)),
+            model.blocks[0].register_forward_pre_hook(lambda m, args: keep("tokens", args[0])),
+            model.norm.register_forward_hook(lambda m, i, o: keep("final_tokens", o)),
+            model.head.register_forward_pre_hook(lambda m, args: keep("pre_logits", args[0])),
+        ]
+        handles += [blk.register_forward_hook(lambda m, i, o: keep("tokens", o)) for blk in model.blocks]
+        for handle in handles:
+            stack.callback(handle.remove)
+        yield
 
 
 def _frozen(t: torch.Tensor) -> np.ndarray:

@@ -22,11 +22,9 @@ Run: ``python -m vit_core.teaching.evaluate assets/shapes_vit``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +33,7 @@ from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_core import analyses
+from vit_core.capture import attention_recorded
 from vit_core.teaching.data import CLASS_NAMES, make_dataset
 from vit_core.teaching.train import build_model, preprocess
 
@@ -59,27 +58,6 @@ def load_model_dir(model_dir: str | Path) -> tuple[VisionTransformer, dict]:
     return model.eval(), config
 
 
-@contextlib.contextmanager
-def _attention_hooks(model: VisionTransformer, store: list[torch.Tensor]) -> Iterator[None]:
-    """Record every block's post-softmax attention (B, H, T, T) into ``store``.
-
-    timm's fused SDPA path never materialises the pattern, so each block is switched to the
-    un-fused path for the duration; hooks and flags are restored even if the forward raises.
-    """
-    saved = [blk.attn.fused_attn for blk in model.blocks]
-    handles = []
-    try:
-        for blk in model.blocks:
-            blk.attn.fused_attn = False
-            handles.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: store.append(o.detach())))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        for blk, fused in zip(model.blocks, saved):
-            blk.attn.fused_attn = fused
-
-
 @torch.inference_mode()
 def predict_with_attention(
     model: VisionTransformer, images: np.ndarray, batch_size: int = 250
@@ -89,7 +67,7 @@ def predict_with_attention(
     for start in range(0, len(images), batch_size):
         x = preprocess(torch.from_numpy(images[start : start + batch_size]))
         store: list[torch.Tensor] = []
-        with _attention_hooks(model, store):
+        with attention_recorded(model, store.append):  # the capture's own mechanism, batched
             logits = model(x)
         assert len(store) == len(model.blocks), f"captured {len(store)} patterns for {len(model.blocks)} blocks"
         all_logits.append(logits.float().numpy())
