@@ -58,3 +58,21 @@ def family():
 @pytest.fixture
 def image():
     return drawn_image(0)
+
+
+APP = str(REPO / "dashboard" / "app.py")
+
+
+def run_app(default_timeout: int = 120, **query: str):
+    """The dashboard run once in-process by Streamlit's AppTest, with `query` as URL parameters."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=default_timeout)
+    at.query_params.update(query)
+    at.run()
+    assert_healthy(at)
+    return at
+
+
+def assert_healthy(at) -> None:
+    assert not at.exception, [e.value for e in at.exception]

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO
+from conftest import REPO, assert_healthy, run_app
 from hostile_corpus import corpus
 from vit_core import decode_image, run_with_capture
 from vit_core.export import analysis_arrays, summary
@@ -45,7 +45,6 @@ import loadtest  # noqa: E402
 
 from dashboard import state  # noqa: E402
 
-APP = str(REPO / "dashboard" / "app.py")
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -122,21 +121,9 @@ def runtime():
         config.set_option("global.appTest", app_test_flag)
 
 
-def start(**query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params.update(query)
-    at.run()
-    healthy(at)
-    return at
-
-
-def healthy(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-
-
 def upload(at: AppTest, name: str, data: bytes) -> AppTest:
     at.file_uploader(key=state.K_UPLOAD).set_value((name, data, "application/octet-stream")).run()
-    healthy(at)
+    assert_healthy(at)
     return at
 
 
@@ -181,7 +168,7 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
 
     def student(i: int) -> None:
         try:
-            at = start(view="Attention")
+            at = run_app(view="Attention")
             barrier.wait(timeout=120)  # everyone uploads at once
             got = []
             for step in range(2):
@@ -189,7 +176,7 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
                 upload(at, name, data)
                 at.slider(key=state.K_LAYER).set_value((i + step) % 2).run()
                 at.selectbox(key=state.K_HEAD).set_value((i + step) % 3).run()
-                healthy(at)
+                assert_healthy(at)
                 assert f"image **{name}**" in header(at)
                 assert any(f"layer {(i + step) % 2}, head {(i + step) % 3}" in m.value for m in at.markdown)
                 got.append((data, npz(at, runtime), json.loads(download(at, runtime, ".json"))))
@@ -228,10 +215,10 @@ def test_a_mismatch_would_be_detected(reference):
 
 def test_the_distance_history_of_a_session_is_capped(tiny_env, runtime, monkeypatch):
     monkeypatch.setattr(state, "MAX_HISTORY_IMAGES", 3)
-    at = start(view="Distance")
+    at = run_app(view="Distance")
     batch = [loadtest.session_image(50, step, size=(64, 48)) for step in range(5)]
     at.file_uploader(key=state.K_MAD_BATCH).set_value([(n, d, "image/png") for n, d in batch]).run()
-    healthy(at)
+    assert_healthy(at)
     history = at.session_state["_mad_history"]
     assert [len(per_model) for per_model in history.values()] == [3]
     assert any("average over the 3 image(s)" in c.value for c in at.caption)
@@ -267,7 +254,7 @@ def hostile():
 
 
 def test_every_odd_file_is_analysed_correctly_or_refused_with_a_sentence(tiny_env, runtime, hostile):
-    at = start(view="Pipeline")
+    at = run_app(view="Pipeline")
     name, data = loadtest.session_image(7, 0)
     upload(at, name, data)
     previous_name, previous_crop = name, npz(at, runtime)["input_image"]
@@ -292,7 +279,7 @@ def test_every_odd_file_is_analysed_correctly_or_refused_with_a_sentence(tiny_en
         for view in ("Patches", "Pipeline"):  # the session goes on working
             at.session_state[state.K_VIEW] = view
             at.run()
-            healthy(at)
+            assert_healthy(at)
             assert at.get("image"), (case.id, view)
 
 
@@ -303,7 +290,7 @@ def test_uploads_are_capped_and_the_cap_is_told(tiny_env, runtime):
     assert config["browser"]["gatherUsageStats"] is False
     assert config["client"]["showErrorDetails"] in ("type", "none")
 
-    at = start()
+    at = run_app()
     uploader = at.file_uploader(key=state.K_UPLOAD)
     assert uploader.proto.max_upload_size_mb == state.MAX_IMAGE_MB  # the browser refuses bigger files
     assert f"{state.MAX_IMAGE_MB} MB" in uploader.proto.label and f"{state.MAX_IMAGE_MB} MB" in uploader.proto.help
@@ -328,13 +315,13 @@ def tiny_weights(num_classes: int = 1000, arch: str = "vit_tiny_patch16_224", **
 
 def choose_weights(at: AppTest, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None) -> AppTest:
     at.selectbox(key=state.K_MODEL).set_value(state.UPLOAD_WEIGHTS).run()
-    healthy(at)
+    assert_healthy(at)
     at.selectbox(key=state.K_ARCH).set_value(arch)
     at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
     if labels:
         at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
     at.run()
-    healthy(at)
+    assert_healthy(at)
     return at
 
 
@@ -367,7 +354,7 @@ def test_weights_that_must_be_refused_are_refused_with_the_reason(tiny_env, runt
         ("pickle that runs code", "vit_small_patch16_224", "evil.pth", evil.getvalue(), "refused.*Python objects"),
     ]
     for what, arch, name, data, reason in cases:
-        at = start()
+        at = run_app()
         choose_weights(at, arch, name, data)
         errors = [e.value for e in at.error]
         assert len(errors) == 1 and "can't be loaded" in errors[0], (what, errors)
@@ -376,13 +363,13 @@ def test_weights_that_must_be_refused_are_refused_with_the_reason(tiny_env, runt
         for view in ("Attention", "Prediction"):
             at.session_state[state.K_VIEW] = view
             at.run()
-            healthy(at)
+            assert_healthy(at)
     assert not marker.exists()  # the pickle's code never ran
 
 
 def test_a_label_file_with_the_wrong_class_count_is_refused(tiny_env, runtime, tmp_path):
     weights = safetensors_bytes(tiny_weights(num_classes=10, arch="vit_small_patch16_224"), tmp_path)
-    at = start()
+    at = run_app()
     choose_weights(at, "vit_small_patch16_224", "ft.safetensors", weights)
     assert not at.error, [e.value for e in at.error]
     assert "file: " in header(at) and "vit_small_patch16_224" in header(at)  # the weights alone are fine

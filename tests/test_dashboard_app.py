@@ -8,15 +8,13 @@ its weights exist. `st.cache_resource` persists across tests in one process, so 
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "dashboard" / "app.py")
+from conftest import REPO as ROOT, assert_healthy, run_app
 VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
 
 
@@ -24,18 +22,6 @@ VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance",
 def tiny(monkeypatch):
     monkeypatch.setenv("VIT_LENS_MODEL", "test-tiny")
     monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
-
-
-def run_app(**query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=90)
-    at.query_params.update(query)
-    at.run()
-    assert_healthy(at)
-    return at
-
-
-def assert_healthy(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
 
 
 def shown(at: AppTest) -> tuple:
