@@ -44,6 +44,15 @@ def png_bytes(rgb: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def jpeg_bytes(rgb: np.ndarray, quality: int = 90) -> bytes:
+    """uint8 (H, W, 3) -> JPEG bytes: for pictures shown inside plotly figures, which travel as base64
+    in the figure's JSON on every rerun (a 448 px attention overlay: ~26 KB instead of ~130 KB as PNG,
+    3 ms to encode instead of ~40 ms). Downloads stay PNG."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
@@ -51,8 +60,14 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def png_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of PNG bytes."""
+    """(width, height) of PNG (or JPEG) bytes."""
     return Image.open(io.BytesIO(data)).size
+
+
+def _data_uri(data: bytes) -> str:
+    """A data URI for PNG or JPEG bytes, with the right media type."""
+    kind = "jpeg" if data[:3] == b"\xff\xd8\xff" else "png"
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
 
 
 def display_scale(crop_side: int, target: int = DISPLAY_SIDE) -> int:
@@ -120,8 +135,8 @@ def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[
 def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], patch_size: tuple[int, int],
                            selected: int | None = None, hover_values: np.ndarray | None = None,
                            height: int = 480) -> go.Figure:
-    """Plotly figure of an image (already enlarged: an array or its PNG bytes) with one invisible
-    marker per patch.
+    """Plotly figure of an image (already enlarged: an array, or its PNG or JPEG bytes) with one
+    invisible marker per patch.
 
     Clicking a marker selects it; its `customdata` is the patch index k. `selected` gets a cyan
     frame. `hover_values` (gh, gw), e.g. the attention shown, appear in the hover text.
@@ -137,7 +152,7 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
     text = [f"patch {i} (row {r}, col {c})" for i, r, c in zip(k, rows, cols)]
     if hover_values is not None:
         text = [f"{t}<br>value {v:.4f}" for t, v in zip(text, hover_values.reshape(-1))]
-    source = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    source = _data_uri(data)
     fig = go.Figure()
     fig.add_trace(go.Image(source=source, hoverinfo="skip"))
     marker_px = 0.9 * height / gh

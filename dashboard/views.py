@@ -306,12 +306,15 @@ def _attention_maps(ctx: ViewContext) -> None:
     with left:
         st.markdown(f"**{g.token_name(query)}**, layer {layer}, {which}")
         s = figures.display_scale(cap.input_image.shape[1])
-        shown = ctx.png(lambda: figures.png_bytes(figures.enlarge(figures.overlay(cap.input_image, amap.map, g.patch_size), s)),
-                        "attention", layer, head, query)
+        def overlay() -> np.ndarray:
+            return figures.enlarge(figures.overlay(cap.input_image, amap.map, g.patch_size), s)
+        # shown as JPEG (it travels inside the plotly JSON on every change); the PNG is made on download
+        shown = ctx.png(lambda: figures.jpeg_bytes(overlay()), "attention_jpeg", layer, head, query)
         fig = figures.clickable_image_figure(shown, g.grid, g.patch_size, selected=query_patch, hover_values=amap.map)
         st.plotly_chart(fig, key="attn_click", on_select=partial(state.patch_click_callback, "attn_click", state.K_QUERY, p),
                         selection_mode="points", config={"displayModeBar": False})
-        st.download_button("PNG", shown, file_name=f"{ctx.stem}_attention_L{layer}_{which.replace(' ', '_')}_q{query}.png",
+        st.download_button("PNG", lambda: figures.png_bytes(overlay()),
+                           file_name=f"{ctx.stem}_attention_L{layer}_{which.replace(' ', '_')}_q{query}.png",
                            mime="image/png", key="dl_attn_one", icon=":material/download:", on_click="ignore", type="tertiary")
         if p:
             st.metric("Share of this row that goes to prefix tokens", f"{amap.prefix_share:.1%}",

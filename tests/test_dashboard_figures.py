@@ -65,6 +65,23 @@ def test_clickable_figure_has_one_marker_per_patch_at_its_centre(crop):
     assert len(fig.layout.shapes) == 1
 
 
+def test_clickable_figure_carries_a_jpeg_as_jpeg():
+    import base64
+    import io
+
+    from PIL import Image
+
+    y, x = np.mgrid[0 : H * 3, 0 : W * 3]
+    display = np.stack([x * 255 // (W * 3), y * 255 // (H * 3), (x + y) % 256], axis=-1).astype(np.uint8)  # smooth
+    jpeg = figures.jpeg_bytes(display)
+    image = figures.clickable_image_figure(jpeg, GRID, PATCH).data[0]
+    assert image.source.startswith("data:image/jpeg;base64,")
+    decoded = Image.open(io.BytesIO(base64.b64decode(image.source.split(",", 1)[1])))
+    assert decoded.format == "JPEG" and decoded.size == (display.shape[1], display.shape[0])
+    # lossy, but the picture is the same picture
+    assert np.abs(np.asarray(decoded, dtype=np.int16) - display).mean() < 6
+
+
 def test_head_mosaic_is_one_image_for_all_heads(crop):
     pattern = np.random.default_rng(2).random((2, 6, 21, 21)).astype(np.float32)
     pattern /= pattern.sum(-1, keepdims=True)

@@ -132,3 +132,16 @@ def test_sample_image():
     assert a.tobytes() != sample_image("star", seed=2).tobytes()
     with pytest.raises(KeyError):
         sample_image("dodecahedron")
+
+
+def test_a_shape_shrunk_to_fit_is_still_placed(monkeypatch):
+    """A rotated shape larger than the image is shrunk to fit exactly; rounding must not leave an empty
+    interval for its position (numpy raised "high - low < 0" for about one image in ten thousand)."""
+    from vit_core.teaching import data
+
+    monkeypatch.setattr(data, "OBJECT_FRACTION", (0.98, 1.0))  # every rotated shape needs shrinking
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        for name in CLASS_NAMES:
+            polys, (x0, y0, x1, y1) = data._place(rng, name, 64)
+            assert 0 < x0 <= x1 < 64 and 0 < y0 <= y1 < 64

@@ -18,11 +18,14 @@ from vit_core.teaching.train import (
     TrainConfig,
     build_model,
     init_sincos_pos_embed,
+    dihedral_augment,
     lr_at,
     make_train_set,
     model_args_from,
     preprocess,
+    patch_cover,
     save,
+    token_label_loss,
     train,
 )
 
@@ -118,7 +121,7 @@ def test_sincos_start_is_a_grid_and_stays_trainable():
     model = build_model(model_args_from(TrainConfig()))
     assert ev.pos_embed_grid_spearman(model) < 0.2  # timm's random start has no grid
     init_sincos_pos_embed(model)
-    assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.84 for the 8 x 8 grid at dim 64
+    assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.90 for the 8 x 8 grid at dim 128
     assert model.pos_embed.requires_grad
     assert torch.count_nonzero(model.pos_embed[0, 0]) == 0  # the class-token row starts at zero
 
@@ -133,13 +136,14 @@ def test_lr_schedule():
 
 def test_a_few_training_steps_reduce_the_loss(tmp_path):
     cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, num_train=256, chunk_size=128, gen_workers=1, steps=40,
-                      time_budget_s=0, batch_size=32, lr=3e-3, warmup_steps=5, label_smoothing=0.0, log_every=20)
+                      time_budget_s=0, batch_size=32, lr=3e-3, warmup_steps=5, label_smoothing=0.0, log_every=20,
+                      token_label_weight=0.0)  # the class loss alone (token labelling: the test below)
     model, summary = train(cfg)
     torch.manual_seed(cfg.seed)  # train() seeds the same way right before building the model
     init = build_model(model_args_from(cfg)).eval()
     if cfg.pos_embed_init == "sincos":
         init_sincos_pos_embed(init)
-    images, labels = make_train_set(cfg)  # deterministic: the very images train() used
+    images, labels, _ = make_train_set(cfg)  # deterministic: the very images train() used
     x = preprocess(images)
     with torch.no_grad():
         loss_init = F.cross_entropy(init(x), labels).item()
@@ -150,3 +154,56 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
     reloaded, _ = ev.load_model_dir(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), model(x))
+
+
+def test_patch_cover_is_the_object_share_of_each_patch():
+    masks = np.zeros((1, 16, 16), dtype=bool)
+    masks[0, 0:8, 0:8] = True  # patch (0, 0) full
+    masks[0, 8:10, 8:16] = True  # patch (1, 1): 2 of 8 rows
+    cover = patch_cover(masks, 8)
+    np.testing.assert_allclose(cover[0], [[1.0, 0.0], [0.0, 0.25]])
+
+
+def test_dihedral_augment_moves_patch_targets_with_their_patches():
+    gen = torch.Generator().manual_seed(3)
+    images = torch.arange(16 * 3 * 64 * 64, dtype=torch.float32).reshape(16, 3, 64, 64)
+    grids = torch.rand(16, 8, 8)
+    x, g = dihedral_augment(images, gen, grids)
+    # the patch that holds a given pixel block after the transform carries that block's target
+    before = patch_cover_of(images[:, 0], 8)  # (B, 8, 8): one value per patch identifying its pixels
+    after = patch_cover_of(x[:, 0], 8)
+    for b in range(16):
+        for r in range(8):
+            for c in range(8):
+                (r0, c0), = np.argwhere(before[b].numpy() == after[b, r, c].item())
+                assert g[b, r, c] == grids[b, r0, c0]
+    assert not torch.equal(x, images)  # 16 images: some were transformed
+
+
+def patch_cover_of(channel: torch.Tensor, p: int) -> torch.Tensor:
+    """Sum of each patch's pixels: distinct for every patch of an arange image, and invariant to flips."""
+    b, h, w = channel.shape
+    return channel.reshape(b, h // p, p, w // p, p).sum(dim=(2, 4))
+
+
+def test_token_label_loss_targets():
+    labels = torch.tensor([2])
+    cover = torch.tensor([[1.0, 0.0, 0.25]])  # (B, N): full object patch, background patch, a quarter
+    num_classes = 8
+    perfect = torch.full((1, 3, num_classes + 1), -30.0)
+    perfect[0, 0, 2] = 30  # all object
+    perfect[0, 1, -1] = 30  # all background
+    perfect[0, 2, 2], perfect[0, 2, -1] = np.log(0.25), np.log(0.75)  # the soft target itself
+    entropy_of_patch_2 = -(0.25 * np.log(0.25) + 0.75 * np.log(0.75))
+    assert token_label_loss(perfect, labels, cover).item() == pytest.approx(entropy_of_patch_2 / 3, abs=1e-5)
+    wrong = perfect.clone()
+    wrong[0, 0, 2], wrong[0, 0, 5] = -30, 30  # patch 0 claims another shape
+    assert token_label_loss(wrong, labels, cover).item() > 10
+
+
+def test_training_with_token_labels_reduces_both_losses():
+    cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, num_train=256, chunk_size=128, gen_workers=1, steps=40,
+                      batch_size=32, lr=3e-3, warmup_steps=5, label_smoothing=0.0, log_every=20, token_label_weight=1.0)
+    _, summary = train(cfg)
+    assert summary["final_loss"] < summary["first_loss"]
+    assert summary["final_token_loss"] < summary["first_token_loss"]

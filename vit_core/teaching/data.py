@@ -220,9 +220,10 @@ def _place(rng: np.random.Generator, name: str, size: int) -> tuple[list[tuple[n
     if (hi - lo).max() > size - 2 * margin:  # a rotated large shape may not fit: shrink it
         k = (size - 2 * margin) / (hi - lo).max()
         polys, lo, hi = [(p * k, f) for p, f in polys], lo * k, hi * k
-    # translate so that the bounding box lands uniformly inside the image
-    ox = rng.uniform(margin - lo[0], size - margin - hi[0])
-    oy = rng.uniform(margin - lo[1], size - margin - hi[1])
+    # translate so that the bounding box lands uniformly inside the image (max(): a shrunk shape fits
+    # exactly, and rounding can leave the interval a hair below empty)
+    ox = rng.uniform(margin - lo[0], max(margin - lo[0], size - margin - hi[0]))
+    oy = rng.uniform(margin - lo[1], max(margin - lo[1], size - margin - hi[1]))
     polys = [(p + [ox, oy], f) for p, f in polys]
     bbox = (float(lo[0] + ox), float(lo[1] + oy), float(hi[0] + ox), float(hi[1] + oy))
     return polys, bbox
