@@ -44,3 +44,5 @@ for tab, view in zip(tabs, views.VIEWS):
     if tab.open:  # only the open tab runs: switching tabs reruns the script, the forward pass stays cached
         with tab:
             view(ctx)
+
+state.freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap

@@ -48,6 +48,7 @@ def warm_up() -> None:
         _logger.warning("warm-up: %s", e)
     except Exception:  # noqa: BLE001 - never take the server down from a warm-up; the page will show it
         _logger.exception("warm-up failed")
+    state.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
 
 

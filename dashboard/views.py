@@ -7,6 +7,7 @@ so moving them reruns that fragment alone. Figures come from `dashboard.figures`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,6 +56,17 @@ def show_png(png: bytes, key: str, file_name: str | None = None, caption: str | 
     if isinstance(width, int):  # st.image re-encodes (slowly) any PNG wider than an int width: never shrink
         width = max(width, figures.png_size(png)[0])
     st.image(png, caption=caption, width=width, output_format="PNG")
+    st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
+                       icon=":material/download:", on_click="ignore", type="tertiary")
+
+
+def show_photo(jpeg: bytes, png: Callable[[], bytes], key: str, file_name: str, caption: str | None = None,
+               width: int | str = "stretch") -> None:
+    """Show a photo-like picture (the crop under a map) as JPEG, a fraction of the PNG's bytes and
+    encoding time on every control change, and offer the lossless PNG, made only when downloaded."""
+    if isinstance(width, int):
+        width = max(width, figures.png_size(jpeg)[0])  # never let st.image re-encode by shrinking
+    st.image(jpeg, caption=caption, width=width, output_format="JPEG")
     st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
                        icon=":material/download:", on_click="ignore", type="tertiary")
 
@@ -329,10 +341,11 @@ def _attention_maps(ctx: ViewContext) -> None:
         maps = np.concatenate([maps, maps.mean(axis=0, keepdims=True)])  # (H+1, gh, gw)
         titles = [f"head {h}" for h in range(g.num_heads)] + ["mean"]
         cols = 6 if g.num_heads + 1 > 8 else min(4, g.num_heads + 1)
-        sheet = ctx.png(lambda: figures.png_bytes(figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles,
-                                                                           query_patch, g.grid, cols=cols)), "heads", layer, query)
-        show_png(sheet, "attn_heads", f"{ctx.stem}_attention_L{layer}_q{query}_all_heads",
-                 caption=f"all {g.num_heads} heads of layer {layer} for {g.token_name(query)} (each scaled on its own)")
+        def sheet() -> np.ndarray:
+            return figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles, query_patch, g.grid, cols=cols)
+        show_photo(ctx.png(lambda: figures.jpeg_bytes(sheet()), "heads_jpeg", layer, query), lambda: figures.png_bytes(sheet()),
+                   "attn_heads", f"{ctx.stem}_attention_L{layer}_q{query}_all_heads",
+                   caption=f"all {g.num_heads} heads of layer {layer} for {g.token_name(query)} (each scaled on its own)")
 
 
 @st.fragment
@@ -347,10 +360,11 @@ def _rollout(ctx: ViewContext) -> None:
     left, right = st.columns(2)
     with left:
         s = figures.display_scale(cap.input_image.shape[1], 384)
-        show_png(ctx.png(lambda: figures.png_bytes(figures.enlarge(figures.overlay(cap.input_image, rollout, g.patch_size), s)),
-                         "rollout", fusion, last),
-                 "rollout_overlay", f"{ctx.stem}_rollout_{fusion}_L{last}", width=420,
-                 caption=f"rollout ({fusion} fusion, layers 0-{last}), {whose}, over the crop")
+        def overlay() -> np.ndarray:
+            return figures.enlarge(figures.overlay(cap.input_image, rollout, g.patch_size), s)
+        show_photo(ctx.png(lambda: figures.jpeg_bytes(overlay()), "rollout_jpeg", fusion, last), lambda: figures.png_bytes(overlay()),
+                   "rollout_overlay", f"{ctx.stem}_rollout_{fusion}_L{last}", width=420,
+                   caption=f"rollout ({fusion} fusion, layers 0-{last}), {whose}, over the crop")
     with right:
         show_png(ctx.png(lambda: figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
                                                  cmap=figures.ATTENTION_CMAP, label="share of the token"), "rollout_map", fusion, last),

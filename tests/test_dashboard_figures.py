@@ -91,6 +91,16 @@ def test_head_mosaic_is_one_image_for_all_heads(crop):
     assert is_png(figures.png_bytes(sheet))
 
 
+def test_head_mosaic_tiles_are_the_overlays_at_tile_size():
+    crop = np.full((32, 40, 3), 128, dtype=np.uint8)  # grey, so each tile shows the map's colours alone
+    amap = np.arange(20, dtype=np.float32).reshape(GRID)  # 4 x 5 patches of 8 px
+    sheet = figures.head_maps_mosaic(crop, amap[None], PATCH, ["m"], cols=1, tile_side=80)  # factor 2
+    full = figures.overlay(crop, amap, PATCH)  # (32, 40, 3): the same picture at crop size
+    pad, title = 6, 18
+    tile = sheet[pad + title : pad + title + 64, pad : pad + 80]
+    np.testing.assert_array_equal(tile[::2, ::2], full)  # nearest-neighbour enlargement of the overlay
+
+
 def test_png_builders_return_pngs(crop):
     rng = np.random.default_rng(3)
     sim = analyses.pos_embed_similarity(rng.normal(size=(21, 16)), 1, False, GRID)
