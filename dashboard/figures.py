@@ -60,8 +60,8 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-def png_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of PNG (or JPEG) bytes."""
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of PNG or JPEG bytes."""
     return Image.open(io.BytesIO(data)).size
 
 
@@ -152,7 +152,7 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
     gh, gw = grid
     ph, pw = patch_size
     data = display if isinstance(display, bytes) else png_bytes(display)
-    width, disp_height = png_size(data)
+    width, disp_height = image_size(data)
     s = width / (gw * pw)  # display pixels per input pixel
     k = np.arange(gh * gw)
     rows, cols = np.divmod(k, gw)

@@ -54,7 +54,7 @@ def show_png(png: bytes, key: str, file_name: str | None = None, caption: str | 
              width: int | str = "stretch") -> None:
     """Show PNG bytes and offer exactly those bytes for download."""
     if isinstance(width, int):  # st.image re-encodes (slowly) any PNG wider than an int width: never shrink
-        width = max(width, figures.png_size(png)[0])
+        width = max(width, figures.image_size(png)[0])
     st.image(png, caption=caption, width=width, output_format="PNG")
     st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
                        icon=":material/download:", on_click="ignore", type="tertiary")
@@ -65,7 +65,7 @@ def show_photo(jpeg: bytes, png: Callable[[], bytes], key: str, file_name: str, 
     """Show a photo-like picture (the crop under a map) as JPEG, a fraction of the PNG's bytes and
     encoding time on every control change, and offer the lossless PNG, made only when downloaded."""
     if isinstance(width, int):
-        width = max(width, figures.png_size(jpeg)[0])  # never let st.image re-encode by shrinking
+        width = max(width, figures.image_size(jpeg)[0])  # never let st.image re-encode by shrinking
     st.image(jpeg, caption=caption, width=width, output_format="JPEG")
     st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
                        icon=":material/download:", on_click="ignore", type="tertiary")

@@ -120,7 +120,7 @@ def test_png_builders_return_pngs(crop):
     ]
     for data in pngs:
         assert is_png(data)
-        width, height = figures.png_size(data)
+        width, height = figures.image_size(data)
         assert 50 < width < 3000 and 50 < height < 3000
 
 
