@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 ATTENTION_CMAP = "inferno"
+OVERLAY_ALPHA = 0.65  # weight of the map's colour over the crop in every overlay
 SIMILARITY_CMAP = "viridis"
 DISPLAY_SIDE = 448  # the crop is enlarged to about this many pixels for display
 _FONT_CACHE: dict[int, ImageFont.ImageFont] = {}
@@ -65,9 +66,14 @@ def image_size(data: bytes) -> tuple[int, int]:
     return Image.open(io.BytesIO(data)).size
 
 
+def is_jpeg(data: bytes) -> bool:
+    """JPEG bytes (its start-of-image marker), as opposed to the PNGs every other builder makes."""
+    return data[:3] == b"\xff\xd8\xff"
+
+
 def _data_uri(data: bytes) -> str:
     """A data URI for PNG or JPEG bytes, with the right media type."""
-    kind = "jpeg" if data[:3] == b"\xff\xd8\xff" else "png"
+    kind = "jpeg" if is_jpeg(data) else "png"
     return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
 
 
@@ -103,12 +109,16 @@ def map_to_pixels(amap: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     return np.repeat(np.repeat(amap, ph, axis=0), pw, axis=1)
 
 
-def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alpha: float = 0.65,
+def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alpha: float = OVERLAY_ALPHA,
             cmap: str = ATTENTION_CMAP) -> np.ndarray:
     """The crop darkened and tinted by a per-patch map, min-max scaled for display: uint8 (H, W, 3)."""
-    colours = map_to_pixels(colorize(amap, cmap), patch_size).astype(np.float32)  # colour per patch, then spread
-    blended = (1 - alpha) * crop.astype(np.float32) + alpha * colours
-    return blended.round().clip(0, 255).astype(np.uint8)
+    colours = map_to_pixels(colorize(amap, cmap), patch_size)  # colour per patch, then spread to its pixels
+    return tint(crop.astype(np.float32), colours, alpha)
+
+
+def tint(base: np.ndarray, colours: np.ndarray, alpha: float = OVERLAY_ALPHA) -> np.ndarray:
+    """(1 - alpha) base + alpha colours, both (H, W, 3), as uint8 (base float32, colours uint8)."""
+    return ((1 - alpha) * base + alpha * colours.astype(np.float32)).round().clip(0, 255).astype(np.uint8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,11 +229,10 @@ def head_maps_mosaic(crop: np.ndarray, maps: np.ndarray, patch_size: tuple[int, 
     base = np.asarray(Image.fromarray(crop).resize(side, resample), dtype=np.float32)  # (th, tw, 3)
     patch_row = ((np.arange(side[1]) + 0.5) / factor // ph).astype(int)  # (th,) patch row of each tile row
     patch_col = ((np.arange(side[0]) + 0.5) / factor // pw).astype(int)  # (tw,)
-    alpha = 0.65  # as overlay()
     tiles = []
     for amap in maps:
-        colours = colorize(amap)[patch_row[:, None], patch_col[None, :]].astype(np.float32)  # (gh, gw, 3) -> (th, tw, 3)
-        im = Image.fromarray(((1 - alpha) * base + alpha * colours).round().clip(0, 255).astype(np.uint8))
+        colours = colorize(amap)[patch_row[:, None], patch_col[None, :]]  # (gh, gw, 3) -> (th, tw, 3)
+        im = Image.fromarray(tint(base, colours))
         if query_patch is not None and grid is not None:
             r, c = divmod(query_patch, grid[1])
             ImageDraw.Draw(im).rectangle([c * pw * factor, r * ph * factor, (c + 1) * pw * factor - 1,

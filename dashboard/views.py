@@ -50,25 +50,16 @@ def shape(array_or_shape, batch: bool = True) -> str:
     return "[" + ", ".join(str(d) for d in ((1,) + dims if batch else dims)) + "]"
 
 
-def show_png(png: bytes, key: str, file_name: str | None = None, caption: str | None = None,
-             width: int | str = "stretch") -> None:
-    """Show PNG bytes and offer exactly those bytes for download."""
-    if isinstance(width, int):  # st.image re-encodes (slowly) any PNG wider than an int width: never shrink
-        width = max(width, figures.image_size(png)[0])
-    st.image(png, caption=caption, width=width, output_format="PNG")
-    st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
-                       icon=":material/download:", on_click="ignore", type="tertiary")
-
-
-def show_photo(jpeg: bytes, png: Callable[[], bytes], key: str, file_name: str, caption: str | None = None,
-               width: int | str = "stretch") -> None:
-    """Show a photo-like picture (the crop under a map) as JPEG, a fraction of the PNG's bytes and
-    encoding time on every control change, and offer the lossless PNG, made only when downloaded."""
-    if isinstance(width, int):
-        width = max(width, figures.image_size(jpeg)[0])  # never let st.image re-encode by shrinking
-    st.image(jpeg, caption=caption, width=width, output_format="JPEG")
-    st.download_button("PNG", png, file_name=f"{file_name}.png", mime="image/png", key=f"dl_{key}",
-                       icon=":material/download:", on_click="ignore", type="tertiary")
+def show_picture(shown: bytes, key: str, file_name: str | None = None, caption: str | None = None,
+                 width: int | str = "stretch", png: Callable[[], bytes] | None = None) -> None:
+    """Show PNG or JPEG bytes and offer a PNG for download: the shown bytes, or, for a photo-like
+    picture shown as JPEG (a fraction of the bytes and encoding time on every control change), the
+    lossless PNG that ``png`` makes only when the button is clicked."""
+    if isinstance(width, int):  # st.image re-encodes (slowly) any picture wider than an int width: never shrink
+        width = max(width, figures.image_size(shown)[0])
+    st.image(shown, caption=caption, width=width, output_format="JPEG" if figures.is_jpeg(shown) else "PNG")
+    st.download_button("PNG", png if png is not None else shown, file_name=f"{file_name}.png", mime="image/png",
+                       key=f"dl_{key}", icon=":material/download:", on_click="ignore", type="tertiary")
 
 
 def _patch_query_default(cap: Capture) -> int:
@@ -135,15 +126,15 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     cols = st.columns(4)
     with cols[0]:
         w, h = ctx.image.size
-        show_png(ctx.png(lambda: figures.png_bytes(np.asarray(ctx.image.display)), "image"),
+        show_picture(ctx.png(lambda: figures.png_bytes(np.asarray(ctx.image.display)), "image"),
                  "pipe_image", f"{ctx.stem}_image", caption=f"1. your image {shape((h, w, 3), batch=False)}")
     with cols[1]:
-        show_png(ctx.png(lambda: figures.png_bytes(figures.patch_grid_image(cap.input_image, g.grid, g.patch_size, show_indices=False)), "grid"),
+        show_picture(ctx.png(lambda: figures.png_bytes(figures.patch_grid_image(cap.input_image, g.grid, g.patch_size, show_indices=False)), "grid"),
                  "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
     block = cols[2].slider("Tokens after block", 0, g.num_layers, g.num_layers, key="pipe_block",
                            help="0 = the tokens entering the first block")
     with cols[2]:
-        show_png(ctx.png(lambda: figures.token_matrix_png(
+        show_picture(ctx.png(lambda: figures.token_matrix_png(
                      cap.tokens[block], f"tokens {'entering block 0' if block == 0 else f'after block {block - 1}'} "
                      f"{shape(cap.tokens[block])}", g.num_prefix_tokens), "tokens", block),
                  "pipe_tokens", f"{ctx.stem}_tokens_{block}")
@@ -187,7 +178,7 @@ def patches_view(ctx: ViewContext) -> None:
         st.markdown(f"**Patch {k}** (row {r}, column {c}): {ph} x {pw} pixels x 3 colours = {ph * pw * 3} numbers")
         a, b = st.columns([1, 2])
         with a:
-            show_png(ctx.png(lambda: figures.png_bytes(figures.patch_pixels_image(pixels[k])), "pixels", k), "patch_pixels", f"{ctx.stem}_patch{k}",
+            show_picture(ctx.png(lambda: figures.png_bytes(figures.patch_pixels_image(pixels[k])), "pixels", k), "patch_pixels", f"{ctx.stem}_patch{k}",
                      caption=f"pixels {shape(pixels[k].shape, batch=False)}")
         with b:
             st.markdown(
@@ -199,10 +190,10 @@ def patches_view(ctx: ViewContext) -> None:
             st.metric("max |E x_k + b - Conv2d output|, this patch", f"{diff_k:.2e}",
                       help="float32 rounding only: the convolution IS this matrix product")
             st.caption(f"over all {g.num_patches} patches: {diff_all:.2e}")
-        show_png(ctx.png(lambda: figures.vector_png(flat[k], f"flattened patch {k}: {flat.shape[1]} numbers (pixel by pixel, R G B)"),
+        show_picture(ctx.png(lambda: figures.vector_png(flat[k], f"flattened patch {k}: {flat.shape[1]} numbers (pixel by pixel, R G B)"),
                          "patch_vector", k),
                  "patch_vector", f"{ctx.stem}_patch{k}_vector")
-        show_png(ctx.png(lambda: figures.vector_png(cap.patch_embeddings[k], f"its embedding z_{k} (Conv2d output): {g.embed_dim} numbers",
+        show_picture(ctx.png(lambda: figures.vector_png(cap.patch_embeddings[k], f"its embedding z_{k} (Conv2d output): {g.embed_dim} numbers",
                                                     channels=None), "patch_embedding", k), "patch_embedding", f"{ctx.stem}_patch{k}_embedding")
 
 
@@ -222,11 +213,11 @@ def filters_view(ctx: ViewContext) -> None:
     left, right = st.columns([3, 2])
     with left:
         titles = [f"PC{i + 1} {r:.1%}" for i, r in enumerate(pca.explained_variance_ratio)]
-        show_png(ctx.model_png(lambda: figures.filters_grid_png(pca.components, titles, cols=7,
+        show_picture(ctx.model_png(lambda: figures.filters_grid_png(pca.components, titles, cols=7,
                                                                 title=f"Top {k} principal components of the filters"), "pca"),
                  "filters_pca", f"{ctx.stem}_filters_pca")
     with right:
-        show_png(ctx.model_png(lambda: figures.explained_variance_png(pca.explained_variance_ratio), "pca_var"), "filters_var", f"{ctx.stem}_filters_variance")
+        show_picture(ctx.model_png(lambda: figures.explained_variance_png(pca.explained_variance_ratio), "pca_var"), "filters_var", f"{ctx.stem}_filters_variance")
     _raw_filters(ctx, weight)
 
 
@@ -236,7 +227,7 @@ def _raw_filters(ctx: ViewContext, weight: np.ndarray) -> None:
     count = 32
     start = st.number_input("First filter", 0, max(0, weight.shape[0] - 1), 0, step=count, key=state.K_FILTER_START)
     images = analyses.filter_images(weight[start:start + count])  # (n, ph, pw, 3)
-    show_png(ctx.model_png(lambda: figures.filters_grid_png(images, [f"#{start + i}" for i in range(len(images))], cols=16,
+    show_picture(ctx.model_png(lambda: figures.filters_grid_png(images, [f"#{start + i}" for i in range(len(images))], cols=16,
                                                             title=f"filters {start}-{start + len(images) - 1} of {weight.shape[0]}",
                                                             tile_side=48), "raw_filters", start),
              "filters_raw", f"{ctx.stem}_filters_{start}")
@@ -278,13 +269,13 @@ def positions_view(ctx: ViewContext) -> None:
         st.caption(text.POSITIONS_RESAMPLE)
     left, right = st.columns([3, 2])
     with left:
-        show_png(ctx.model_png(lambda: figures.similarity_tiles_png(similarity, grid, highlight=k,
+        show_picture(ctx.model_png(lambda: figures.similarity_tiles_png(similarity, grid, highlight=k,
                                                                     title=f"Position embedding similarity, {grid[0]} x {grid[1]} grid"),
                                "pos_tiles", grid, k),
                  "pos_tiles", f"{ctx.stem}_pos_similarity_{grid[0]}x{grid[1]}")
     with right:
         r, c = divmod(k, grid[1])
-        show_png(ctx.model_png(lambda: figures.map_png(similarity[k], f"patch {k} (row {r}, col {c}) vs all patches", vmin=-1,
+        show_picture(ctx.model_png(lambda: figures.map_png(similarity[k], f"patch {k} (row {r}, col {c}) vs all patches", vmin=-1,
                                                        vmax=1, highlight=k, label="cosine similarity"), "pos_tile", grid, k),
                  "pos_tile", f"{ctx.stem}_pos_similarity_patch{k}")
 
@@ -343,9 +334,10 @@ def _attention_maps(ctx: ViewContext) -> None:
         cols = 6 if g.num_heads + 1 > 8 else min(4, g.num_heads + 1)
         def sheet() -> np.ndarray:
             return figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles, query_patch, g.grid, cols=cols)
-        show_photo(ctx.png(lambda: figures.jpeg_bytes(sheet()), "heads_jpeg", layer, query), lambda: figures.png_bytes(sheet()),
-                   "attn_heads", f"{ctx.stem}_attention_L{layer}_q{query}_all_heads",
-                   caption=f"all {g.num_heads} heads of layer {layer} for {g.token_name(query)} (each scaled on its own)")
+        show_picture(ctx.png(lambda: figures.jpeg_bytes(sheet()), "heads_jpeg", layer, query),
+                     "attn_heads", f"{ctx.stem}_attention_L{layer}_q{query}_all_heads",
+                     caption=f"all {g.num_heads} heads of layer {layer} for {g.token_name(query)} (each scaled on its own)",
+                     png=lambda: figures.png_bytes(sheet()))
 
 
 @st.fragment
@@ -362,11 +354,12 @@ def _rollout(ctx: ViewContext) -> None:
         s = figures.display_scale(cap.input_image.shape[1], 384)
         def overlay() -> np.ndarray:
             return figures.enlarge(figures.overlay(cap.input_image, rollout, g.patch_size), s)
-        show_photo(ctx.png(lambda: figures.jpeg_bytes(overlay()), "rollout_jpeg", fusion, last), lambda: figures.png_bytes(overlay()),
-                   "rollout_overlay", f"{ctx.stem}_rollout_{fusion}_L{last}", width=420,
-                   caption=f"rollout ({fusion} fusion, layers 0-{last}), {whose}, over the crop")
+        show_picture(ctx.png(lambda: figures.jpeg_bytes(overlay()), "rollout_jpeg", fusion, last),
+                     "rollout_overlay", f"{ctx.stem}_rollout_{fusion}_L{last}", width=420,
+                     caption=f"rollout ({fusion} fusion, layers 0-{last}), {whose}, over the crop",
+                     png=lambda: figures.png_bytes(overlay()))
     with right:
-        show_png(ctx.png(lambda: figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
+        show_picture(ctx.png(lambda: figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
                                                  cmap=figures.ATTENTION_CMAP, label="share of the token"), "rollout_map", fusion, last),
                  "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}", width=420)
 
@@ -404,7 +397,7 @@ def distance_view(ctx: ViewContext) -> None:
     png = ctx.png(lambda: figures.attention_distance_png(current, uniform, average, len(history),
                                                          title=f"{ctx.loaded.name}: mean attention distance ({convention})"),
                   "mad", renorm, hash(tuple(sorted(history))))
-    show_png(png, "mad", f"{ctx.stem}_attention_distance{'_renorm' if renorm else ''}", width=900)
+    show_picture(png, "mad", f"{ctx.stem}_attention_distance{'_renorm' if renorm else ''}", width=900)
     st.caption(f"dots: this image; crosses: the average over the {len(history)} image(s) analysed with this model in "
                f"this session. Distances in input pixels; per-head values `{shape(current.shape, batch=False)}` "
                f"(layers, heads) from attention `{shape(cap.pattern.shape, batch=False)}`. "
@@ -424,19 +417,19 @@ def prediction_view(ctx: ViewContext) -> None:
     if not g.num_classes:
         st.info(f"This model has no classifier head: its output is the pooled feature vector `{shape(cap.logits.shape)}`. "
                 "Load weights with a head (or a fine-tuned checkpoint) to see predictions.")
-        show_png(ctx.png(lambda: figures.vector_png(cap.logits, "pooled features", channels=None), "features"), "features", f"{ctx.stem}_features")
+        show_picture(ctx.png(lambda: figures.vector_png(cap.logits, "pooled features", channels=None), "features"), "features", f"{ctx.stem}_features")
         return
     k = st.slider("How many classes to list", 1, min(20, g.num_classes), min(5, g.num_classes), key=state.K_TOPK)
     preds = analyses.top_k(cap.logits, ctx.loaded.labels, k)
     left, right = st.columns([2, 3])
     with left:
-        show_png(ctx.png(lambda: figures.top_k_png([p.label for p in preds], [p.prob for p in preds]), "topk", k), "topk", f"{ctx.stem}_top{k}")
+        show_picture(ctx.png(lambda: figures.top_k_png([p.label for p in preds], [p.prob for p in preds]), "topk", k), "topk", f"{ctx.stem}_top{k}")
     with right:
         st.markdown("| # | class | index | probability | logit |\n| --- | --- | --- | --- | --- |\n" + "\n".join(
             f"| {i + 1} | {p.label} | {p.index} | {p.prob:.2%} | {p.logit:.2f} |" for i, p in enumerate(preds)))
         if ctx.loaded.labels is None:
             st.caption("No label names for this head: class indices are shown. Upload a label file with your weights.")
-    show_png(ctx.png(lambda: figures.logits_png(cap.logits, [p.index for p in preds], [p.label for p in preds]), "logits", k),
+    show_picture(ctx.png(lambda: figures.logits_png(cap.logits, [p.index for p in preds], [p.label for p in preds]), "logits", k),
              "logits",
              f"{ctx.stem}_logits", caption=f"all {g.num_classes} logits `{shape(cap.logits.shape)}`")
 

@@ -101,11 +101,18 @@ def start_server(model: str, random_init: bool, log_path: Path, extra_env: dict[
          "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=server_first)
     url = f"http://127.0.0.1:{port}"
+    wait_healthy(proc, url, log_path, timeout)
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: float) -> None:
+    """Return once the Streamlit server at `url` answers its health check; stop it and raise if it
+    exits or does not answer within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                return proc, url
+                return
         except OSError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -20,26 +17,20 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import loadtest  # noqa: E402 - the server start/stop and chromium flags the load test uses too
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
 VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI must run the browser tests: scripts/test installs Debian's chromium, and it is missing")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
+    port = loadtest.free_port()
     env = {**os.environ, "VIT_LENS_MODEL": "test-tiny", "PYTHONUNBUFFERED": "1"}
     env.pop("VIT_LENS_RANDOM_INIT", None)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -51,23 +42,10 @@ def server():
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"streamlit did not start; see {ARTIFACTS / 'streamlit.log'}")
-            time.sleep(0.5)
+        loadtest.wait_healthy(proc, url, ARTIFACTS / "streamlit.log", timeout=90)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        loadtest.stop_server(proc)
         log.close()
 
 
@@ -76,7 +54,7 @@ def page(server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1600, "height": 1800})
         page.goto(server)
         yield page
