@@ -1,17 +1,20 @@
-"""A classroom on one server: N browser sessions at once, each checked against the same images analysed alone.
+"""A classroom on one server: N sessions at once, each checked against the same images analysed alone.
 
     .venv/bin/python scripts/loadtest.py                      # 30 sessions, ViT-B/16 (random init), own server
+    .venv/bin/python scripts/loadtest.py --browsers 2         # ... of which 2 are real chromium pages
     .venv/bin/python scripts/loadtest.py --sessions 5 --model test-tiny
     .venv/bin/python scripts/loadtest.py --url http://127.0.0.1:8501 --model vit_base_patch16_224 --server-pid 1234
 
-Starts the dashboard as scripts/dashboard does (`python -m dashboard.serve`) on a free loopback port (unless --url), then drives one
-headless chromium (Debian's, through Playwright) with one context per session. Every session at
-the same time:
+Starts the dashboard as scripts/dashboard does (`python -m dashboard.serve`) on a free loopback port
+(unless --url). Each session is either a protocol client (scripts/streamlit_client.py: Streamlit's
+own websocket messages and HTTP requests, what a page sends and fetches, nothing drawn; the default)
+or, for the first --browsers sessions, a page in one headless chromium (Debian's, through
+Playwright). Every session at the same time:
   1. opens the page;
   2. uploads its own image (distinct bytes per session; the first a 12 MP JPEG like a phone's)
-     and waits until the views of the open tab are rendered;
+     and waits until the views of the open tab are shown;
   3. opens the Attention tab and changes the layer slider / head select a few times, each time
-     waiting until the new map is shown;
+     waiting until the new map is shown (and checking that it says the layer and head asked for);
   4. downloads the sidebar's `.npz` export of what it shows;
   and repeats 2-4 with a second image. Sessions are staggered by a fraction of a second, so
   uploads, forwards and control changes of different sessions interleave.
@@ -19,17 +22,21 @@ Afterwards every downloaded `.npz` is compared with `vit_core.run_with_capture` 
 `vit_core.export.analysis_arrays` run here, alone, on the same bytes: a session that got another
 session's result (or a half-finished one) is a mismatch.
 
-Reports latency (median, p95, max) for a new image (file chosen -> every view of the open tab
-rendered, images loaded) and a control change (key press / option chosen -> the new map shown),
-exceptions seen in any page or in the server log, mismatches, and the server's peak RSS (sampled
-VmRSS of the server and its children, and the server's VmHWM from /proc). Exits 1 on any
-mismatch, exception or timeout. All traffic goes to 127.0.0.1; the run is bounded by --deadline.
-The browsers run on the same machine as the server, so on a small machine they compete with it
-for the CPU (30 chromium pages take most of 2 cores). With many sessions the browsers are kept to
-the last CPU (at the lowest priority) and the server to the others (at nice -10 when run as root),
-as if the browsers were on the students' own devices; on a 2-core machine that leaves the server ONE
-core. The pages poll for "rendered" every 200 ms, not 50. The latencies are an upper bound of what
-students on their own devices see.
+Reports latency (median, p95, max) for a new image and a control change, per kind of client: for a
+page, from the file chosen / key pressed to every view of the open tab rendered with its images; for
+a protocol client, from the message sent to the run finished and every media file it referenced
+fetched (the server's whole share of the work; a page adds its drawing, about 0.1 s a step). Also
+exceptions seen in any page, run or the server log, mismatches, and the server's peak RSS (sampled
+VmRSS of the server and its children, and the server's VmHWM from /proc). Exits 1 on any mismatch,
+exception or timeout. All traffic goes to 127.0.0.1; the run is bounded by --deadline.
+
+Why protocol clients: the clients run on the server's machine. Thirty chromium pages need most of
+2 cores to draw, so on a small machine they starve the server they are measuring (30 pages on this
+2-core machine never finished). Students' pages run on their own devices; protocol clients load the
+server exactly as those pages do and cost the machine almost nothing. With --browsers > 1 the pages
+are kept to the last CPU (at the lowest priority) and the server to the others (at nice -10 when run
+as root), and they poll for "rendered" every 200 ms, not 50: their latencies are an upper bound of
+what students on their own devices see.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +233,7 @@ def session_image(session: int, step: int, size: tuple[int, int] = (480, 360)) -
 @dataclass
 class SessionResult:
     index: int
+    client: str = "browser"  # "browser" (a chromium page) or "protocol" (streamlit_client.StreamlitSession)
     first_render: float = float("nan")
     new_image: list[float] = field(default_factory=list)
     control: list[float] = field(default_factory=list)
@@ -324,6 +333,58 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
     return result
 
 
+def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], changes: int, step_timeout_s: float,
+                         start_delay: float) -> SessionResult:
+    """The same steps as `run_session`, sent as Streamlit's own messages (see streamlit_client): no page is drawn.
+
+    Latencies run from the message sent to the run finished and every media file it referenced fetched;
+    a browser adds its drawing on top (about 0.1 s a step for one page on this machine, see the README).
+    """
+    from streamlit_client import StreamlitSession
+
+    result = SessionResult(index, client="protocol")
+    page = None
+
+    def check(run, where: str, expected: str | None = None) -> None:
+        result.errors += [f"session {index}, {where}: {e[:300]}" for e in run.exceptions]
+        if expected is not None and not any(expected in text for text in run.texts):
+            result.errors.append(f"session {index}, {where}: {expected!r} not shown")
+
+    try:
+        time.sleep(start_delay)
+        started = time.perf_counter()
+        page = StreamlitSession(url, timeout=step_timeout_s)
+        check(page.open(), "first load")
+        result.first_render = time.perf_counter() - started
+        layer = head = None
+        for step, (name, data) in enumerate(images):
+            started = time.perf_counter()
+            run = page.upload("upload", name, data)
+            result.new_image.append(time.perf_counter() - started)
+            check(run, f"upload {name}", f"image **{name}**")
+            if step == 0:
+                check(page.set("view", "Attention"), "Attention tab", "mean of heads")
+                layer = int(page.elements["layer"].default[0])
+            for change in range(changes):
+                started = time.perf_counter()
+                if change % 2 == 0:
+                    layer = layer - 1 if layer > 0 else layer + 1
+                    run, expected, kind = page.set("layer", layer), f"layer {layer},", "layer slider"
+                else:
+                    head = (index + change) % 3
+                    run, expected, kind = page.set("head", f"head {head}"), f"layer {layer}, head {head}", "head select"
+                result.control.append(time.perf_counter() - started)
+                result.control_kinds.append(kind)
+                check(run, f"control change {change}", expected)
+            result.downloads.append((name, data, page.download("dl_npz")))
+    except Exception as e:  # noqa: BLE001 - a timeout or a refused message is a finding, not a crash of the tool
+        result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+    finally:
+        if page is not None:
+            page.close()
+    return result
+
+
 def prepare_images(sessions: int, images: int, workdir: Path, photo_size: tuple[int, int] | None = None
                    ) -> list[list[tuple[str, bytes]]]:
     """Each session's images, written to workdir: the first a photo of `photo_size` (JPEG), then drawings."""
@@ -349,21 +410,43 @@ def lowered(executable: str, workdir: Path) -> str:
 
 
 async def drive(url: str, sessions: int, images: int, changes: int, step_timeout_s: float, stagger_s: float,
-                workdir: Path, screenshot: Path | None, photo_size: tuple[int, int] | None = None) -> list[SessionResult]:
+                workdir: Path, screenshot: Path | None, photo_size: tuple[int, int] | None = None,
+                browsers: int = 0) -> list[SessionResult]:
+    """Run every session at once: the first `browsers` as chromium pages, the rest as
+    protocol clients (one thread each); then, if `screenshot`, one more page to show the app still answers."""
+    browsers = min(browsers, sessions)
+    prepared = prepare_images(sessions, images, workdir, photo_size)
+    # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
+    threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers), thread_name_prefix="session")
+    try:
+        loop = asyncio.get_running_loop()
+        protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
+                                         i * stagger_s) for i in range(browsers, sessions)]
+        if not browsers and screenshot is None:
+            return list(await asyncio.gather(*protocol))
+        return await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot,
+                                   protocol)
+    finally:
+        threads.shutdown(wait=False, cancel_futures=True)
+
+
+async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, bytes]]], changes: int,
+                        step_timeout_s: float, stagger_s: float, workdir: Path, screenshot: Path | None,
+                        protocol: list) -> list[SessionResult]:
+    """The chromium pages of `drive`, gathered with the protocol sessions already under way."""
     from playwright.async_api import async_playwright
 
-    prepared = prepare_images(sessions, images, workdir, photo_size)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("chromium is not installed (apt-get install -y chromium)")
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=lowered(chromium, workdir) if sessions > 1 else chromium,
+        browser = await p.chromium.launch(executable_path=lowered(chromium, workdir) if browsers > 1 else chromium,
                                           args=CHROMIUM_ARGS)
         try:
-            poll_ms = 50 if sessions == 1 else 200
-            tasks = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir,
-                                 poll_ms) for i in range(sessions)]
-            results = await asyncio.gather(*tasks)
+            poll_ms = 50 if browsers == 1 else 200
+            pages = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir,
+                                 poll_ms) for i in range(browsers)]
+            results = list(await asyncio.gather(*pages, *protocol))
             if screenshot is not None:  # one more page after the storm: the app still answers
                 page = await browser.new_page(viewport={"width": 1400, "height": 1200})
                 await page.goto(url)
@@ -418,8 +501,8 @@ def percentile(samples: list[float], q: float) -> float:
 
 def summarise(name: str, samples: list[float]) -> str:
     if not samples:
-        return f"{name:<34} (none)"
-    return (f"{name:<34} n={len(samples):<4} median {statistics.median(samples):6.2f} s   p95 {percentile(samples, 0.95):6.2f} s"
+        return f"{name:<46} (none)"
+    return (f"{name:<46} n={len(samples):<4} median {statistics.median(samples):6.2f} s   p95 {percentile(samples, 0.95):6.2f} s"
             f"   max {max(samples):6.2f} s")
 
 
@@ -434,8 +517,10 @@ def server_log_problems(log_path: Path) -> list[str]:
 def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bool = True, url: str | None = None,
         server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
         stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
-        photo_size: tuple[int, int] | None = None) -> dict:
-    """Run the load test; returns the report as a dict (also printed unless quiet)."""
+        photo_size: tuple[int, int] | None = None, browsers: int = 0) -> dict:
+    """Run the load test; returns the report as a dict (also printed unless quiet).
+
+    `browsers` of the `sessions` are chromium pages, the others protocol clients (streamlit_client)."""
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -443,21 +528,22 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     proc = None
     started = time.perf_counter()
     if url is None:
-        proc, url = start_server(model, random_init, log_path, own_cpus=sessions > 1)
+        proc, url = start_server(model, random_init, log_path, own_cpus=browsers > 1)
         server_pid = proc.pid
         say(f"server {url} (pid {proc.pid}) up in {time.perf_counter() - started:.1f} s; log {log_path}")
     sampler = RssSampler(server_pid) if server_pid else None
     try:
         if sampler:
             sampler.__enter__()
-        say(f"{sessions} sessions x {images} images x {changes} control changes, model {model}"
+        say(f"{sessions} sessions ({browsers} chromium pages, {sessions - browsers} protocol clients)"
+            f" x {images} images x {changes} control changes, model {model}"
             f"{' (random init)' if random_init and model != TINY else ''}"
             f"{f', first image a {photo_size[0]}x{photo_size[1]} photo' if photo_size else ''}")
         t0 = time.perf_counter()
         try:
             results = asyncio.run(asyncio.wait_for(
                 drive(url, sessions, images, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
-                      photo_size),
+                      photo_size, browsers),
                 timeout=deadline_s))
         except TimeoutError:
             results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]
@@ -488,14 +574,20 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "first_render": [r.first_render for r in results if not np.isnan(r.first_render)],
         "new_image": [t for r in results for t in r.new_image],
         "control": [t for r in results for t in r.control],
+        "clients": [r.client for r in results],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
         "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir),
     }
-    say(summarise("first page load -> rendered", report["first_render"]))
-    say(summarise("new image -> views rendered", report["new_image"]))
-    say(summarise("control change -> rendered", report["control"]))
-    for kind in ("layer slider", "head select"):
-        say(summarise(f"  of which {kind}", [t for r in results for t, k in zip(r.control, r.control_kinds) if k == kind]))
+    for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
+        mine = [r for r in results if r.client == client]
+        if not mine:
+            continue
+        say(f"{len(mine)} {'chromium pages' if client == 'browser' else 'protocol clients'}:")
+        say(summarise(f"  first page load -> {what}", [r.first_render for r in mine if not np.isnan(r.first_render)]))
+        say(summarise(f"  new image -> {what}", [t for r in mine for t in r.new_image]))
+        say(summarise(f"  control change -> {what}", [t for r in mine for t in r.control]))
+        for kind in ("layer slider", "head select"):
+            say(summarise(f"    of which {kind}", [t for r in mine for t, k in zip(r.control, r.control_kinds) if k == kind]))
     say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
     say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
     for line in (mismatches + errors + log_problems)[:20]:
@@ -514,6 +606,8 @@ def main() -> None:
     parser.add_argument("--pretrained", action="store_true", help="the server loads pretrained weights (needs them cached)")
     parser.add_argument("--url", help="an already running dashboard on this machine (loopback only)")
     parser.add_argument("--server-pid", type=int, help="with --url: the server's pid, for its peak RSS")
+    parser.add_argument("--browsers", type=int, default=0,
+                        help="how many of the sessions are chromium pages (the rest are protocol clients)")
     parser.add_argument("--images", type=int, default=2, help="images uploaded per session")
     parser.add_argument("--changes", type=int, default=4, help="control changes per image")
     parser.add_argument("--step-timeout", type=float, default=300, help="seconds any one step may take")
@@ -530,7 +624,7 @@ def main() -> None:
 
     configure_threads()
     report = run(args.sessions, args.model, not args.pretrained, args.url, args.server_pid, args.images, args.changes,
-                 args.step_timeout, deadline_s=args.deadline, workdir=args.workdir,
+                 args.step_timeout, deadline_s=args.deadline, workdir=args.workdir, browsers=args.browsers,
                  photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
     sys.exit(0 if report["ok"] else 1)
 

@@ -236,12 +236,49 @@ def test_saved_weights_uploads_are_pruned_oldest_first(tmp_path):
 
 
 @needs_chromium
-def test_sessions_in_real_browsers_each_get_their_own_analysis(tmp_path):
-    report = loadtest.run(sessions=2, model=loadtest.TINY, random_init=False, images=1, changes=2,
+def test_load_test_sessions_each_get_their_own_analysis(tmp_path):
+    """scripts/loadtest.py, short: a chromium page and two protocol clients on one server at once."""
+    report = loadtest.run(sessions=3, browsers=1, model=loadtest.TINY, random_init=False, images=1, changes=2,
                           step_timeout_s=90, stagger_s=0.1, deadline_s=240, workdir=tmp_path, quiet=True)
-    assert report["compared"] == 2 and not report["mismatches"], report
+    assert report["clients"] == ["browser", "protocol", "protocol"]
+    assert report["compared"] == 3 and not report["mismatches"], report
     assert not report["errors"] and not report["server_log"], report
-    assert len(report["new_image"]) == 2 and len(report["control"]) == 4
+    assert len(report["new_image"]) == 3 and len(report["control"]) == 6
+    assert (tmp_path / "after_the_class.png").stat().st_size > 10_000
+
+
+def test_load_test_comparison_catches_another_sessions_result(reference):
+    """The load test's check can fail: one image's export against another image's bytes is a mismatch."""
+    (_, mine), (_, theirs) = loadtest.session_image(0, 1), loadtest.session_image(1, 1)
+    npz = io.BytesIO()
+    np.savez(npz, **analysis_arrays(reference, run_with_capture(reference, decode_image(mine).image)))
+    assert loadtest.compare(reference, mine, npz.getvalue()) == []
+    problems = loadtest.compare(reference, theirs, npz.getvalue())
+    assert any(p.startswith("input_image") for p in problems) and any(p.startswith("logits") for p in problems), problems
+
+
+def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path):
+    """scripts/streamlit_client.py against a live server: widgets by key, texts, a refused widget key."""
+    from streamlit_client import StreamlitSession
+
+    proc, url = loadtest.start_server(loadtest.TINY, False, tmp_path / "streamlit.log")
+    try:
+        page = StreamlitSession(url, timeout=60)
+        first = page.open()
+        assert not first.exceptions and first.media and first.media_bytes > 0
+        assert {"upload", "model", "view", "dl_npz"} <= set(page.widget_ids)
+        name, data = loadtest.session_image(7, 1)
+        shown = page.upload("upload", name, data)
+        assert any(f"image **{name}**" in t for t in shown.texts), shown.texts
+        page.set("view", "Attention")
+        assert page.fragments["layer"]  # the attention controls live in a fragment: reruns are the fragment's
+        run = page.set("head", "head 2")
+        assert any("head 2" in t for t in run.texts) and not run.exceptions
+        with pytest.raises(KeyError, match="no widget"):
+            page.set("no_such_widget", 1)
+        page.close()
+    finally:
+        loadtest.stop_server(proc)
 
 
 # ----------------------------------------------------------------------------------------------
