@@ -27,7 +27,7 @@ with st.sidebar:
     image = inputs.image_ui(loaded.name)
 
 with st.spinner("Running the model on this image..."):
-    cap = state.capture(request, loaded, image)
+    cap = state.session_capture(request, loaded, image)
     state.attention_distances(request, image, cap)  # every image seen joins the session's distance average
 ctx = views.ViewContext(request, loaded, cap, image)
 

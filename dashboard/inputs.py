@@ -106,7 +106,7 @@ def image_ui(model_name: str) -> state.ImageChoice | None:
 
 def export_ui(loaded: LoadedModel, cap: vit_core.Capture, stem: str) -> None:
     st.download_button("All arrays of this image (.npz)", data=lambda: export.npz_bytes(export.analysis_arrays(loaded, cap)),
-                       file_name=f"{stem}.npz", mime="application/octet-stream", key="dl_npz", on_click="ignore",
+                       file_name=f"{stem}.npz", mime="application/zip", key="dl_npz", on_click="ignore",
                        icon=":material/download:", help="input crop, logits, attention of every layer and head, tokens, "
                                                         "distances, rollout, filters: the format of `python -m vit_core analyze`")
     st.download_button("Summary (.json)", data=export.json_bytes(export.summary(loaded, cap)), file_name=f"{stem}.json",

@@ -76,6 +76,7 @@ K_EXAMPLE, K_UPLOAD, K_CAMERA_ON, K_CAMERA = "example", "upload", "camera_on", "
 K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"
 K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "pos_patch", "pos_res"
 K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
+_K_HELD_CAPTURE = "_held_capture"  # (model key, image sha) -> the session's current capture, see session_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY = "_image_source", "_last_good_image", "_mad_history"
 
 
@@ -384,6 +385,23 @@ def capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> v
     return _capture(request.key, image.sha, loaded, _Lazy(image))
 
 
+def session_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
+    """`capture` of the image this session is looking at, also held by the session itself.
+
+    With more sessions than the shared cache has entries (a class of 30), every session's reruns would
+    otherwise evict each other's captures, and each control change would decode and run the model again.
+    Held here, a session's current capture lives as long as the session looks at it: memory grows by at
+    most one capture per session, and each session's control changes never wait for a forward.
+    """
+    key = (request.key, image.sha)
+    held = st.session_state.get(_K_HELD_CAPTURE)
+    if held is not None and held[0] == key:
+        return held[1]
+    cap = capture(request, loaded, image)
+    st.session_state[_K_HELD_CAPTURE] = (key, cap)
+    return cap
+
+
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _distances(model_key: str, image_sha: str, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
     g = _cap.geometry
@@ -443,11 +461,6 @@ def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: 
     g = _cap.geometry
     return analyses.attention_rollout(_cap.pattern, g.num_prefix_tokens, g.grid, fusion, last_layer,
                                       has_class_token=g.has_class_token)
-
-
-@st.cache_resource(max_entries=4, show_spinner=False)
-def export_npz(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> bytes:
-    return export.npz_bytes(export.analysis_arrays(_loaded, _cap))
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

@@ -217,7 +217,7 @@ def browser(model: str, images: int, changes: int) -> dict[str, float]:
     healthy = time.perf_counter() - started
     try:
         with loadtest.RssSampler(proc.pid) as rss:
-            result = asyncio.run(loadtest.drive(url, 1, images, changes, 120, 0, workdir, None))[0]
+            result = asyncio.run(loadtest.drive(url, 1, images, changes, 120, 0, workdir, None, browsers=1))[0]
     finally:
         loadtest.stop_server(proc)
     if result.errors:

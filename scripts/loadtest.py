@@ -240,6 +240,7 @@ class SessionResult:
     control_kinds: list[str] = field(default_factory=list)  # "layer slider" or "head select", per control entry
     downloads: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (file name, image bytes, npz bytes)
     errors: list[str] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see streamlit_client)
 
 
 APP_IDLE = ('() => { const a = document.querySelector(\'[data-testid="stApp"]\');'
@@ -381,6 +382,7 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
         if page is not None:
+            result.retries = [f"session {index}: {r}" for r in page.retries]
             page.close()
     return result
 
@@ -575,6 +577,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "new_image": [t for r in results for t in r.new_image],
         "control": [t for r in results for t in r.control],
         "clients": [r.client for r in results],
+        "retries": [x for r in results for x in r.retries],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
         "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir),
     }
@@ -590,6 +593,10 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             say(summarise(f"    of which {kind}", [t for r in mine for t, k in zip(r.control, r.control_kinds) if k == kind]))
     say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
     say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
+    say(f"requests sent a second time (a closed keep-alive connection, or a made download dropped before it was"
+        f" fetched): {len(report['retries'])}")
+    for line in report["retries"][:10]:
+        say("  " + line)
     for line in (mismatches + errors + log_problems)[:20]:
         say("  " + line)
     if sampler:

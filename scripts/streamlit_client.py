@@ -88,6 +88,16 @@ class StreamlitSession:
         self.states: dict[str, WidgetState] = {}  # widget key -> the state this page reports
         self.query: dict[str, str] = {}  # bound query parameters the page's URL carries
         self.responses: dict[str, ForwardMsg] = {}  # request id -> file_urls / backend operation response
+        self.retries: list[str] = []  # what was tried twice, and why (see _http and download)
+
+    def _http(self, method: str, path: str, **kwargs) -> requests.Response:
+        """One HTTP request, sent again once if the connection breaks, as a browser does when the server has
+        just closed the idle keep-alive connection the request went out on. Retries are listed in ``retries``."""
+        try:
+            return self.http.request(method, self.url + path, timeout=self.timeout, **kwargs)
+        except requests.ConnectionError as e:
+            self.retries.append(f"{method} {path}: {type(e).__name__}, sent again")
+            return self.http.request(method, self.url + path, timeout=self.timeout, **kwargs)
 
     def close(self) -> None:
         self._closing.close()
@@ -157,7 +167,7 @@ class StreamlitSession:
             if msg.script_finished in DONE:  # FINISHED_EARLY_FOR_RERUN: another run follows
                 break
         for path in dict.fromkeys(run.media):  # as a page loads its pictures, each once
-            response = self.http.get(self.url + path, timeout=self.timeout)
+            response = self._http("GET", path)
             response.raise_for_status()
             run.media_bytes += len(response.content)
         return run
@@ -208,8 +218,8 @@ class StreamlitSession:
         if response.error_msg:
             raise ProtocolError(f"upload refused: {response.error_msg}")
         urls = response.file_urls[0]
-        put = self.http.put(self.url + urls.upload_url, files={"file": (name, data)},
-                            headers={"X-Xsrftoken": self.http.cookies.get(XSRF_COOKIE, "")}, timeout=self.timeout)
+        put = self._http("PUT", urls.upload_url, files={"file": (name, data)},
+                         headers={"X-Xsrftoken": self.http.cookies.get(XSRF_COOKIE, "")})
         if put.status_code >= 400:
             raise ProtocolError(f"upload of {name} refused: HTTP {put.status_code} {put.text[:200]}")
         state = WidgetState(id=self.widget_ids[key])
@@ -220,22 +230,33 @@ class StreamlitSession:
         return self._rerun(self.fragments[key])
 
     def download(self, key: str) -> bytes:
-        """The file behind the download button with ``key``, as clicking it fetches it."""
+        """The file behind the download button with ``key``, as clicking it fetches it.
+
+        A deferred file (made on click) that is gone by the time it is fetched is asked for once more, as a user
+        clicks again: Streamlit (1.67) drops a made file once two runs of *any* session have finished since,
+        so under load the fetch can lose that race (listed in ``retries``).
+        """
         button = self.elements.get(key)
         if button is None:
             raise KeyError(f"no download button with key {key!r} on the page")
         if button.url:  # an eager file: its URL is in the element
-            path = button.url
-        else:  # a deferred file: ask the server to make it, then fetch it
-            msg = BackMsg()
-            request_id = str(uuid.uuid4())
-            op = msg.backend_operation_request
-            op.request_id, op.session_id, op.deferred_file.file_id = request_id, self.session_id, button.deferred_file_id
-            self._send(msg)
-            response = self._await_response(request_id).backend_operation_response
-            if response.error_msg:
-                raise ProtocolError(f"download refused: {response.error_msg}")
-            path = response.deferred_file.url
-        got = self.http.get(self.url + path if path.startswith("/") else path, timeout=self.timeout)
+            got = self._http("GET", button.url)
+        else:
+            got = self._http("GET", self._make_deferred(button.deferred_file_id))
+            if got.status_code == 404:
+                self.retries.append(f"download {key}: the made file was already dropped (HTTP 404), asked again")
+                got = self._http("GET", self._make_deferred(button.deferred_file_id))
         got.raise_for_status()
         return got.content
+
+    def _make_deferred(self, file_id: str) -> str:
+        """Ask the server to run a deferred download's callable; returns the made file's path."""
+        msg = BackMsg()
+        request_id = str(uuid.uuid4())
+        op = msg.backend_operation_request
+        op.request_id, op.session_id, op.deferred_file.file_id = request_id, self.session_id, file_id
+        self._send(msg)
+        response = self._await_response(request_id).backend_operation_response
+        if response.error_msg:
+            raise ProtocolError(f"download refused: {response.error_msg}")
+        return response.deferred_file.url

@@ -11,11 +11,10 @@ import logging
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from .capture import run_with_capture
 from .errors import ViTLensError
-from .export import analysis_arrays, json_bytes, summary
+from .export import analysis_arrays, json_bytes, npz_bytes, summary
 from .images import load_image
 from .loading import DEFAULT_MODEL, load_model
 from .runtime import configure_threads
@@ -53,7 +52,7 @@ def analyze(args: argparse.Namespace) -> int:
     for path in args.images:
         try:
             cap = run_with_capture(loaded, load_image(path))
-            np.savez_compressed(args.out / f"{path.stem}.npz", **analysis_arrays(loaded, cap))
+            (args.out / f"{path.stem}.npz").write_bytes(npz_bytes(analysis_arrays(loaded, cap)))
             (args.out / f"{path.stem}.json").write_bytes(json_bytes(summary(loaded, cap, args.topk)))
             logging.getLogger(__name__).info("%s -> %s", path, args.out / f"{path.stem}.npz")
         except ViTLensError as e:
