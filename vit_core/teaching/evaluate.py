@@ -34,7 +34,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vit_core import analyses
 from vit_core.capture import attention_recorded
-from vit_core.teaching.data import CLASS_NAMES, make_dataset
+from vit_core.teaching.data import ASPECT_RANGE, CLASS_NAMES, MIN_COLOUR_DISTANCE, OBJECT_FRACTION, make_dataset
 from vit_core.teaching.train import build_model, preprocess
 
 log = logging.getLogger(__name__)
@@ -317,8 +317,8 @@ Load: `model = VisionTransformer(**config["model_args"])`, then
 ## Data (`vit_core/teaching/data.py`)
 
 Each 64 x 64 image holds exactly one shape of one of {len(CLASS_NAMES)} classes at a random position,
-size (unrotated extent 45-75 % of the side), rotation, aspect ratio (0.85-1.18) and colour (at
-least 100 RGB units from the background colours), on a background of smooth colour noise, stripes
+size (unrotated extent {OBJECT_FRACTION[0]:.0%}-{OBJECT_FRACTION[1]:.0%} of the side), rotation, aspect ratio ({ASPECT_RANGE[0]}-{ASPECT_RANGE[1]}) and colour (at
+least {MIN_COLOUR_DISTANCE:.0f} RGB units from the background colours), on a background of smooth colour noise, stripes
 or a gradient, with clutter that is not a shape: thin lines, dots and single-pixel specks, plus
 pixel noise. Drawn with PIL on a 4x supersampled canvas and box-downsampled (antialiasing). The
 generator also returns the object's mask (coverage >= 0.5). Everything comes from one
