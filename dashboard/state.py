@@ -57,6 +57,10 @@ MAX_HISTORY_IMAGES = 200  # per session and model: the distance history keeps th
 MAX_HISTORY_MODELS = 4
 MAX_SAVED_UPLOADS = 8  # per session: weights / label files remembered by upload id
 UPLOADS_DISK_MB = 4096  # saved weights uploads on disk, all sessions together: the oldest go first
+# The shape examples are drawn by the training generator with this seed. Seed 0's circle sits on
+# stripes of nearly its own colour and is one of the shipped model's rare errors (98.95 % held-out
+# accuracy): a poor first page. With seed 2 the model gets all eight right (tests/test_teaching_model.py).
+SHAPE_EXAMPLE_SEED = 2
 FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
 
 MODEL_CHOICES: dict[str, str] = {
@@ -335,7 +339,7 @@ def example_bytes(name: str) -> bytes:
         from vit_core.teaching.data import sample_image
 
         buffer = io.BytesIO()
-        sample_image(name.removeprefix("Shape: "), seed=0, size=64).save(buffer, format="PNG")
+        sample_image(name.removeprefix("Shape: "), seed=SHAPE_EXAMPLE_SEED, size=64).save(buffer, format="PNG")
         return buffer.getvalue()
     return synthetic_scene()
 

@@ -207,3 +207,16 @@ def test_training_with_token_labels_reduces_both_losses():
     _, summary = train(cfg)
     assert summary["final_loss"] < summary["first_loss"]
     assert summary["final_token_loss"] < summary["first_token_loss"]
+
+
+def test_dashboard_shape_examples_are_classified_right():
+    """The shape examples the dashboard offers with the bundled model (its first page offline) are
+    predicted right, through the app's own path: example bytes -> decode -> load_model -> capture."""
+    from dashboard import state
+    from vit_core import decode_image, load_model, run_with_capture
+    from vit_core.loading import TEACHING_MODEL
+
+    loaded = load_model(TEACHING_MODEL)
+    for name in CLASS_NAMES:
+        cap = run_with_capture(loaded, decode_image(state.example_bytes(f"Shape: {name}")).image)
+        assert loaded.labels[int(np.argmax(cap.logits))] == name, name
