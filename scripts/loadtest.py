@@ -591,6 +591,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         say(f"{len(mine)} {'chromium pages' if client == 'browser' else 'protocol clients'}:")
         say(summarise(f"  first page load -> {what}", [r.first_render for r in mine if not np.isnan(r.first_render)]))
         say(summarise(f"  new image -> {what}", [t for r in mine for t in r.new_image]))
+        say(summarise("    of which each session's first", [r.new_image[0] for r in mine if r.new_image]))
         say(summarise(f"  control change -> {what}", [t for r in mine for t in r.control]))
         for kind in ("layer slider", "head select"):
             say(summarise(f"    of which {kind}", [t for r in mine for t, k in zip(r.control, r.control_kinds) if k == kind]))
