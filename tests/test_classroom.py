@@ -201,6 +201,49 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
     assert len(crops) == 2 * sessions  # and they really were different images
 
 
+def test_a_slow_or_crashing_session_holds_up_and_breaks_no_other(tiny_env, runtime, reference, monkeypatch):
+    """One student's image takes long to decode and another's forward pass crashes: meanwhile a third
+    student's upload goes through, and the crashed session works again with its next image."""
+    import vit_core
+
+    (slow_name, slow), (bad_name, bad), (ok_name, ok), (next_name, nxt) = (
+        loadtest.session_image(i, 1, size=(200 + i, 150)) for i in range(40, 44))
+    bad_size = (241, 150)
+    release = threading.Event()
+    real_decode, real_capture = vit_core.decode_image, vit_core.run_with_capture
+
+    def decode(data, *args, **kwargs):
+        if data == slow:
+            release.wait(timeout=60)  # held until the other sessions are done
+        return real_decode(data, *args, **kwargs)
+
+    def capture(loaded, image, **kwargs):
+        if image.size == bad_size:
+            with loaded.lock:  # the crash happens while this session holds the shared model
+                raise RuntimeError("simulated crash in the forward pass")
+        return real_capture(loaded, image, **kwargs)
+
+    monkeypatch.setattr(vit_core, "decode_image", decode)
+    monkeypatch.setattr(vit_core, "run_with_capture", capture)
+    slow_session, crashed, fine = run_app(), run_app(), run_app()
+    waiting = threading.Thread(target=lambda: slow_session.file_uploader(key=state.K_UPLOAD).set_value(
+        (slow_name, slow, "image/png")).run())
+    waiting.start()
+    try:
+        crashed.file_uploader(key=state.K_UPLOAD).set_value((bad_name, bad, "image/png")).run()
+        assert crashed.exception  # this session's run failed...
+        upload(fine, ok_name, ok)  # ...and another's upload is analysed meanwhile, the slow one still decoding
+        assert f"image **{ok_name}**" in header(fine) and waiting.is_alive()
+        assert_same_analysis(npz(fine, runtime), standalone(reference, ok))
+        upload(crashed, next_name, nxt)  # the crashed session goes on with its next image
+        assert f"image **{next_name}**" in header(crashed)
+    finally:
+        release.set()
+        waiting.join(timeout=120)
+    assert_healthy(slow_session)
+    assert f"image **{slow_name}**" in header(slow_session)
+
+
 def test_a_mismatch_would_be_detected(reference):
     """The load test's comparison is not vacuous: another student's image is reported."""
     _, mine = loadtest.session_image(0, 0)
