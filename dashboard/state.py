@@ -392,10 +392,11 @@ def capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> v
 def session_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
     """`capture` of the image this session is looking at, also held by the session itself.
 
-    With more sessions than the shared cache has entries (a class of 30), every session's reruns would
-    otherwise evict each other's captures, and each control change would decode and run the model again.
-    Held here, a session's current capture lives as long as the session looks at it: memory grows by at
-    most one capture per session, and each session's control changes never wait for a forward.
+    With more sessions than the shared cache has entries (a class of 30), sessions evict each other's
+    captures, and a full rerun (a tab switch, a sidebar change) would decode the image and run the model
+    again. Held here, a session's current capture lives as long as the session looks at it: memory grows
+    by at most one capture per session. (Control changes inside a view are fragment reruns, which keep
+    the capture they were drawn with anyway.)
     """
     key = (request.key, image.sha)
     held = st.session_state.get(_K_HELD_CAPTURE)

@@ -11,7 +11,6 @@ import logging
 import sys
 from pathlib import Path
 
-
 from .capture import run_with_capture
 from .errors import ViTLensError
 from .export import analysis_arrays, json_bytes, npz_bytes, summary
