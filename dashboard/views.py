@@ -127,17 +127,17 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     with cols[0]:
         w, h = ctx.image.size
         show_picture(ctx.png(lambda: figures.png_bytes(np.asarray(ctx.image.display)), "image"),
-                 "pipe_image", f"{ctx.stem}_image", caption=f"1. your image {shape((h, w, 3), batch=False)}")
+                     "pipe_image", f"{ctx.stem}_image", caption=f"1. your image {shape((h, w, 3), batch=False)}")
     with cols[1]:
         show_picture(ctx.png(lambda: figures.png_bytes(figures.patch_grid_image(cap.input_image, g.grid, g.patch_size, show_indices=False)), "grid"),
-                 "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
+                     "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
     block = cols[2].slider("Tokens after block", 0, g.num_layers, g.num_layers, key="pipe_block",
                            help="0 = the tokens entering the first block")
     with cols[2]:
         show_picture(ctx.png(lambda: figures.token_matrix_png(
-                     cap.tokens[block], f"tokens {'entering block 0' if block == 0 else f'after block {block - 1}'} "
-                     f"{shape(cap.tokens[block])}", g.num_prefix_tokens), "tokens", block),
-                 "pipe_tokens", f"{ctx.stem}_tokens_{block}")
+                         cap.tokens[block], f"tokens {'entering block 0' if block == 0 else f'after block {block - 1}'} "
+                         f"{shape(cap.tokens[block])}", g.num_prefix_tokens), "tokens", block),
+                     "pipe_tokens", f"{ctx.stem}_tokens_{block}")
     with cols[3]:
         if g.num_classes:
             st.markdown(f"**8. Top 5 of {g.num_classes} classes**")
@@ -179,7 +179,7 @@ def patches_view(ctx: ViewContext) -> None:
         a, b = st.columns([1, 2])
         with a:
             show_picture(ctx.png(lambda: figures.png_bytes(figures.patch_pixels_image(pixels[k])), "pixels", k), "patch_pixels", f"{ctx.stem}_patch{k}",
-                     caption=f"pixels {shape(pixels[k].shape, batch=False)}")
+                         caption=f"pixels {shape(pixels[k].shape, batch=False)}")
         with b:
             st.markdown(
                 f"- flattened patch $x_k$: `{shape(flat[k].shape, batch=False)}` (normalised values)\n"
@@ -191,10 +191,10 @@ def patches_view(ctx: ViewContext) -> None:
                       help="float32 rounding only: the convolution IS this matrix product")
             st.caption(f"over all {g.num_patches} patches: {diff_all:.2e}")
         show_picture(ctx.png(lambda: figures.vector_png(flat[k], f"flattened patch {k}: {flat.shape[1]} numbers (pixel by pixel, R G B)"),
-                         "patch_vector", k),
-                 "patch_vector", f"{ctx.stem}_patch{k}_vector")
+                             "patch_vector", k),
+                     "patch_vector", f"{ctx.stem}_patch{k}_vector")
         show_picture(ctx.png(lambda: figures.vector_png(cap.patch_embeddings[k], f"its embedding z_{k} (Conv2d output): {g.embed_dim} numbers",
-                                                    channels=None), "patch_embedding", k), "patch_embedding", f"{ctx.stem}_patch{k}_embedding")
+                                                        channels=None), "patch_embedding", k), "patch_embedding", f"{ctx.stem}_patch{k}_embedding")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,8 +214,8 @@ def filters_view(ctx: ViewContext) -> None:
     with left:
         titles = [f"PC{i + 1} {r:.1%}" for i, r in enumerate(pca.explained_variance_ratio)]
         show_picture(ctx.model_png(lambda: figures.filters_grid_png(pca.components, titles, cols=7,
-                                                                title=f"Top {k} principal components of the filters"), "pca"),
-                 "filters_pca", f"{ctx.stem}_filters_pca")
+                                                                    title=f"Top {k} principal components of the filters"), "pca"),
+                     "filters_pca", f"{ctx.stem}_filters_pca")
     with right:
         show_picture(ctx.model_png(lambda: figures.explained_variance_png(pca.explained_variance_ratio), "pca_var"), "filters_var", f"{ctx.stem}_filters_variance")
     _raw_filters(ctx, weight)
@@ -228,9 +228,9 @@ def _raw_filters(ctx: ViewContext, weight: np.ndarray) -> None:
     start = st.number_input("First filter", 0, max(0, weight.shape[0] - 1), 0, step=count, key=state.K_FILTER_START)
     images = analyses.filter_images(weight[start:start + count])  # (n, ph, pw, 3)
     show_picture(ctx.model_png(lambda: figures.filters_grid_png(images, [f"#{start + i}" for i in range(len(images))], cols=16,
-                                                            title=f"filters {start}-{start + len(images) - 1} of {weight.shape[0]}",
-                                                            tile_side=48), "raw_filters", start),
-             "filters_raw", f"{ctx.stem}_filters_{start}")
+                                                                title=f"filters {start}-{start + len(images) - 1} of {weight.shape[0]}",
+                                                                tile_side=48), "raw_filters", start),
+                 "filters_raw", f"{ctx.stem}_filters_{start}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,14 +270,14 @@ def positions_view(ctx: ViewContext) -> None:
     left, right = st.columns([3, 2])
     with left:
         show_picture(ctx.model_png(lambda: figures.similarity_tiles_png(similarity, grid, highlight=k,
-                                                                    title=f"Position embedding similarity, {grid[0]} x {grid[1]} grid"),
-                               "pos_tiles", grid, k),
-                 "pos_tiles", f"{ctx.stem}_pos_similarity_{grid[0]}x{grid[1]}")
+                                                                        title=f"Position embedding similarity, {grid[0]} x {grid[1]} grid"),
+                                   "pos_tiles", grid, k),
+                     "pos_tiles", f"{ctx.stem}_pos_similarity_{grid[0]}x{grid[1]}")
     with right:
         r, c = divmod(k, grid[1])
         show_picture(ctx.model_png(lambda: figures.map_png(similarity[k], f"patch {k} (row {r}, col {c}) vs all patches", vmin=-1,
-                                                       vmax=1, highlight=k, label="cosine similarity"), "pos_tile", grid, k),
-                 "pos_tile", f"{ctx.stem}_pos_similarity_patch{k}")
+                                                           vmax=1, highlight=k, label="cosine similarity"), "pos_tile", grid, k),
+                     "pos_tile", f"{ctx.stem}_pos_similarity_patch{k}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,8 +360,8 @@ def _rollout(ctx: ViewContext) -> None:
                      png=lambda: figures.png_bytes(overlay()))
     with right:
         show_picture(ctx.png(lambda: figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
-                                                 cmap=figures.ATTENTION_CMAP, label="share of the token"), "rollout_map", fusion, last),
-                 "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}", width=420)
+                                                     cmap=figures.ATTENTION_CMAP, label="share of the token"), "rollout_map", fusion, last),
+                     "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}", width=420)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,8 +430,8 @@ def prediction_view(ctx: ViewContext) -> None:
         if ctx.loaded.labels is None:
             st.caption("No label names for this head: class indices are shown. Upload a label file with your weights.")
     show_picture(ctx.png(lambda: figures.logits_png(cap.logits, [p.index for p in preds], [p.label for p in preds]), "logits", k),
-             "logits",
-             f"{ctx.stem}_logits", caption=f"all {g.num_classes} logits `{shape(cap.logits.shape)}`")
+                 "logits",
+                 f"{ctx.stem}_logits", caption=f"all {g.num_classes} logits `{shape(cap.logits.shape)}`")
 
 
 VIEWS = (pipeline_view, patches_view, filters_view, positions_view, attention_view, distance_view, prediction_view)
