@@ -243,6 +243,24 @@ class SessionResult:
     retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see streamlit_client)
 
 
+@dataclass(frozen=True)
+class ControlChange:
+    kind: str  # "layer slider" or "head select"
+    layer: int  # the layer shown after the change
+    head: int | None  # the head chosen (head select only)
+    expected: str  # text the attention view then shows
+
+
+def control_change(index: int, change: int, layer: int) -> ControlChange:
+    """Session `index`'s `change`-th control change, from `layer`: even ones move the layer slider one step,
+    odd ones choose a head that depends on the session (so sessions differ), as pages and protocol clients do."""
+    if change % 2 == 0:
+        layer = layer - 1 if layer > 0 else layer + 1
+        return ControlChange("layer slider", layer, None, f"layer {layer},")
+    head = (index + change) % 3
+    return ControlChange("head select", layer, head, f"layer {layer}, head {head}")
+
+
 APP_IDLE = ('() => { const a = document.querySelector(\'[data-testid="stApp"]\');'
             ' return a && a.dataset.testScriptState === "notRunning" && a.dataset.testConnectionState === "CONNECTED"'
             ' && !document.querySelector(\'[data-testid="stSkeleton"]\')'
@@ -297,28 +315,26 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
                 layer = int(await slider.input_value())
             for change in range(changes):
                 panel = page.locator('[role="tabpanel"]:visible')
+                move = control_change(index, change, layer)
+                layer = move.layer
                 # timed from the user's deciding action (the arrow key, Enter on the typed option), not from
                 # the steps before it (focusing, opening the select, typing)
-                if change % 2 == 0:  # the layer slider, by keyboard
-                    layer = layer - 1 if layer > 0 else layer + 1
+                if move.kind == "layer slider":  # by keyboard
                     key = "ArrowLeft" if int(await slider.input_value()) > layer else "ArrowRight"
                     await slider.focus()
                     started = time.perf_counter()
                     await slider.press(key)
-                    expected = f"layer {layer},"
-                else:  # the head select: type the option and choose it
-                    head = (index + change) % 3
+                else:  # type the option and choose it
                     box = main.locator('[data-testid="stSelectbox"]').filter(has_text="Head").locator("input")
                     await box.click()
-                    await box.fill(f"head {head}")
+                    await box.fill(f"head {move.head}")
                     started = time.perf_counter()
                     await box.press("Enter")
-                    expected = f"layer {layer}, head {head}"
-                await panel.get_by_text(expected, exact=False).first.wait_for(timeout=step_timeout_ms)
+                await panel.get_by_text(move.expected, exact=False).first.wait_for(timeout=step_timeout_ms)
                 await idle(page, step_timeout_ms, poll_ms)
                 result.control.append(time.perf_counter() - started)
-                result.control_kinds.append("layer slider" if change % 2 == 0 else "head select")
-                await check_no_exception(page, result, f"control change {change} ({expected})")
+                result.control_kinds.append(move.kind)
+                await check_no_exception(page, result, f"control change {change} ({move.expected})")
 
             button = page.locator('[data-testid="stSidebar"]').get_by_role("button", name=re.compile(r"\.npz"))
             async with page.expect_download(timeout=step_timeout_ms) as info:
@@ -360,7 +376,7 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
         page = StreamlitSession(url, timeout=step_timeout_s)
         check(page.open(), "first load")
         result.first_render = time.perf_counter() - started
-        layer = head = None
+        layer = None
         for step, (name, data) in enumerate(images):
             started = time.perf_counter()
             run = page.upload("upload", name, data)
@@ -370,16 +386,13 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
                 check(page.set("view", "Attention"), "Attention tab", "mean of heads")
                 layer = int(page.elements["layer"].default[0])
             for change in range(changes):
+                move = control_change(index, change, layer)
+                layer = move.layer
                 started = time.perf_counter()
-                if change % 2 == 0:
-                    layer = layer - 1 if layer > 0 else layer + 1
-                    run, expected, kind = page.set("layer", layer), f"layer {layer},", "layer slider"
-                else:
-                    head = (index + change) % 3
-                    run, expected, kind = page.set("head", f"head {head}"), f"layer {layer}, head {head}", "head select"
+                run = page.set("layer", layer) if move.kind == "layer slider" else page.set("head", f"head {move.head}")
                 result.control.append(time.perf_counter() - started)
-                result.control_kinds.append(kind)
-                check(run, f"control change {change}", expected)
+                result.control_kinds.append(move.kind)
+                check(run, f"control change {change}", move.expected)
             result.downloads.append((name, data, page.download("dl_npz")))
     except Exception as e:  # noqa: BLE001 - a timeout or a refused message is a finding, not a crash of the tool
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
@@ -498,10 +511,8 @@ def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
 
 
 def percentile(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, int(np.ceil(q * len(ordered))) - 1))]
+    """The nearest-rank q-quantile: a latency some sample really had, not an interpolation."""
+    return float(np.percentile(samples, 100 * q, method="inverted_cdf")) if samples else float("nan")
 
 
 def summarise(name: str, samples: list[float]) -> str:
