@@ -170,8 +170,8 @@ def test_dihedral_augment_moves_patch_targets_with_their_patches():
     grids = torch.rand(16, 8, 8)
     x, g = dihedral_augment(images, gen, grids)
     # the patch that holds a given pixel block after the transform carries that block's target
-    before = patch_cover_of(images[:, 0], 8)  # (B, 8, 8): one value per patch identifying its pixels
-    after = patch_cover_of(x[:, 0], 8)
+    before = patch_sums(images[:, 0], 8)  # (B, 8, 8): one value per patch identifying its pixels
+    after = patch_sums(x[:, 0], 8)
     for b in range(16):
         for r in range(8):
             for c in range(8):
@@ -180,7 +180,7 @@ def test_dihedral_augment_moves_patch_targets_with_their_patches():
     assert not torch.equal(x, images)  # 16 images: some were transformed
 
 
-def patch_cover_of(channel: torch.Tensor, p: int) -> torch.Tensor:
+def patch_sums(channel: torch.Tensor, p: int) -> torch.Tensor:
     """Sum of each patch's pixels: distinct for every patch of an arange image, and invariant to flips."""
     b, h, w = channel.shape
     return channel.reshape(b, h // p, p, w // p, p).sum(dim=(2, 4))

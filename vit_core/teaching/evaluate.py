@@ -264,14 +264,14 @@ def _length(t: dict) -> str:
     return f"{t['steps_done']:,} steps"
 
 
-def _token_labelling(t: dict) -> str:
+def _token_labelling(t: dict, num_patches: int) -> str:
     """The recipe line for token labelling (empty when the run did not use it)."""
     if not t.get("token_label_weight"):
         return ""
     return (f"- token labelling (Jiang et al. 2021, \"All Tokens Matter\"), weight {t['token_label_weight']}: "
             "besides the class token's label, every patch token is trained through a linear head that exists only "
             "in training to predict which shape covers its patch (soft target: the object's share of the patch on "
-            "the image's class, the rest on \"background\"), 64 targets per image instead of one; the shipped "
+            f"the image's class, the rest on \"background\"), {num_patches} targets per image instead of one; the shipped "
             "model is the plain ViT without that head. Loss of that term "
             f"{t['first_token_loss']} (first 20 steps) -> {t['final_token_loss']} (last 100);\n")
 
@@ -316,7 +316,7 @@ Load: `model = VisionTransformer(**config["model_args"])`, then
 
 ## Data (`vit_core/teaching/data.py`)
 
-Each 64 x 64 image holds exactly one shape of one of {len(CLASS_NAMES)} classes at a random position,
+Each {a['img_size']} x {a['img_size']} image holds exactly one shape of one of {len(CLASS_NAMES)} classes at a random position,
 size (unrotated extent {OBJECT_FRACTION[0]:.0%}-{OBJECT_FRACTION[1]:.0%} of the side), rotation, aspect ratio ({ASPECT_RANGE[0]}-{ASPECT_RANGE[1]}) and colour (at
 least {MIN_COLOUR_DISTANCE:.0f} RGB units from the background colours), on a background of smooth colour noise, stripes
 or a gradient, with clutter that is not a shape: thin lines, dots and single-pixel specks, plus
@@ -329,7 +329,7 @@ generator also returns the object's mask (coverage >= 0.5). Everything comes fro
 - {t['num_train']:,} training images drawn once into RAM (chunks of {t['chunk_size']:,}, chunk k seeded
   `({hex(0x5EED)}, seed, k)`, generated in {t['gen_workers']} processes), seed {t['seed']};
 - learned absolute position embedding {'initialised from 2D sin-cos values (the class-token row from 0), then trained like every other weight: a locality prior that the paper-style random start (std 0.02) takes far more images to discover (a first version trained 586k images from a random start and ended at 72.6 % accuracy with no grid structure, Spearman 0.03)' if t.get('pos_embed_init') == 'sincos' else 'randomly initialised (trunc normal, std 0.02)'};
-{_token_labelling(t)}- random dihedral augmentation per image (flips and transposes: every class is mirror-symmetric and
+{_token_labelling(t, (a['img_size'] // a['patch_size']) ** 2)}- random dihedral augmentation per image (flips and transposes: every class is mirror-symmetric and
   drawn at a random rotation, so the label is preserved);
 - {_length(t)}, batch {t['batch_size']} ({t['images_seen']:,} images, {t['epochs']} epochs), AdamW (lr {t['lr']},
   weight decay {t['weight_decay']} except biases, norms, position embedding and class token),
