@@ -35,7 +35,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vit_core import analyses
 from vit_core.capture import attention_recorded
 from vit_core.teaching.data import ASPECT_RANGE, CLASS_NAMES, MIN_COLOUR_DISTANCE, OBJECT_FRACTION, make_dataset
-from vit_core.teaching.train import build_model, preprocess
+from vit_core.teaching.train import build_model, patch_cover, preprocess
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ def predict(model: VisionTransformer, images: np.ndarray, batch_size: int = 250)
 
 def object_patches(mask: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     """Patches that overlap the object: (H, W) bool -> (gh, gw) bool."""
-    ph, pw = patch_size
-    h, w = mask.shape
-    blocks = mask.reshape(h // ph, ph, w // pw, pw)  # (H, W) -> (gh, ph, gw, pw)
-    return blocks.any(axis=(1, 3))
+    return patch_cover(mask[None], patch_size)[0] > 0
 
 
 def mass_on(attention_map: np.ndarray, region: np.ndarray) -> float:

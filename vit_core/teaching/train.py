@@ -186,10 +186,11 @@ def dihedral_augment(x: torch.Tensor, gen: torch.Generator, *grids: torch.Tensor
     return tuple(out)
 
 
-def patch_cover(masks: np.ndarray, patch_size: int) -> np.ndarray:
-    """Share of each patch's pixels that belong to the object: bool (N, H, W) -> float32 (N, H/p, W/p)."""
+def patch_cover(masks: np.ndarray, patch_size: int | tuple[int, int]) -> np.ndarray:
+    """Share of each patch's pixels that belong to the object: bool (N, H, W) -> float32 (N, H/ph, W/pw)."""
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
     n, h, w = masks.shape
-    blocks = masks.reshape(n, h // patch_size, patch_size, w // patch_size, patch_size)
+    blocks = masks.reshape(n, h // ph, ph, w // pw, pw)
     return blocks.mean(axis=(2, 4), dtype=np.float32)
 
 
