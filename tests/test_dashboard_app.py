@@ -119,8 +119,8 @@ def test_examples_and_export(tiny):
     assert any(".npz" in label for label in labels) and any(".json" in label for label in labels)
 
 
-@pytest.mark.skipif(not (ROOT / "assets" / "shapes_vit" / "model.safetensors").is_file(),
-                    reason="the bundled Shapes ViT is not trained yet (assets/shapes_vit/model.safetensors)")
+@pytest.mark.skipif(not (ROOT / "vit_core" / "assets" / "shapes_vit" / "model.safetensors").is_file(),
+                    reason="the bundled Shapes ViT is not trained yet (vit_core/assets/shapes_vit/model.safetensors)")
 def test_bundled_teaching_model(monkeypatch):
     monkeypatch.setenv("VIT_LENS_MODEL", "vit-lens/shapes-vit")
     at = run_app()

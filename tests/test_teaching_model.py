@@ -29,7 +29,7 @@ from vit_core.teaching.train import (
     train,
 )
 
-ASSET = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"
+ASSET = Path(__file__).resolve().parent.parent / "vit_core" / "assets" / "shapes_vit"
 
 
 @pytest.fixture(scope="module")

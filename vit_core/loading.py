@@ -30,7 +30,7 @@ _logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "vit_base_patch16_224"
 TEACHING_MODEL = "vit-lens/shapes-vit"
-TEACHING_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"
+TEACHING_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "shapes_vit"  # package data
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -65,6 +65,11 @@ class Geometry:
     @property
     def has_class_token(self) -> bool:
         return "CLS" in self.prefix_names
+
+    @property
+    def center_patch(self) -> int:
+        """Index among the patches (0..N-1) of the patch at the grid's centre: row gh // 2, column gw // 2."""
+        return (self.grid[0] // 2) * self.grid[1] + self.grid[1] // 2
 
     def token_name(self, index: int) -> str:
         """'CLS', 'DIST', 'REG1' for prefix tokens, 'patch 17 (row 1, col 3)' for patches."""

@@ -16,7 +16,7 @@ seeds, see train.py) and written to ``metrics.json`` and ``MODEL_CARD.md`` besid
 The definitions of rollout, mean attention distance and position-embedding similarity are the ones
 in ``vit_core.analyses`` (one definition in the codebase); only the glue lives here.
 
-Run: ``python -m vit_core.teaching.evaluate assets/shapes_vit``
+Run: ``python -m vit_core.teaching.evaluate vit_core/assets/shapes_vit``
 """
 
 from __future__ import annotations
@@ -366,13 +366,13 @@ patches would give {metrics['uniform_attention_distance_px']:.1f} px):
 ## Reproduce
 
 ```bash
-python -m vit_core.teaching.train --out assets/shapes_vit      # the defaults are the recipe above
-python -m vit_core.teaching.evaluate assets/shapes_vit         # writes metrics.json and this card
+python -m vit_core.teaching.train --out vit_core/assets/shapes_vit      # the defaults are the recipe above
+python -m vit_core.teaching.evaluate vit_core/assets/shapes_vit         # writes metrics.json and this card
 python -m pytest tests/test_teaching_data.py tests/test_teaching_model.py -q
 ```
 
 The defaults of `TrainConfig` are the shipped recipe; spelled out, the first command is
-`python -m vit_core.teaching.train --out assets/shapes_vit {flags}`. Data, initialisation, batch
+`python -m vit_core.teaching.train --out vit_core/assets/shapes_vit {flags}`. Data, initialisation, batch
 order and the number of steps are fixed, so the same command reproduces the run; float summation
 order differs across CPUs and torch versions, so a retrain elsewhere gives close, not bit-identical,
 weights.
@@ -387,7 +387,7 @@ views, not as evidence about large ViTs.
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Evaluate the Shapes ViT and write its model card.")
-    parser.add_argument("model_dir", nargs="?", default="assets/shapes_vit")
+    parser.add_argument("model_dir", nargs="?", default="vit_core/assets/shapes_vit")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

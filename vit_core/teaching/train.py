@@ -20,8 +20,8 @@ Recipe (every number lives in ``TrainConfig``):
 * length: a fixed number of steps, so the shipped weights are reproduced exactly by the same command
   (``--time-budget-s S`` stops on the clock instead, for exploration only).
 
-Run: ``python -m vit_core.teaching.train --out assets/shapes_vit``
-then ``python -m vit_core.teaching.evaluate assets/shapes_vit`` for metrics and the model card.
+Run: ``python -m vit_core.teaching.train --out vit_core/assets/shapes_vit``
+then ``python -m vit_core.teaching.evaluate vit_core/assets/shapes_vit`` for metrics and the model card.
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ def save(model: VisionTransformer, cfg: TrainConfig, summary: dict, out_dir: str
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="assets/shapes_vit", help="output folder")
+    parser.add_argument("--out", default="vit_core/assets/shapes_vit", help="output folder")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
