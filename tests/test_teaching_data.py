@@ -35,7 +35,7 @@ def test_shapes_and_dtypes(dataset):
 
 def test_deterministic_under_seed(dataset):
     again = make_dataset(N, seed=3)
-    for a, b in zip(dataset, again):
+    for a, b in zip(dataset, again, strict=True):
         assert a.tobytes() == b.tobytes()
     other = make_dataset(N, seed=4)
     assert not np.array_equal(dataset[0], other[0])
@@ -100,7 +100,7 @@ def _ring_around(mask: np.ndarray, width: int = 2) -> np.ndarray:
 
 def test_mask_matches_drawing(dataset):
     images, masks, labels = dataset
-    for img, m, label in zip(images.astype(np.float32), masks, labels):
+    for img, m, label in zip(images.astype(np.float32), masks, labels, strict=True):
         inside = img[m]  # (k, 3)
         # the object is one flat colour: small spread inside the mask (noise + antialiased rim)
         assert np.median(inside.std(axis=0)) < 30

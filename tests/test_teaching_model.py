@@ -14,15 +14,15 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vit_core.teaching import evaluate as ev
 from vit_core.teaching.data import CLASS_NAMES, make_dataset
+from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, batch_transform, load_shapes_vit
 from vit_core.teaching.train import (
     TrainConfig,
-    build_model,
-    init_sincos_pos_embed,
+    create_untrained,
     dihedral_augment,
+    init_sincos_pos_embed,
     lr_at,
     make_train_set,
-    model_args_from,
-    preprocess,
+    model_transform,
     patch_cover,
     save,
     token_label_loss,
@@ -35,7 +35,7 @@ ASSET = Path(__file__).resolve().parent.parent / "vit_core" / "assets" / "shapes
 @pytest.fixture(scope="module")
 def shipped():
     torch.set_num_threads(2)
-    model, config = ev.load_model_dir(ASSET)
+    model, config = load_shapes_vit(ASSET)
     metrics = json.loads((ASSET / "metrics.json").read_text())
     return model, config, metrics
 
@@ -56,17 +56,48 @@ def test_files_and_config(shipped):
     assert config["pretrained_cfg"]["input_size"] == [3, args["img_size"], args["img_size"]]
 
 
+def test_registered_with_timm(shipped):
+    """timm's own create_model(pretrained=True) gives the bundled weights, and timm resolves its preprocessing."""
+    model, config, _ = shipped
+    assert SHAPES_VIT_TIMM_NAME in timm.list_models("vit_shapes*")
+    via_timm = timm.create_model(SHAPES_VIT_TIMM_NAME, pretrained=True)
+    assert type(via_timm) is VisionTransformer
+    for (name, a), (_, b) in zip(via_timm.state_dict().items(), model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    data_config = timm.data.resolve_model_data_config(via_timm)
+    pre = config["pretrained_cfg"]
+    assert data_config["input_size"] == tuple(pre["input_size"])
+    assert data_config["mean"] == tuple(pre["mean"]) and data_config["std"] == tuple(pre["std"])
+    assert data_config["crop_pct"] == pre["crop_pct"] and data_config["interpolation"] == pre["interpolation"]
+    assert via_timm.pretrained_cfg["label_names"] == tuple(CLASS_NAMES)
+    assert via_timm.pretrained_cfg["num_classes"] == config["model_args"]["num_classes"]
+
+
+def test_loader_is_strict(tmp_path, shipped):
+    """A weights file that misses a tensor of the architecture is refused, not silently half-loaded."""
+    from safetensors.torch import save_file
+
+    for name in ("config.json", "labels.txt"):
+        (tmp_path / name).write_text((ASSET / name).read_text())
+    state = load_file(str(ASSET / "model.safetensors"))
+    del state["head.bias"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RuntimeError, match="head.bias"):
+        load_shapes_vit(tmp_path)
+
+
 def test_timm_eval_transform_matches_training_preprocess(shipped):
     """The model was trained on exactly what timm's eval transform of its pretrained_cfg produces."""
     model, config, _ = shipped
-    model.pretrained_cfg = config["pretrained_cfg"]
     data_config = timm.data.resolve_model_data_config(model)
     transform = timm.data.create_transform(**data_config, is_training=False)
     images, _, _ = make_dataset(4, seed=99, size=config["model_args"]["img_size"])
-    ours = preprocess(torch.from_numpy(images))
+    ours = batch_transform(data_config)(torch.from_numpy(images))
     theirs = torch.stack([transform(Image.fromarray(im)) for im in images])
     assert theirs.shape == ours.shape
     torch.testing.assert_close(theirs, ours, atol=1e-6, rtol=0)
+    channels_first = torch.from_numpy(images).permute(0, 3, 1, 2)  # (B, H, W, 3) -> (B, 3, H, W), as training stores them
+    torch.testing.assert_close(model_transform(model)(channels_first), ours, atol=0, rtol=0)
 
 
 def test_reproduces_reported_accuracy(shipped):
@@ -88,7 +119,7 @@ def test_attention_capture_restores_model(shipped):
     assert patterns.shape == (8, len(model.blocks), model.blocks[0].attn.num_heads, t, t)
     np.testing.assert_allclose(patterns.sum(-1), 1.0, atol=1e-5)
     with torch.no_grad():
-        plain = model(preprocess(torch.from_numpy(images))).numpy()
+        plain = model(model_transform(model)(torch.from_numpy(images))).numpy()
     np.testing.assert_allclose(logits, plain, atol=1e-4)
 
 
@@ -117,8 +148,19 @@ def test_learned_structure_reported(shipped):
     assert mad.shape == (len(model.blocks), model.blocks[0].attn.num_heads)
 
 
+def test_card_targets_come_from_one_place(shipped):
+    """The metrics table and the "not reached" statement both read ev.TARGETS."""
+    _, config, metrics = shipped
+    assert "Targets not reached" not in ev.model_card(config, {**metrics, "accuracy": 0.98})
+    card = ev.model_card(config, {**metrics, "accuracy": 0.5, "pos_embed_spearman": 0.1})
+    assert "**Targets not reached by this model: accuracy, Spearman(position-embedding cosine similarity, -grid " \
+           "distance), all patch pairs.**" in card
+    assert "| accuracy | 50.00% | >= 97 % | **no** |" in card
+    assert f"| {ev.TARGETS['pos_embed_spearman'].label} | 0.100 | >= 0.5 | **no** |" in card
+
+
 def test_sincos_start_is_a_grid_and_stays_trainable():
-    model = build_model(model_args_from(TrainConfig()))
+    model = create_untrained(TrainConfig(pos_embed_init="random"))
     assert ev.pos_embed_grid_spearman(model) < 0.2  # timm's random start has no grid
     init_sincos_pos_embed(model)
     assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.90 for the 8 x 8 grid at dim 128
@@ -140,18 +182,16 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
                       token_label_weight=0.0)  # the class loss alone (token labelling: the test below)
     model, summary = train(cfg)
     torch.manual_seed(cfg.seed)  # train() seeds the same way right before building the model
-    init = build_model(model_args_from(cfg)).eval()
-    if cfg.pos_embed_init == "sincos":
-        init_sincos_pos_embed(init)
+    init = create_untrained(cfg).eval()
     images, labels, _ = make_train_set(cfg)  # deterministic: the very images train() used
-    x = preprocess(images)
+    x = model_transform(init)(images)
     with torch.no_grad():
         loss_init = F.cross_entropy(init(x), labels).item()
         loss_trained = F.cross_entropy(model(x), labels).item()
     assert loss_trained < loss_init - 0.02, (loss_init, loss_trained)
     assert summary["final_loss"] < summary["first_loss"]
     save(model, cfg, summary, tmp_path)
-    reloaded, _ = ev.load_model_dir(tmp_path)
+    reloaded, _ = load_shapes_vit(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), model(x))
 

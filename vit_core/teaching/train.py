@@ -1,9 +1,9 @@
 """Train the bundled teaching model, "Shapes ViT", on CPU in under 30 minutes.
 
-The model is a plain ``timm.models.vision_transformer.VisionTransformer``, so the dashboard loads it
-through the same code path as any timm ViT. Inputs are preprocessed exactly as timm's eval transform
-does with the shipped ``pretrained_cfg`` (64 px images need no resize or crop; ToTensor, then
-Normalize(mean=0.5, std=0.5)), see ``preprocess``.
+The model is a plain ``timm.models.vision_transformer.VisionTransformer``, built through its timm
+registration (``vit_core.teaching.model``): ``timm.create_model(SHAPES_VIT_TIMM_NAME, pretrained=False,
+**model_args)``. Batches are preprocessed with timm's eval transform of the model's resolved data config
+(at the native size: ToTensor + Normalize), see ``model_transform``.
 
 Recipe (every number lives in ``TrainConfig``):
 
@@ -33,23 +33,27 @@ import logging
 import math
 import multiprocessing
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import timm
+import timm.data
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_core.teaching.data import CLASS_NAMES, make_dataset
+from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, batch_transform
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "vit-lens/shapes-vit"
 TRAIN_SEED_TAG = 0x5EED  # first entropy word of every training chunk's seed
-MEAN = (0.5, 0.5, 0.5)
-STD = (0.5, 0.5, 0.5)
+MEAN = (0.5, 0.5, 0.5)  # the recipe's normalisation, written to config.json's pretrained_cfg;
+STD = (0.5, 0.5, 0.5)  # the model and its users read it back through timm.data.resolve_model_data_config
 
 
 @dataclass
@@ -94,6 +98,8 @@ class TrainConfig:
     # runtime
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"  # or "cuda": same code, same steps
+    precision: str = "fp32"  # or "bf16": autocast of the forward pass (on a GPU)
     log_every: int = 100
 
 
@@ -133,9 +139,15 @@ def pretrained_cfg_from(cfg: TrainConfig) -> dict:
     }
 
 
-def build_model(model_args: dict) -> VisionTransformer:
-    """A plain timm VisionTransformer from config.json's ``model_args``."""
-    return VisionTransformer(**model_args)
+def create_untrained(cfg: TrainConfig) -> VisionTransformer:
+    """The registered Shapes ViT at ``cfg``'s size, randomly initialised (timm's init), with ``cfg``'s
+    preprocessing as its pretrained cfg; then the position embedding's start (``cfg.pos_embed_init``)."""
+    overlay = {k: tuple(v) if isinstance(v, list) else v for k, v in pretrained_cfg_from(cfg).items()}
+    model = timm.create_model(SHAPES_VIT_TIMM_NAME, pretrained=False, pretrained_cfg_overlay=overlay,
+                              **model_args_from(cfg))
+    if cfg.pos_embed_init == "sincos":
+        init_sincos_pos_embed(model)
+    return model
 
 
 def init_sincos_pos_embed(model: VisionTransformer) -> None:
@@ -153,18 +165,9 @@ def init_sincos_pos_embed(model: VisionTransformer) -> None:
         model.pos_embed[0, :prefix] = 0
 
 
-def preprocess(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, H, W, 3) or (B, 3, H, W) -> normalised float32 (B, 3, H, W).
-
-    Same arithmetic as torchvision ToTensor (divide by 255) + Normalize(MEAN, STD), which is what
-    timm's eval transform does for this model's pretrained_cfg (the resize/crop is a no-op at 64 px).
-    """
-    if images.shape[-1] == 3:
-        images = images.permute(0, 3, 1, 2)  # (B, H, W, 3) -> (B, 3, H, W)
-    x = images.float().div(255.0)
-    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(STD).view(1, 3, 1, 1)
-    return (x - mean) / std
+def model_transform(model: VisionTransformer) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 image batch -> the model's input, from timm's resolved data config (its eval transform)."""
+    return batch_transform(timm.data.resolve_model_data_config(model))
 
 
 def dihedral_augment(x: torch.Tensor, gen: torch.Generator, *grids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -175,7 +178,7 @@ def dihedral_augment(x: torch.Tensor, gen: torch.Generator, *grids: torch.Tensor
     Returns (x, *grids).
     """
     b = x.shape[0]
-    flips = torch.rand(b, 3, generator=gen) < 0.5  # (B, 3): transpose, flip H, flip W
+    flips = (torch.rand(b, 3, generator=gen) < 0.5).to(x.device)  # (B, 3): transpose, flip H, flip W
     out = []
     for t in (x, *grids):
         shape = (b,) + (1,) * (t.ndim - 1)
@@ -200,7 +203,7 @@ def token_label_loss(patch_logits: torch.Tensor, labels: torch.Tensor, cover: to
     Target of a patch: ``cover`` on the image's class, ``1 - cover`` on background (the last index).
     """
     b, n, c1 = patch_logits.shape
-    target = torch.zeros(b, n, c1)
+    target = torch.zeros(b, n, c1, device=patch_logits.device)
     target.scatter_(2, labels.view(b, 1, 1).expand(b, n, 1), cover.unsqueeze(-1))
     target[..., -1] = 1 - cover
     return F.cross_entropy(patch_logits.reshape(b * n, c1), target.reshape(b * n, c1))
@@ -253,126 +256,169 @@ def make_train_set(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.
     return images, labels, cover
 
 
-def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTransformer, dict]:
-    """Train a Shapes ViT with ``cfg``; if ``out_dir`` is given, save it there.
+def make_optimizer(cfg: TrainConfig, named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases, norms, position embedding and class token (the usual ViT split)."""
 
-    Returns the trained model (eval mode) and a summary dict (losses, timing) that also goes into
-    config.json's "train" entry.
-    """
-    torch.set_num_threads(cfg.threads)
-    t0 = time.perf_counter()
-    images, labels, cover = make_train_set(cfg)
-    gen_s = time.perf_counter() - t0
-    log.info("generated %d training images in %.1f s (%.0f img/s)", len(labels), gen_s, len(labels) / gen_s)
-
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    model_args = model_args_from(cfg)
-    model = build_model(model_args)
-    if cfg.pos_embed_init == "sincos":
-        init_sincos_pos_embed(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %.2f M parameters, %s", n_params / 1e6, model_args)
-    # training-only head for token labelling: patch token -> (classes + background); not saved
-    token_head = torch.nn.Linear(cfg.embed_dim, len(CLASS_NAMES) + 1) if cfg.token_label_weight > 0 else None
-
-    # no weight decay on biases, norms, position embedding and class token (the usual ViT split)
     def decays(name: str, p: torch.Tensor) -> bool:
         return p.ndim >= 2 and name not in ("pos_embed", "cls_token")
 
-    named = list(model.named_parameters()) + (list(token_head.named_parameters()) if token_head else [])
-    decay = [p for n, p in named if decays(n, p)]
-    no_decay = [p for n, p in named if not decays(n, p)]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    return torch.optim.AdamW(
+        [{"params": [p for n, p in named if decays(n, p)], "weight_decay": cfg.weight_decay},
+         {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0}],
         lr=cfg.lr,
     )
 
-    model.train()
-    n = len(labels)
-    perm, pos = torch.randperm(n, generator=gen), 0
-    losses: list[float] = []
-    token_losses: list[float] = []  # token labelling term, if on
-    run_loss = run_acc = last_acc = 0.0
-    t_train = time.perf_counter()
-    t_warm = None  # clock when warmup ended (time-budget mode)
-    steps_done = 0
-    for step in range(cfg.steps):
-        elapsed = time.perf_counter() - t_train
-        progress = None
-        if cfg.time_budget_s > 0:
-            if elapsed >= cfg.time_budget_s:
-                break
-            if step >= cfg.warmup_steps:
-                t_warm = elapsed if t_warm is None else t_warm
-                progress = (elapsed - t_warm) / max(1e-9, cfg.time_budget_s - t_warm)
-        lr = lr_at(step, cfg, progress)
-        if pos + cfg.batch_size > n:  # new epoch
-            perm, pos = torch.randperm(n, generator=gen), 0
-        idx = perm[pos : pos + cfg.batch_size]
-        pos += cfg.batch_size
-        x, patch_target = dihedral_augment(preprocess(images[idx]), gen, cover[idx])
-        y = labels[idx]
 
-        for group in opt.param_groups:
-            group["lr"] = lr
+def make_token_head(cfg: TrainConfig, num_classes: int) -> torch.nn.Linear | None:
+    """Training-only head for token labelling: patch token -> (classes + background); never saved."""
+    return torch.nn.Linear(cfg.embed_dim, num_classes + 1) if cfg.token_label_weight > 0 else None
+
+
+def batch_indices(n: int, batch_size: int, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    """Endless (batch_size,) index batches, a new permutation of range(n) each epoch (a short tail is dropped)."""
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        for pos in range(0, n - batch_size + 1, batch_size):
+            yield perm[pos : pos + batch_size]
+
+
+class Clock:
+    """Progress of the cosine schedule: by steps (default), or by the share of a time budget spent
+    after warmup (``time_budget_s`` > 0, exploration only), so a budgeted run always ends annealed."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg, self.start, self.warm_at = cfg, time.perf_counter(), None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def out_of_time(self) -> bool:
+        return self.cfg.time_budget_s > 0 and self.elapsed() >= self.cfg.time_budget_s
+
+    def progress(self, step: int) -> float | None:
+        if self.cfg.time_budget_s <= 0 or step < self.cfg.warmup_steps:
+            return None  # lr_at counts steps
+        self.warm_at = self.elapsed() if self.warm_at is None else self.warm_at
+        return (self.elapsed() - self.warm_at) / max(1e-9, self.cfg.time_budget_s - self.warm_at)
+
+
+@dataclass
+class StepResult:
+    loss: float  # class-token cross-entropy (with label smoothing)
+    token_loss: float | None  # token labelling term, None when off
+    accuracy: float  # on the (augmented) batch
+
+
+def train_step(model: VisionTransformer, token_head: torch.nn.Linear | None, opt: torch.optim.Optimizer,
+               batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: TrainConfig) -> StepResult:
+    """One optimiser step on x (B, 3, S, S), labels (B,), patch cover (B, G, G)."""
+    x, y, patch_target = batch
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
         tokens = model.forward_features(x)  # (B, 1 + N, D), after the final norm
         logits = model.forward_head(tokens)  # (B, classes), from the class token
-        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
-        if token_head is not None:
-            patch_logits = token_head(tokens[:, model.num_prefix_tokens :])  # (B, N, classes + 1)
-            token_loss = token_label_loss(patch_logits, y, patch_target.flatten(1))
-            token_losses.append(token_loss.item())
-            loss_total = loss + cfg.token_label_weight * token_loss
-        else:
-            loss_total = loss
-        opt.zero_grad(set_to_none=True)
-        loss_total.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
-        opt.step()
+    loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+    token_loss = None
+    if token_head is not None:
+        patch_logits = token_head(tokens[:, model.num_prefix_tokens :].float())  # (B, N, classes + 1)
+        token_loss = token_label_loss(patch_logits, y, patch_target.flatten(1))
+    total = loss if token_loss is None else loss + cfg.token_label_weight * token_loss
+    opt.zero_grad(set_to_none=True)
+    total.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for group in opt.param_groups for p in group["params"]], cfg.grad_clip)
+    opt.step()
+    return StepResult(loss.item(), None if token_loss is None else token_loss.item(),
+                      (logits.argmax(-1) == y).float().mean().item())
 
-        steps_done = step + 1
-        losses.append(loss.item())
-        run_loss += loss.item()
-        run_acc += (logits.argmax(-1) == y).float().mean().item()
+
+def run_steps(model: VisionTransformer, token_head: torch.nn.Linear | None, opt: torch.optim.Optimizer,
+              train_set: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: TrainConfig) -> list[StepResult]:
+    """The training loop: cfg.steps steps (or until the time budget), logging every cfg.log_every."""
+    images, labels, cover = train_set
+    gen = torch.Generator().manual_seed(cfg.seed)
+    to_input = model_transform(model)
+    clock, results = Clock(cfg), []
+    indices = batch_indices(len(labels), cfg.batch_size, gen)
+    model.train()
+    for step in range(cfg.steps):
+        if clock.out_of_time():
+            break
+        lr = lr_at(step, cfg, clock.progress(step))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        idx = next(indices).to(images.device)
+        x, patch_target = dihedral_augment(to_input(images[idx]), gen, cover[idx])
+        results.append(train_step(model, token_head, opt, (x, labels[idx], patch_target), cfg))
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            k = (step % cfg.log_every) + 1
-            dt = time.perf_counter() - t_train
-            log.info(
-                "step %5d  loss %.4f  train-acc %.3f  lr %.2e  %.0f img/s  %.0f s",
-                step + 1, run_loss / k, run_acc / k, lr, (step + 1) * cfg.batch_size / dt, dt,
-            )
-            last_acc = run_acc / k
-            run_loss = run_acc = 0.0
-    train_s = time.perf_counter() - t_train
+            recent = results[-cfg.log_every :]
+            log.info("step %5d  loss %.4f  train-acc %.3f  lr %.2e  %.0f img/s  %.0f s", step + 1,
+                     np.mean([r.loss for r in recent]), np.mean([r.accuracy for r in recent]), lr,
+                     (step + 1) * cfg.batch_size / clock.elapsed(), clock.elapsed())
     model.eval()
+    return results
 
-    summary = {
+
+def summarise(cfg: TrainConfig, results: list[StepResult], n_images: int, n_params: int,
+              seconds: dict[str, float]) -> dict:
+    """config.json's "train" entry: the recipe, what the run did, its losses and its timing."""
+    steps_done = len(results)
+    losses = [r.loss for r in results]
+    token_losses = [r.token_loss for r in results if r.token_loss is not None]
+    final_train_accuracy = float(np.mean([r.accuracy for r in results[-(steps_done % cfg.log_every or cfg.log_every):]]))
+    return {
         **dataclasses.asdict(cfg),
         "num_params": n_params,
         "steps_done": steps_done,
         "images_seen": steps_done * cfg.batch_size,
-        "epochs": round(steps_done * cfg.batch_size / n, 2),
+        "epochs": round(steps_done * cfg.batch_size / n_images, 2),
         "augmentation": "random dihedral (flips and transposes) per image",
         "token_labelling": (f"patch tokens also trained (weight {cfg.token_label_weight}) to predict the object's cover "
                             "of their patch on the image's class vs background, through a training-only linear head"
-                            if token_head is not None else "off"),
+                            if token_losses else "off"),
         "optimizer": "AdamW, no decay on biases/norms/pos_embed/cls_token",
         "schedule": "linear warmup (steps), then cosine decay over the rest of the time budget"
         if cfg.time_budget_s > 0 else "linear warmup, cosine decay over steps",
         "train_seed": f"chunk k of training data: numpy default_rng(({TRAIN_SEED_TAG}, seed, k))",
-        "data_gen_seconds": round(gen_s, 1),
-        "train_seconds": round(train_s, 1),
-        "total_seconds": round(time.perf_counter() - t0, 1),
-        "train_images_per_second": round(steps_done * cfg.batch_size / train_s, 1),
-        "final_train_accuracy": round(last_acc, 4),
-        "first_loss": round(float(np.mean(losses[: min(20, len(losses))])), 4),
-        "final_loss": round(float(np.mean(losses[-min(100, len(losses)) :])), 4),
+        "data_gen_seconds": round(seconds["data"], 1),
+        "train_seconds": round(seconds["train"], 1),
+        "total_seconds": round(seconds["data"] + seconds["train"], 1),
+        "train_images_per_second": round(steps_done * cfg.batch_size / seconds["train"], 1),
+        "final_train_accuracy": round(final_train_accuracy, 4),
+        "first_loss": round(float(np.mean(losses[:20])), 4),
+        "final_loss": round(float(np.mean(losses[-100:])), 4),
         **({"first_token_loss": round(float(np.mean(token_losses[:20])), 4),
             "final_token_loss": round(float(np.mean(token_losses[-100:])), 4)} if token_losses else {}),
         "torch_version": torch.__version__,
     }
+
+
+def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTransformer, dict]:
+    """Train a Shapes ViT with ``cfg``; if ``out_dir`` is given, save it there.
+
+    Returns the trained model (eval mode, on the CPU) and a summary dict (losses, timing) that also
+    goes into config.json's "train" entry.
+    """
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    images, labels, cover = make_train_set(cfg)
+    data_s = time.perf_counter() - t0
+    log.info("generated %d training images in %.1f s (%.0f img/s)", len(labels), data_s, len(labels) / data_s)
+
+    device = torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)  # the model's init, then the token head's
+    model = create_untrained(cfg).to(device)
+    token_head = make_token_head(cfg, model.num_classes)
+    token_head = token_head.to(device) if token_head is not None else None
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %.2f M parameters, %s", n_params / 1e6, model_args_from(cfg))
+    named = list(model.named_parameters()) + (list(token_head.named_parameters()) if token_head else [])
+    opt = make_optimizer(cfg, named)
+
+    t1 = time.perf_counter()
+    train_set = (images.to(device), labels.to(device), cover.to(device))
+    results = run_steps(model, token_head, opt, train_set, cfg)
+    model = model.cpu()
+    summary = summarise(cfg, results, len(labels), n_params, {"data": data_s, "train": time.perf_counter() - t1})
     if out_dir is not None:
         save(model, cfg, summary, out_dir)
     return model, summary
