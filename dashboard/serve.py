@@ -1,6 +1,11 @@
 """Start the dashboard server with the slow start-up work done before the first visitor arrives.
 
-    python -m dashboard.serve [streamlit options]     # what `bash scripts/dashboard` runs
+    vit-lens dashboard [streamlit options]            # the installed command (dashboard/cli.py)
+    python -m dashboard.serve [streamlit options]     # the same; what `bash scripts/dashboard` runs
+
+It is `streamlit run <this package's app.py> [streamlit options]`, from any working directory: the
+server settings live beside app.py in dashboard/.streamlit/config.toml, which Streamlit reads as the
+app's own config file (command-line flags and STREAMLIT_* variables still override it).
 
 `streamlit run dashboard/app.py` imports torch and timm (seconds) inside the first page load, and
 loads the start-up model there too. Here the server process imports them first, sets torch's thread
@@ -19,8 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = ROOT / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parent / "app.py"  # the installed copy, wherever the package lives
 _logger = logging.getLogger("vit_lens.serve")
 
 
@@ -46,7 +50,7 @@ def warm_up() -> None:
         import plotly.graph_objects  # noqa: F401 - the first interactive figure
     except vit_core.ViTLensError as e:  # the page will say so
         _logger.warning("warm-up: %s", e)
-    except Exception:  # noqa: BLE001 - never take the server down from a warm-up; the page will show it
+    except Exception:  # never take the server down from a warm-up; logged, and the page will show it
         _logger.exception("warm-up failed")
     state.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
@@ -54,8 +58,6 @@ def warm_up() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from vit_core.runtime import configure_threads

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # tests import vit_core / dashboard from the checkout
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parent.parent  # vit_core and dashboard are imported as installed (pip install -e .)
 
 torch.set_num_threads(2)
 

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 
-from conftest import REPO, drawn_image
+from conftest import drawn_image
 from vit_core import analyses, load_model, run_with_capture
 
 
 def run_cli(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "vit_core", "analyze", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "vit_core", "analyze", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 

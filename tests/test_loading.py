@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import REPO
 from vit_core import ModelError, OfflineError, WeightsError, load_model
 from vit_core.loading import TEACHING_MODEL, teaching_model_available
 
@@ -163,9 +162,10 @@ def populate_hub_cache(hf_home: Path) -> dict[str, torch.Tensor]:
     (repo / "refs" / "main").write_text("0" * 40)
     save_file(state, str(snapshot / "model.safetensors"))
     cfg = timm.models.get_pretrained_cfg("vit_tiny_patch16_224").to_dict()
+    kept = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std", "num_classes", "classifier", "first_conv")
     (snapshot / "config.json").write_text(json.dumps({
         "architecture": "vit_tiny_patch16_224", "num_classes": 1000,
-        "pretrained_cfg": {k: v for k, v in cfg.items() if k in ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std", "num_classes", "classifier", "first_conv")},
+        "pretrained_cfg": {k: v for k, v in cfg.items() if k in kept},
     }))
     return state
 
@@ -173,7 +173,7 @@ def populate_hub_cache(hf_home: Path) -> dict[str, torch.Tensor]:
 def run_isolated(code: str, hf_home: Path, offline: bool) -> dict:
     """Run `code` in a fresh interpreter with its own hub cache; it prints one JSON line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HOME=str(hf_home), PYTHONPATH=str(REPO))
+    env["HF_HOME"] = str(hf_home)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=240)
@@ -188,7 +188,8 @@ LOAD_AND_REPORT = """
     started = time.perf_counter()
     try:
         loaded = load_model({name!r})
-        result = {{"weights": loaded.weights, "pos_embed_sum": float(loaded.model.pos_embed.double().sum()), "classes": len(loaded.labels)}}
+        pos_embed_sum = float(loaded.model.pos_embed.double().sum())
+        result = {{"weights": loaded.weights, "pos_embed_sum": pos_embed_sum, "classes": len(loaded.labels)}}
     except OfflineError as e:
         result = {{"offline_error": str(e)}}
     result["seconds"] = time.perf_counter() - started

@@ -1,6 +1,5 @@
 """The core stays usable without the UI: nothing in vit_core imports streamlit."""
 
-import os
 import subprocess
 import sys
 
@@ -14,8 +13,7 @@ def test_vit_core_never_imports_streamlit():
         "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
         "print('streamlit' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
     for path in (REPO / "vit_core").rglob("*.py"):

@@ -2,6 +2,9 @@
 
 Writes DIR/<stem>.npz and DIR/<stem>.json per readable image (format: shared/spec/interface.md).
 A failure prints one line on stderr, the other images are still analysed, and the exit status is 2.
+
+The installed `vit-lens` command (dashboard/cli.py) is this parser plus a `dashboard` subcommand:
+a subcommand added here (`build_parser` and `COMMANDS`) appears there too.
 """
 
 from __future__ import annotations
@@ -21,19 +24,21 @@ from .runtime import configure_threads
 EXIT_FAILURES = 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m vit_core", description="ViT Lens: analyse images with a timm ViT.")
+def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The command-line parser and its subcommands (returned so that `vit-lens` can add `dashboard`)."""
+    parser = argparse.ArgumentParser(prog=prog, description="ViT Lens: analyse images with a timm ViT.")
     commands = parser.add_subparsers(dest="command", required=True)
     analyze = commands.add_parser("analyze", help="capture and analyse images; write .npz + .json per image")
     analyze.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
-    analyze.add_argument("--model", default=DEFAULT_MODEL, help=f"timm model name, hf-hub: id or vit-lens/shapes-vit (default {DEFAULT_MODEL})")
+    analyze.add_argument("--model", default=DEFAULT_MODEL,
+                         help=f"timm model name, hf-hub: id or vit-lens/shapes-vit (default {DEFAULT_MODEL})")
     source = analyze.add_mutually_exclusive_group()
     source.add_argument("--weights", type=Path, help="local weights file (.safetensors, .pth/.pt/.bin, .npz)")
     source.add_argument("--random-init", action="store_true", help="no pretrained weights: random init (seed 0)")
     analyze.add_argument("--labels", type=Path, help="label file (one class name per line, or JSON)")
     analyze.add_argument("--out", type=Path, default=Path("."), help="output folder (default: current)")
     analyze.add_argument("--topk", type=int, default=5, help="predictions in the .json (default 5)")
-    return parser
+    return parser, commands
 
 
 def _fail(message: str) -> None:
@@ -60,13 +65,18 @@ def analyze(args: argparse.Namespace) -> int:
     return EXIT_FAILURES if failures else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+COMMANDS = {"analyze": analyze}  # subcommand name -> its function of the parsed arguments (exit status)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand; returns the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
     configure_threads()
-    if args.command == "analyze":
-        return analyze(args)
-    return EXIT_FAILURES
+    return COMMANDS[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser()[0].parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""The installed `vit-lens` command.
+
+    vit-lens analyze IMAGE ... [options]      exactly `python -m vit_core analyze ...` (same parser, same output)
+    vit-lens dashboard [streamlit options]    start the dashboard: `python -m dashboard.serve [streamlit options]`
+
+Every subcommand of vit_core's own parser is offered as it is (a new one there appears here), plus
+`dashboard`, whose arguments all go to `streamlit run` untouched (e.g. `--server.port 8502`).
+Dependencies stay one way: this module imports vit_core, never the reverse.
+"""
+
+from __future__ import annotations
+
+import sys
+
+DASHBOARD = "dashboard"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [DASHBOARD]:
+        # Streamlit's own option parser takes everything after `dashboard` (argparse would refuse
+        # `--server.port`). Imported here: `vit-lens analyze` need not load Streamlit.
+        from dashboard import serve
+
+        serve.main(argv[1:])
+        return 0
+
+    from vit_core import __main__ as core_cli
+
+    parser, commands = core_cli.build_parser(prog="vit-lens")
+    commands.add_parser(DASHBOARD, add_help=False, help="start the dashboard; options go to `streamlit run` "
+                        "(e.g. --server.port 8502); the server settings come with the package")
+    return core_cli.run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
