@@ -25,6 +25,17 @@ FAMILY = {
 }
 
 
+def hooks_on(model: torch.nn.Module) -> int:
+    """Every forward (pre-)hook registered anywhere on `model`, whoever registered it: stricter than
+    vit_core's `recording_hooks_on`, which counts only the handles its own recording made.
+
+    torch has no public API that lists a module's hooks, so this reads its private per-module
+    dictionaries: the only private-API use in the tests, checked against the torch versions it was
+    written for."""
+    assert int(torch.__version__.split(".")[0]) == 2, f"hooks_on reads torch 2.x internals; check it for {torch.__version__}"
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
 def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Image:
     """A deterministic RGB test picture: a smooth gradient with a few bright rectangles."""
     rng = np.random.default_rng(seed)

@@ -49,6 +49,22 @@ def test_non_images_are_refused_with_a_sentence(data, message):
         decode_image(data)
 
 
+def fits_image(width: int = 4, height: int = 3) -> bytes:
+    """A minimal FITS file (astronomy's format, one that Pillow opens): 80-character header cards in a
+    2880-byte block, then the 8-bit pixels in another."""
+    cards = ["SIMPLE  =                    T", "BITPIX  =                    8", "NAXIS   =                    2",
+             f"NAXIS1  = {width:>20}", f"NAXIS2  = {height:>20}", "END"]
+    header = "".join(card.ljust(80) for card in cards).ljust(2880).encode("ascii")
+    return header + bytes(range(width * height)).ljust(2880, b"\0")
+
+
+def test_a_format_pillow_reads_but_vit_lens_does_not_offer_is_refused():
+    data = fits_image()
+    assert Image.open(io.BytesIO(data)).format == "FITS"  # Pillow alone would decode it, whatever its name
+    with pytest.raises(ImageError, match="not an image ViT Lens can read. Use JPEG, PNG"):
+        decode_image(data)  # e.g. uploaded as "photo.png"
+
+
 def test_zip_is_refused():
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:

@@ -88,6 +88,32 @@ def test_missing_blocks_are_refused(tmp_path):
         load_model("vit_tiny_patch16_224", weights=path, **TINY)
 
 
+def test_fewer_blocks_name_the_missing_tensors_and_a_wider_head_its_shape(tmp_path):
+    path = tmp_path / "shallow.safetensors"
+    state = tiny_state(depth=1)
+    state["head.weight"] = torch.zeros(10, 7)  # and a head of the wrong width (the class count comes from dim 0)
+    save_file(state, str(path))
+    with pytest.raises(WeightsError) as refused:
+        load_model("vit_tiny_patch16_224", weights=path, **TINY)
+    message = str(refused.value)
+    assert message.startswith("shallow.safetensors does not fit vit_tiny_patch16_224: 12 missing tensors (blocks.1.")
+    assert ", ...); shape mismatch: head.weight (10, 7) vs (10, 192) (file vs model). Is it the right architecture?" in message
+
+
+def test_a_weights_file_is_read_once_and_the_model_checked_once(tmp_path, monkeypatch):
+    from vit_core import loading
+
+    path = tmp_path / "ft.safetensors"
+    save_file(tiny_state(num_classes=10), str(path))
+    reads, checks = [], []
+    read, check = loading.read_state_dict, loading.check_supported
+    monkeypatch.setattr(loading, "read_state_dict", lambda p: reads.append(p) or read(p))
+    monkeypatch.setattr(loading, "check_supported", lambda model, name: checks.append(name) or check(model, name))
+    loaded = load_model("vit_tiny_patch16_224", weights=path, **TINY)
+    assert loaded.geometry.num_classes == 10
+    assert len(reads) == 1 and len(checks) == 1
+
+
 def test_truncated_safetensors_is_refused(tmp_path):
     path = tmp_path / "cut.safetensors"
     save_file(tiny_state(), str(path))

@@ -17,14 +17,14 @@ import os
 # yet (the CLI, a notebook importing vit_core first); scripts/dashboard and scripts/test export it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from . import analyses  # noqa: E402
-from .capture import Capture, hook_count, preprocess, run_with_capture  # noqa: E402
-from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError  # noqa: E402
-from .images import DecodedImage, decode_image, load_image  # noqa: E402
-from .loading import DEFAULT_MODEL, TEACHING_MODEL, Geometry, LoadedModel, hub_reachable, load_model  # noqa: E402
+from . import analyses
+from .capture import Capture, preprocess, recording_hooks_on, run_with_capture
+from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
+from .images import DecodedImage, decode_image, load_image
+from .loading import DEFAULT_MODEL, TEACHING_MODEL, Geometry, LoadedModel, hub_reachable, load_model
 
 __all__ = [
     "analyses", "Capture", "CaptureError", "DecodedImage", "DEFAULT_MODEL", "Geometry", "ImageError",
     "LoadedModel", "ModelError", "OfflineError", "TEACHING_MODEL", "ViTLensError", "WeightsError",
-    "decode_image", "hook_count", "hub_reachable", "load_image", "load_model", "preprocess", "run_with_capture",
+    "decode_image", "hub_reachable", "load_image", "load_model", "preprocess", "recording_hooks_on", "run_with_capture",
 ]

@@ -1,25 +1,27 @@
 """One forward pass with forward hooks, returned as one frozen result.
 
 `run_with_capture` is the only place that touches the model during a pass. Hooks exist only inside
-`_hooks_installed` and are removed in its `finally`, as is the one module flag it changes
-(`attn.fused_attn`: timm's fused SDPA path never materialises the attention matrix). The result
-holds CPU float32 numpy arrays with the batch axis removed, made read-only, so it can be cached and
-shared between sessions without copies.
+the recording context managers (`attention_recorded`, `_intermediates_recorded`) and are removed on
+their way out, as is the one module flag they change (`attn.fused_attn`: timm's fused SDPA path
+never materialises the attention matrix); `recording_hooks_on(model)` counts the ones still
+registered (0 outside a pass). The result holds CPU float32 numpy arrays with the batch axis
+removed, made read-only, so it can be cached and shared between sessions without copies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from PIL import Image
-from timm.data import create_transform
-from torchvision import transforms as T
+from torch.utils.hooks import RemovableHandle
 
 from .analyses import softmax
 from .errors import CaptureError
@@ -54,23 +56,39 @@ class Capture:
 # Preprocessing: timm's eval transform, split where the PIL crop becomes a tensor
 
 
-def split_eval_transform(data_config: dict) -> tuple[T.Compose, T.Compose]:
-    """timm's eval transform for this model as (PIL -> PIL crop, PIL crop -> normalised tensor)."""
-    transform = create_transform(**data_config, is_training=False)
-    steps = list(transform.transforms)
-    to_tensor_at = next(i for i, t in enumerate(steps) if type(t).__name__ in ("ToTensor", "MaybeToTensor", "PILToTensor"))
-    return T.Compose(steps[:to_tensor_at]), T.Compose(steps[to_tensor_at:])
-
-
 def preprocess(loaded: LoadedModel, image: Image.Image) -> tuple[np.ndarray, torch.Tensor]:
-    """The crop the model sees (uint8 (H, W, 3)) and its normalised tensor ((1, 3, H, W))."""
-    to_crop, to_tensor = split_eval_transform(loaded.data_config)
-    crop = to_crop(to_rgb(image))
-    return np.asarray(crop, dtype=np.uint8).copy(), to_tensor(crop).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W)
+    """The crop the model sees (uint8 (H, W, 3)) and its normalised tensor ((1, 3, H, W)), through the
+    model's eval transform (built once, at load time: `LoadedModel.crop_transform` / `tensor_transform`)."""
+    crop = loaded.crop_transform(to_rgb(image))
+    return np.asarray(crop, dtype=np.uint8).copy(), loaded.tensor_transform(crop).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W)
 
 
 # ----------------------------------------------------------------------------------------------
-# Hooks
+# Hooks: registered only through `_register`, which keeps each handle until it is removed, so that
+# the recording's own hooks can be counted without reading torch's private hook dictionaries.
+
+_live_handles: weakref.WeakKeyDictionary[torch.nn.Module, set[RemovableHandle]] = weakref.WeakKeyDictionary()
+_live_handles_lock = threading.Lock()
+
+
+def _register(stack: contextlib.ExitStack, model: torch.nn.Module, handle: RemovableHandle) -> None:
+    """Note `handle` as one of `model`'s recording hooks, removed (and forgotten) when `stack` closes."""
+    with _live_handles_lock:
+        _live_handles.setdefault(model, set()).add(handle)
+
+    def remove() -> None:
+        handle.remove()
+        with _live_handles_lock:
+            _live_handles[model].discard(handle)
+
+    stack.callback(remove)
+
+
+def recording_hooks_on(model: torch.nn.Module) -> int:
+    """Hooks the recording context managers registered on `model` (or its modules) and have not
+    removed yet: 0 outside a pass, also after a forward that raised."""
+    with _live_handles_lock:
+        return len(_live_handles.get(model, ()))
 
 
 @contextlib.contextmanager
@@ -82,42 +100,34 @@ def attention_recorded(model: torch.nn.Module, record: Callable[[torch.Tensor], 
     timm's fused SDPA path never materialises the pattern (a hook on `attn_drop` would see nothing);
     the un-fused path computes softmax(q k^T * scale) and passes it through `attn_drop`.
     """
-    blocks = list(model.blocks)
-    fused_before = [blk.attn.fused_attn for blk in blocks]
-    handles = []
-    try:
-        for blk in blocks:
+    with contextlib.ExitStack() as stack:
+        for blk in model.blocks:
+            stack.callback(setattr, blk.attn, "fused_attn", blk.attn.fused_attn)  # restored on exit
             blk.attn.fused_attn = False
-            handles.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: record(o.detach())))
+            _register(stack, model, blk.attn.attn_drop.register_forward_hook(lambda m, i, o: record(o.detach())))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for blk, fused in zip(blocks, fused_before):
-            blk.attn.fused_attn = fused
 
 
 @contextlib.contextmanager
-def _hooks_installed(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
-    """Register the capture hooks (attention, tokens, embeddings, head input) in eval mode; undo all on exit."""
-    was_training = model.training
+def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
+    """Inside the block, a forward pass in eval mode appends every intermediate the result needs
+    (attention, tokens, patch embeddings, head input) to `store`; mode and hooks restored on exit."""
 
     def keep(key: str, tensor: torch.Tensor) -> None:
         store.setdefault(key, []).append(tensor.detach())
 
     with contextlib.ExitStack() as stack:
-        stack.callback(model.train, was_training)
+        stack.callback(model.train, model.training)
         model.eval()
         stack.enter_context(attention_recorded(model, lambda pattern: keep("pattern", pattern)))
-        handles = [
+        for handle in (
             model.patch_embed.register_forward_hook(lambda m, i, o: keep("patch_embeddings", o)),
             model.blocks[0].register_forward_pre_hook(lambda m, args: keep("tokens", args[0])),
+            *(blk.register_forward_hook(lambda m, i, o: keep("tokens", o)) for blk in model.blocks),
             model.norm.register_forward_hook(lambda m, i, o: keep("final_tokens", o)),
             model.head.register_forward_pre_hook(lambda m, args: keep("pre_logits", args[0])),
-        ]
-        handles += [blk.register_forward_hook(lambda m, i, o: keep("tokens", o)) for blk in model.blocks]
-        for handle in handles:
-            stack.callback(handle.remove)
+        ):
+            _register(stack, model, handle)
         yield
 
 
@@ -131,24 +141,20 @@ def _frozen(t: torch.Tensor) -> np.ndarray:
 # The entry point
 
 
-def run_with_capture(loaded: LoadedModel, image: Image.Image, *, bf16: bool = False) -> Capture:
+def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     """Preprocess `image` as the model's pretrained config says, run one hooked forward pass, and
     return every intermediate as numpy.
 
     Safe to call from many threads on one shared `loaded`: passes are serialised by its lock (the
     hooks and the attention flag are per-model state). Raises CaptureError if the model did not
     produce exactly one attention pattern per block.
-
-    bf16=True runs the pass under CPU bf16 autocast (an opt-in fast mode, only where
-    `runtime.bf16_supported()`; results are still returned as float32, but are approximate).
     """
     model, geometry = loaded.model, loaded.geometry
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W)
     store: dict[str, list[torch.Tensor]] = {}
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with loaded.lock:
         started = time.perf_counter()
-        with torch.inference_mode(), autocast, _hooks_installed(model, store):
+        with torch.inference_mode(), _intermediates_recorded(model, store):
             logits = model(x)  # (1, C)
         seconds = time.perf_counter() - started
 
@@ -179,8 +185,3 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image, *, bf16: bool = Fa
         logits=_frozen(logits[0]),  # (1, C) -> (C,)
         forward_seconds=seconds,
     )
-
-
-def hook_count(model: torch.nn.Module) -> int:
-    """Forward (pre-)hooks registered anywhere on `model` (0 outside a capture)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

@@ -24,7 +24,11 @@ _logger = logging.getLogger(__name__)
 # Refuse before decoding anything larger: 50 MP is a 8660 x 5770 photo, well above any phone camera,
 # and below Pillow's own decompression-bomb warning level (89 MP), so we decide, not a warning filter.
 MAX_PIXELS = 50_000_000
-SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
+# The only formats Pillow may open here (its JPEG opener also takes MPO, the JPEG variant some
+# cameras write). Left to itself Pillow would also open FITS, EPS, PSD, ICO and dozens more, some
+# through external programs (EPS: Ghostscript), whatever the file's name says; a file of any other
+# format is refused like a non-image.
+SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
 UPLOAD_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 
 _WHITE = (255, 255, 255)
@@ -105,7 +109,7 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> Decode
     if not data:
         raise ImageError("The file is empty.")
     try:
-        im = Image.open(io.BytesIO(data))
+        im = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         if isinstance(e, Image.DecompressionBombError):
             raise ImageError(f"The image is too large to open safely (over {MAX_PIXELS // 1_000_000} MP).") from e

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import timm
 import timm.data
+import torch
+from timm.data.transforms import MaybePILToTensor
 from timm.models.vision_transformer import VisionTransformer
+from torchvision import transforms as T
 
 from .errors import ModelError, OfflineError, WeightsError
 
@@ -91,9 +93,29 @@ class LoadedModel:
     labels: tuple[str, ...] | None  # class names in head order, or None (indices are shown)
     # Forwards on a shared model are serialised: capture flips module flags and registers hooks.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # timm's eval transform for `data_config`, built once here and split where the crop becomes a tensor:
+    crop_transform: T.Compose = field(init=False, repr=False, compare=False)  # PIL RGB -> PIL crop (H, W)
+    tensor_transform: T.Compose = field(init=False, repr=False, compare=False)  # PIL crop -> float32 (3, H, W), normalised
+
+    def __post_init__(self) -> None:
+        crop, to_tensor = split_eval_transform(self.data_config)
+        object.__setattr__(self, "crop_transform", crop)  # frozen dataclass: set once, at construction
+        object.__setattr__(self, "tensor_transform", to_tensor)
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels and index < len(self.labels) else f"class {index}"
+
+
+def split_eval_transform(data_config: dict[str, Any]) -> tuple[T.Compose, T.Compose]:
+    """timm's eval transform for `data_config` as (PIL -> PIL crop, PIL crop -> normalised tensor).
+
+    The split is the one step that turns the PIL image into a tensor (torchvision's ToTensor, which
+    timm's MaybeToTensor extends, or a PILToTensor); everything before it is geometry on PIL images.
+    """
+    steps = list(timm.data.create_transform(**data_config, is_training=False).transforms)
+    to_tensor = [i for i, step in enumerate(steps) if isinstance(step, (T.ToTensor, T.PILToTensor, MaybePILToTensor))]
+    assert len(to_tensor) == 1, f"expected one PIL -> tensor step in timm's eval transform, found {steps}"
+    return T.Compose(steps[: to_tensor[0]]), T.Compose(steps[to_tensor[0]:])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,7 +296,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise WeightsError(f"{path.name} is not a valid safetensors file (truncated or damaged?): {e}") from e
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many types; all mean "refused"
+    except Exception as e:  # torch raises many types; all mean "refused"
         import pickle
 
         if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e) or "Unsupported global" in str(e):
@@ -296,42 +318,46 @@ def _head_classes(state: dict[str, torch.Tensor]) -> int | None:
     return int(head.shape[0]) if head is not None and head.ndim == 2 else None
 
 
-def _load_weights_into(model: VisionTransformer, path: Path, name: str) -> None:
-    if path.suffix.lower() == ".npz":  # the original Google JAX checkpoints, through timm's converter
+def _load_weights_into(model: VisionTransformer, path: Path, state: dict[str, torch.Tensor] | None, name: str) -> None:
+    """Load the weights file `path` into `model`: `state` is its tensors as already read (None for a JAX .npz)."""
+    if state is None:  # the original Google JAX checkpoints (.npz), through timm's converter
         try:
             model.load_pretrained(str(path))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise WeightsError(f"{path.name} is not a JAX ViT checkpoint that fits {name}: {e}") from e
         return
     from timm.models.vision_transformer import checkpoint_filter_fn
 
-    state = read_state_dict(path)
     try:
         state = checkpoint_filter_fn(state, model)  # timm's own conversions (e.g. pos_embed resampling)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise WeightsError(f"{path.name} does not fit {name}: {e}") from e
     result = _strict_load(model, state)
     if result:
         raise WeightsError(f"{path.name} does not fit {name}: {result}")
 
 
+def _first_three(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+
+
 def _strict_load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
-    """Load strictly; return a one-line description of the mismatch, or '' on success."""
+    """Load `state` into `model`; '' if every tensor fit exactly, else a one-line description of the
+    mismatch (the model is then partly loaded: discard it).
+
+    torch's `load_state_dict(strict=False)` reports missing and unexpected keys; tensors of the wrong
+    shape make it raise instead, so those are found (and left out) first.
+    """
     own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong_shape = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing tensors ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensors ({', '.join(unexpected[:3])}{', ...' if len(unexpected) > 3 else ''})")
+    wrong_shape = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    report = model.load_state_dict({k: v for k, v in state.items() if k not in wrong_shape}, strict=False)
+    missing = [k for k in report.missing_keys if k not in wrong_shape]
+    problems = [f"{len(keys)} {what} tensors ({_first_three(keys)})"
+                for what, keys in (("missing", missing), ("unexpected", report.unexpected_keys)) if keys]
     if wrong_shape:
-        problems.append(f"shape mismatch: {'; '.join(wrong_shape[:3])} (file vs model)")
-    if problems:
-        return "; ".join(problems) + ". Is it the right architecture?"
-    model.load_state_dict(state, strict=True)
-    return ""
+        shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong_shape[:3]]
+        problems.append(f"shape mismatch: {'; '.join(shapes)} (file vs model)")
+    return "; ".join(problems) + ". Is it the right architecture?" if problems else ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -423,34 +449,35 @@ def load_model(
     """
     started = time.perf_counter()
     label_names: tuple[str, ...] | None = None
+    checked = False  # check_supported has passed for this architecture
     if name == TEACHING_MODEL:
         model, label_names = _load_teaching_model()
         source = f"bundled: {TEACHING_MODEL_DIR.name}"
     else:
         if not name.startswith("hf-hub:"):
             _check_name(name)
-            _probe_family(name, model_kwargs)
+            checked = _probe_family(name, model_kwargs)  # before any file is read or weights downloaded
         if weights is not None:
             weights = Path(weights)
-            if weights.suffix.lower() != ".npz":
-                classes = _head_classes(read_state_dict(weights))
-                if classes is not None:
-                    model_kwargs.setdefault("num_classes", classes)
-            with torch.random.fork_rng():
-                torch.manual_seed(seed)
-                model = _timm_create(name, pretrained=False, **model_kwargs)
-            check_supported(model, name)
-            _load_weights_into(model, weights, name)
+            # Read once (a file can be 350 MB): the head size comes from it, then its tensors go in.
+            state = None if weights.suffix.lower() == ".npz" else read_state_dict(weights)
+            classes = _head_classes(state) if state is not None else None
+            if classes is not None:
+                model_kwargs.setdefault("num_classes", classes)
+            model = _random_init(name, seed, model_kwargs)
+            if not checked:  # refuse a non-ViT before trying its weights: the clearer message
+                check_supported(model, name)
+                checked = True
+            _load_weights_into(model, weights, state, name)
             source = f"file: {weights.name}"
             label_names = _labels_beside(weights)
         elif pretrained:
             model, source = _create_pretrained(name, **model_kwargs)
         else:
-            with torch.random.fork_rng():
-                torch.manual_seed(seed)
-                model = _timm_create(name, pretrained=False, **model_kwargs)
+            model = _random_init(name, seed, model_kwargs)
             source = f"random init (seed {seed})"
-    check_supported(model, name)
+    if not checked:
+        check_supported(model, name)
     model.eval()
 
     if labels is not None:
@@ -473,15 +500,26 @@ def load_model(
     return loaded
 
 
-def _probe_family(name: str, model_kwargs: dict[str, Any]) -> None:
-    """Refuse a non-ViT before building it for real (a resnet or swin costs nothing on 'meta')."""
+def _random_init(name: str, seed: int, model_kwargs: dict[str, Any]) -> torch.nn.Module:
+    """timm's random init of `name`, deterministic under `seed`, leaving the global RNG as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return _timm_create(name, pretrained=False, **model_kwargs)
+
+
+def _probe_family(name: str, model_kwargs: dict[str, Any]) -> bool:
+    """Refuse a non-ViT before building it for real (a resnet or swin costs nothing on 'meta').
+
+    Returns whether the check ran (False if the architecture can't be built on 'meta': the caller
+    checks the real model then)."""
     try:
         with torch.device("meta"):
             probe = timm.create_model(name, pretrained=False, **model_kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError, NotImplementedError) as e:
         _logger.debug("meta probe of %s failed (%s); checking after the real build", name, e)
-        return
+        return False
     check_supported(probe, name)
+    return True
 
 
 def teaching_model_available() -> bool:

@@ -34,15 +34,3 @@ def configure_threads(threads: int | None = None) -> int:
         torch.set_num_threads(threads)
     _logger.info("torch threads: %d", threads)
     return threads
-
-
-def bf16_supported() -> bool:
-    """Whether this CPU has native bf16 arithmetic (AVX512-BF16 or AMX), where bf16 autocast pays.
-
-    Without it, bf16 is emulated and slower than fp32, so the fast mode is not offered.
-    """
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in (" avx512_bf16", " amx_bf16"))
