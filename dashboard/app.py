@@ -1,23 +1,16 @@
 """ViT Lens: look inside a Vision Transformer, on your own image.
 
-    streamlit run dashboard/app.py
+    vit-lens dashboard        (or: streamlit run dashboard/app.py, with ViT Lens installed)
 
 Sidebar: model, image, downloads. Main area: a header, then one tab per stage of the forward pass.
 """
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-# `streamlit run dashboard/app.py` puts only dashboard/ on sys.path; the repository root is needed
-# for `import vit_core` and `import dashboard.*`.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import streamlit as st  # noqa: E402
-
-from dashboard import inputs, state, views  # noqa: E402
+from dashboard import inputs, process, state, views
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
-state.configure_torch_threads()
+process.configure_torch_threads()
 
 with st.sidebar:
     st.title("ViT Lens")
@@ -27,8 +20,8 @@ with st.sidebar:
     image = inputs.image_ui(loaded.name)
 
 with st.spinner("Running the model on this image..."):
-    cap = state.session_capture(request, loaded, image)
-    state.attention_distances(request, image, cap)  # every image seen joins the session's distance average
+    cap = state.held_capture(request, loaded, image)
+    state.record_attention_distances(request, image, cap)  # every image seen joins the session's distance average
 ctx = views.ViewContext(request, loaded, cap, image)
 
 with st.sidebar:
@@ -39,10 +32,10 @@ with st.sidebar:
 inputs.untrained_warning(loaded)
 views.header(ctx)
 
-tabs = st.tabs(views.VIEW_LABELS, key=state.K_VIEW, bind="query-params")
-for tab, view in zip(tabs, views.VIEWS):
+tabs = st.tabs(list(views.VIEWS), key=state.K_VIEW, bind="query-params")
+for tab, view in zip(tabs, views.VIEWS.values(), strict=True):
     if tab.open:  # only the open tab runs: switching tabs reruns the script, the forward pass stays cached
         with tab:
             view(ctx)
 
-state.freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap
+process.freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap

@@ -17,15 +17,18 @@ import io
 from typing import Sequence
 
 import matplotlib
+import matplotlib.colors
 import numpy as np
 import plotly.graph_objects as go
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
+from vit_core import analyses
+
 ATTENTION_CMAP = "inferno"
 OVERLAY_ALPHA = 0.65  # weight of the map's colour over the crop in every overlay
 SIMILARITY_CMAP = "viridis"
-DISPLAY_SIDE = 448  # the crop is enlarged to about this many pixels for display
+CROP_DISPLAY_SIDE = 448  # pixels: the model's crop (224 px for most models) is enlarged to about this for display
 _FONT_CACHE: dict[int, ImageFont.ImageFont] = {}
 
 
@@ -55,6 +58,11 @@ def jpeg_bytes(rgb: np.ndarray, quality: int = 90) -> bytes:
     return buffer.getvalue()
 
 
+def encode(rgb: np.ndarray, encoding: str) -> bytes:
+    """uint8 (H, W, 3) -> "png" or "jpeg" bytes."""
+    return {"png": png_bytes, "jpeg": jpeg_bytes}[encoding](rgb)
+
+
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
@@ -77,23 +85,25 @@ def _data_uri(data: bytes) -> str:
     return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
 
 
-def display_scale(crop_side: int, target: int = DISPLAY_SIDE) -> int:
+def display_scale(crop_side: int, target: int = CROP_DISPLAY_SIDE) -> int:
     """Integer enlargement so a crop of `crop_side` pixels shows at about `target` pixels."""
     return max(1, round(target / crop_side))
 
 
-def enlarge(rgb: np.ndarray, scale: int) -> np.ndarray:
-    """Nearest-neighbour enlargement: every pixel becomes a scale x scale block."""
-    return rgb if scale == 1 else np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+def enlarge(array: np.ndarray, scale: int | tuple[int, int]) -> np.ndarray:
+    """Nearest-neighbour enlargement of the first two axes: every entry becomes a block of
+    scale x scale (or sy x sx) entries. (h, w, ...) -> (h*sy, w*sx, ...)."""
+    sy, sx = (scale, scale) if isinstance(scale, int) else scale
+    if (sy, sx) == (1, 1):
+        return array
+    return np.repeat(np.repeat(array, sy, axis=0), sx, axis=1)
 
 
 def colorize(values: np.ndarray, cmap: str = ATTENTION_CMAP, vmin: float | None = None, vmax: float | None = None) -> np.ndarray:
-    """Float array -> uint8 RGB through a matplotlib colormap; min-max scaled unless vmin/vmax given."""
-    lo = float(np.nanmin(values)) if vmin is None else vmin
-    hi = float(np.nanmax(values)) if vmax is None else vmax
-    scaled = np.zeros_like(values, dtype=np.float64) if hi <= lo else (values - lo) / (hi - lo)
-    rgba = _colormap(cmap)(np.clip(scaled, 0, 1))
-    return (rgba[..., :3] * 255).round().astype(np.uint8)
+    """Float array -> uint8 RGB through a matplotlib colormap; min-max scaled unless vmin/vmax given
+    (a constant array gets the colormap's low end; NaN its "bad" colour)."""
+    norm = matplotlib.colors.Normalize(vmin, vmax, clip=True)
+    return _colormap(cmap)(norm(np.ma.masked_invalid(values)), bytes=True)[..., :3]
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,8 +115,7 @@ def _colormap(name: str) -> matplotlib.colors.Colormap:
 
 def map_to_pixels(amap: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     """(gh, gw) -> (gh*ph, gw*pw): each patch value fills its patch (no smoothing, no invention)."""
-    ph, pw = patch_size
-    return np.repeat(np.repeat(amap, ph, axis=0), pw, axis=1)
+    return enlarge(amap, patch_size)
 
 
 def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alpha: float = OVERLAY_ALPHA,
@@ -167,9 +176,9 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
     k = np.arange(gh * gw)
     rows, cols = np.divmod(k, gw)
     xs, ys = (cols + 0.5) * pw * s, (rows + 0.5) * ph * s
-    text = [f"patch {i} (row {r}, col {c})" for i, r, c in zip(k, rows, cols)]
+    text = [f"patch {i} (row {r}, col {c})" for i, r, c in zip(k, rows, cols, strict=True)]
     if hover_values is not None:
-        text = [f"{t}<br>value {v:.4f}" for t, v in zip(text, hover_values.reshape(-1))]
+        text = [f"{t}<br>value {v:.4f}" for t, v in zip(text, hover_values.reshape(-1), strict=True)]
     source = _data_uri(data)
     marker_px = 0.9 * height / gh
     patches = go.Scatter(
@@ -202,7 +211,7 @@ def mosaic(tiles: Sequence[np.ndarray], titles: Sequence[str], cols: int, pad: i
     sheet = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + title_height + pad) + pad), (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
     f = font(13)
-    for i, (tile, title) in enumerate(zip(tiles, titles)):
+    for i, (tile, title) in enumerate(zip(tiles, titles, strict=True)):
         r, c = divmod(i, cols)
         x, y = pad + c * (tw + pad), pad + r * (th + title_height + pad)
         draw.text((x, y), title, fill=(0, 0, 0), font=f)
@@ -289,9 +298,7 @@ def token_matrix_png(tokens: np.ndarray, title: str, num_prefix_tokens: int, hei
 
 def filters_grid_png(images: np.ndarray, titles: Sequence[str], cols: int, title: str, tile_side: int = 64) -> bytes:
     """(k, ph, pw, 3) filter images, min-max scaled each on its own for display, in one sheet."""
-    lo = images.min(axis=(1, 2, 3), keepdims=True)
-    hi = images.max(axis=(1, 2, 3), keepdims=True)
-    scaled = np.where(hi > lo, (images - lo) / np.where(hi > lo, hi - lo, 1), 0.5)
+    scaled = analyses.minmax_scale(images, axis=(1, 2, 3))  # (k, ph, pw, 3) in [0, 1]
     s = max(1, tile_side // images.shape[2])
     tiles = [enlarge((im * 255).round().astype(np.uint8), s) for im in scaled]
     sheet = mosaic(tiles, titles, cols)
@@ -405,7 +412,7 @@ def top_k_png(labels: Sequence[str], probs: Sequence[float]) -> bytes:
     y = np.arange(len(labels))[::-1]
     ax.barh(y, np.asarray(probs) * 100, color="#4c72b0")
     ax.set_yticks(y, [label if len(label) <= 40 else label[:38] + "..." for label in labels], fontsize=9)
-    for yi, p in zip(y, probs):
+    for yi, p in zip(y, probs, strict=True):
         ax.text(p * 100 + 1, yi, f"{p * 100:.1f}%", va="center", fontsize=8)
     ax.set_xlim(0, 110)
     ax.set_xlabel("probability (%)")
@@ -422,7 +429,7 @@ def logits_png(logits: np.ndarray, marked: Sequence[int], marked_labels: Sequenc
         ax.plot(idx, logits, lw=0.6, color="#555")
     else:
         ax.bar(idx, logits, color="#888")
-    for i, label in zip(marked, marked_labels):
+    for i, label in zip(marked, marked_labels, strict=True):
         ax.plot([i], [logits[i]], "o", color="#d62728", ms=4)
         ax.annotate(label[:20], (i, logits[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("class index")

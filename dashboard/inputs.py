@@ -7,31 +7,31 @@ from __future__ import annotations
 import streamlit as st
 
 import vit_core
-from dashboard import state, text
+from dashboard import examples, models, state, text
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
 from vit_core import export
 from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_default_model
-
 
 # ----------------------------------------------------------------------------------------------
 # Model
 
 
-def model_ui() -> state.ModelRequest | None:
+def model_ui() -> models.ModelRequest | None:
     """The model choice (bound to `?model=`); None while own weights are chosen but not uploaded yet."""
-    choices = state.model_choices()
+    choices = models.model_choices()
     names = list(choices)
     start = env_default_model()
     name = st.selectbox("Model", names, index=names.index(start) if start in names else 0, key=state.K_MODEL,
                         format_func=lambda n: choices[n], bind="query-params",
                         help="timm Vision Transformers; pretrained weights are downloaded once (the first time "
                              "can take a minute). The bundled Shapes ViT works offline.")
-    if name != state.UPLOAD_WEIGHTS:
-        return state.ModelRequest(name)
-    archs = [n for n in state.MODEL_CHOICES if n not in (TEACHING_MODEL, state.UPLOAD_WEIGHTS)]
+    if name != models.UPLOAD_WEIGHTS:
+        return models.ModelRequest(name)
+    archs = [n for n in models.MODEL_CHOICES if n not in (TEACHING_MODEL, models.UPLOAD_WEIGHTS)]
     arch = st.selectbox("Architecture of your weights", archs, key=state.K_ARCH,
                         help="Any timm ViT name works from Python; here, the listed ones.")
-    weights = st.file_uploader(f"Weights file (up to {state.MAX_WEIGHTS_MB} MB)", type=[s.lstrip(".") for s in WEIGHT_SUFFIXES],
-                               key=state.K_WEIGHTS, max_upload_size=state.MAX_WEIGHTS_MB,
+    weights = st.file_uploader(f"Weights file (up to {models.MAX_WEIGHTS_MB} MB)", type=[s.lstrip(".") for s in WEIGHT_SUFFIXES],
+                               key=state.K_WEIGHTS, max_upload_size=models.MAX_WEIGHTS_MB,
                                help="safetensors preferred; .pth/.pt/.bin are loaded with weights_only (no code runs)")
     labels = st.file_uploader("Label file (optional: one class per line, or JSON)", type=["txt", "json"], key=state.K_LABELS)
     if weights is None:
@@ -42,19 +42,19 @@ def model_ui() -> state.ModelRequest | None:
     if labels is not None:
         labels_path, labels_digest = state.save_upload(labels)
         digest += labels_digest[:16]
-    return state.ModelRequest(arch, weights_path=weights_path, labels_path=labels_path, weights_id=digest)
+    return models.ModelRequest(arch, weights_path=weights_path, labels_path=labels_path, weights_id=digest)
 
 
-def load_model_ui(request: state.ModelRequest | None) -> tuple[state.ModelRequest, LoadedModel]:
+def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
     """Load the requested model with a spinner. A model that can't be had (offline, bad weights):
     say why, and show the bundled teaching model (or an untrained tiny one) instead."""
     if request is None:
-        request, _ = state.fallback_request()
+        request, _ = models.fallback_request()
     try:
         with st.spinner(f"Loading {request.name} (downloading its weights the first time)...", show_time=True):
             return request, state.load(request)
     except vit_core.ViTLensError as e:
-        fallback, note = state.fallback_request()
+        fallback, note = models.fallback_request()
         kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
         st.error(f"{kind}: {e}\n\n{note}")
         with st.spinner("Loading the fallback model..."):
@@ -65,15 +65,15 @@ def load_model_ui(request: state.ModelRequest | None) -> tuple[state.ModelReques
 # Image
 
 
-def image_ui(model_name: str) -> state.ImageChoice | None:
+def image_ui(model_name: str) -> ImageChoice | None:
     """Example, upload or camera: the input touched last wins. A bad file: an error and the previous image."""
-    examples = state.example_names()
-    default = state.default_example(model_name)
-    example = st.selectbox("Example image", examples, index=examples.index(default), key=state.K_EXAMPLE,
+    names = examples.example_names()
+    default = examples.default_example(model_name)
+    example = st.selectbox("Example image", names, index=names.index(default), key=state.K_EXAMPLE,
                            bind="query-params", on_change=state.set_image_source, args=("example",))
-    upload = st.file_uploader(f"...or your own image (up to {state.MAX_IMAGE_MB} MB)", type=list(state.IMAGE_TYPES),
-                              key=state.K_UPLOAD, max_upload_size=state.MAX_IMAGE_MB, on_change=state.set_image_source,
-                              args=("upload",), help=text.UPLOAD_HELP.format(mb=state.MAX_IMAGE_MB))
+    upload = st.file_uploader(f"...or your own image (up to {MAX_IMAGE_MB} MB)", type=list(IMAGE_TYPES),
+                              key=state.K_UPLOAD, max_upload_size=MAX_IMAGE_MB, on_change=state.set_image_source,
+                              args=("upload",), help=text.UPLOAD_HELP.format(mb=MAX_IMAGE_MB))
     camera = None
     if st.toggle("Take a photo with the camera", key=state.K_CAMERA_ON):
         camera = st.camera_input("Camera", key=state.K_CAMERA, on_change=state.set_image_source, args=("camera",))

@@ -12,7 +12,7 @@ loads the start-up model there too. Here the server process imports them first, 
 count once from the CPU quota, and loads the start-up model ($VIT_LENS_MODEL, else ViT-B/16) into
 the dashboard's shared cache in the background while Streamlit starts, with the capture of the
 default example image. Offline, that attempt fails
-fast and is remembered (dashboard.state.load), so the first page says why at once and shows the
+fast and is remembered (dashboard.models.FailureMemory), so the first page says why at once and shows the
 bundled model, which is loaded here too.
 """
 
@@ -33,26 +33,26 @@ def warm_up() -> None:
     had, the fallback), the capture of the default example image, and a first figure (matplotlib's
     fonts and first draw cost about a second)."""
     import vit_core
-    from dashboard import figures, state
+    from dashboard import examples, figures, models, process, state
 
     started = time.perf_counter()
-    request = state.ModelRequest(vit_core.loading.env_default_model())
+    request = models.ModelRequest(vit_core.loading.env_default_model())
     try:
         try:
             loaded = state.load(request)
         except vit_core.ViTLensError as e:
             _logger.warning("start-up model %s unavailable (%s); loading the fallback", request.name, e)
-            request = state.fallback_request()[0]
+            request = models.fallback_request()[0]
             loaded = state.load(request)
-        example = state.default_example(loaded.name)
-        cap = state.capture(request, loaded, state.decode(example, state.example_bytes(example)))
+        example = examples.default_example(loaded.name)
+        cap = state.shared_capture(request, loaded, state.decode(example, state.example_bytes(example)))
         figures.token_matrix_png(cap.tokens[-1], "warm-up", cap.geometry.num_prefix_tokens)
         import plotly.graph_objects  # noqa: F401 - the first interactive figure
     except vit_core.ViTLensError as e:  # the page will say so
         _logger.warning("warm-up: %s", e)
     except Exception:  # never take the server down from a warm-up; logged, and the page will show it
         _logger.exception("warm-up failed")
-    state.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
+    process.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
 
 

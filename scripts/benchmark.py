@@ -3,8 +3,7 @@
     .venv/bin/python scripts/benchmark.py [--model vit_base_patch16_224] [--repeats 15] [--no-dashboard] [--no-browser]
 
 1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward,
-   `run_with_capture`, capture + all per-image analyses of the export, and the bf16 fast mode
-   (or why it isn't offered).
+   `run_with_capture`, capture + all per-image analyses of the export.
 2. Dashboard, server side (AppTest, no browser): a new image with each view open; every view with the
    capture cached (a tab switch); each control change. AppTest reruns the whole script, so these
    are an upper bound of a fragment rerun.
@@ -31,20 +30,18 @@ import argparse
 import asyncio
 import io
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from dashboard.views import VIEWS
+from vit_core import load_model, preprocess, run_with_capture
+from vit_core.export import analysis_arrays, model_arrays
+from vit_core.runtime import configure_threads
 
-from vit_core import load_model, preprocess, run_with_capture  # noqa: E402
-from vit_core.export import analysis_arrays, model_arrays  # noqa: E402
-from vit_core.runtime import bf16_supported, configure_threads  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sample_image():
@@ -89,7 +86,7 @@ def core(model: str, repeats: int) -> dict[str, float]:
     # Ratios per round, then their median: this VM's speed drifts (identical runs differ by 10-30 %), and a
     # ratio of two medians taken at different moments carries that drift; each round runs every variant once.
     plain = times["plain timm forward (fused attention)"]
-    ratios = {name: statistics.median(t / p for t, p in zip(samples, plain)) for name, samples in times.items()}
+    ratios = {name: statistics.median(t / p for t, p in zip(samples, plain, strict=True)) for name, samples in times.items()}
     g = loaded.geometry
     print(f"\n== 1. core: {model} (random init), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
           f"CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} interleaved rounds")
@@ -99,33 +96,13 @@ def core(model: str, repeats: int) -> dict[str, float]:
         p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
         print(f"{name:40s} {median * 1e3:10.1f} {p90 * 1e3:8.1f} {ratios[name]:6.2f}")
     print(f"once per model (filter PCA, position-embedding similarity): {per_model_seconds * 1e3:.0f} ms")
-    report_bf16(loaded, image, repeats, statistics.median(times["run_with_capture"]))
     return {name: statistics.median(samples) for name, samples in times.items()} | {
         f"{name} ratio": ratio for name, ratio in ratios.items()}
-
-
-def report_bf16(loaded, image, repeats: int, fp32_seconds: float) -> None:
-    """The opt-in bf16 fast mode: speed-up and largest attention error against fp32, or why not."""
-    if not bf16_supported():
-        print("bf16 fast mode: not offered, this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
-        return
-    reference = run_with_capture(loaded, image)
-    fast = run_with_capture(loaded, image, bf16=True)
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run_with_capture(loaded, image, bf16=True)
-        samples.append(time.perf_counter() - started)
-    bf16_seconds = statistics.median(samples)
-    error = float(abs(fast.pattern - reference.pattern).max())
-    print(f"bf16 fast mode: {bf16_seconds * 1e3:.1f} ms, {fp32_seconds / bf16_seconds:.2f}x faster than fp32 capture, "
-          f"largest attention error {error:.2e}, top-1 {'same' if fast.logits.argmax() == reference.logits.argmax() else 'DIFFERENT'}")
 
 
 # ----------------------------------------------------------------------------------------------
 # 2. The dashboard, server side (AppTest)
 
-VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
 CONTROLS = [  # (view, widget kind, key, two values to alternate)
     ("Attention", "slider", "layer", [0, 5]),
     ("Attention", "selectbox", "head", [3, -1]),
@@ -234,7 +211,8 @@ def browser(model: str, images: int, changes: int) -> dict[str, float]:
     print(loadtest.summarise("new image -> views rendered", result.new_image))
     print(loadtest.summarise("control change -> rendered", result.control))
     for kind in ("layer slider", "head select"):
-        print(loadtest.summarise(f"  of which {kind}", [t for t, k in zip(result.control, result.control_kinds) if k == kind]))
+        times = [t for t, k in zip(result.control, result.control_kinds, strict=True) if k == kind]
+        print(loadtest.summarise(f"  of which {kind}", times))
     print(f"server peak RSS: {rss.peak_mb:.0f} MB")
     return {"cold start": cold, "new image": statistics.median(result.new_image) if result.new_image else float("nan"),
             "control change": statistics.median(result.control) if result.control else float("nan"),

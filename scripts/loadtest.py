@@ -61,10 +61,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dashboard.models import TEST_TINY, build_named_model
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-TINY = "test-tiny"
 # Compared arrays: exact for the crop, tight tolerances for float results of the same computation.
 EXACT = ("input_image", "grid", "patch_size", "num_prefix_tokens")
 RTOL, ATOL = 1e-4, 1e-5
@@ -311,7 +312,8 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
                 await page.get_by_role("tab", name="Attention", exact=True).click()
                 await main.get_by_text("mean of heads", exact=False).first.wait_for(timeout=step_timeout_ms)
                 await idle(page, step_timeout_ms, poll_ms)
-                slider = main.locator('[data-testid="stSlider"]').filter(has_text="Layer (0 = first block)").locator('input[type="range"]')
+                slider = (main.locator('[data-testid="stSlider"]').filter(has_text="Layer (0 = first block)")
+                          .locator('input[type="range"]'))
                 layer = int(await slider.input_value())
             for change in range(changes):
                 panel = page.locator('[role="tabpanel"]:visible')
@@ -481,12 +483,8 @@ async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, 
 
 
 def reference_model(model: str, random_init: bool):
-    """The model the server shows, built the same way (random init: timm's, seed 0)."""
-    from vit_core import load_model
-
-    if model == TINY:
-        return load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
-    return load_model(model, pretrained=not random_init)
+    """The model the server shows, built the same way (dashboard.models; random init: timm's, seed 0)."""
+    return build_named_model(model, random_init)
 
 
 def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
@@ -553,7 +551,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             sampler.__enter__()
         say(f"{sessions} sessions ({browsers} chromium pages, {sessions - browsers} protocol clients)"
             f" x {images} images x {changes} control changes, model {model}"
-            f"{' (random init)' if random_init and model != TINY else ''}"
+            f"{' (random init)' if random_init and model != TEST_TINY else ''}"
             f"{f', first image a {photo_size[0]}x{photo_size[1]} photo' if photo_size else ''}")
         t0 = time.perf_counter()
         try:
@@ -605,7 +603,8 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         say(summarise("    of which each session's first", [r.new_image[0] for r in mine if r.new_image]))
         say(summarise(f"  control change -> {what}", [t for r in mine for t in r.control]))
         for kind in ("layer slider", "head select"):
-            say(summarise(f"    of which {kind}", [t for r in mine for t, k in zip(r.control, r.control_kinds) if k == kind]))
+            times = [t for r in mine for t, k in zip(r.control, r.control_kinds, strict=True) if k == kind]
+            say(summarise(f"    of which {kind}", times))
     say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
     say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
     say(f"requests sent a second time (a closed keep-alive connection, or a made download dropped before it was"
@@ -624,7 +623,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=30)
-    parser.add_argument("--model", default="vit_base_patch16_224", help=f"a timm name, or {TINY}")
+    parser.add_argument("--model", default="vit_base_patch16_224", help=f"a timm name, or {TEST_TINY}")
     parser.add_argument("--pretrained", action="store_true", help="the server loads pretrained weights (needs them cached)")
     parser.add_argument("--url", help="an already running dashboard on this machine (loopback only)")
     parser.add_argument("--server-pid", type=int, help="with --url: the server's pid, for its peak RSS")
@@ -640,7 +639,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.url and not re.match(r"^https?://(127\.0\.0\.1|localhost)(:\d+)?/?$", args.url):
         raise SystemExit("--url must be a loopback address (http://127.0.0.1:PORT)")
-    sys.path.insert(0, str(ROOT))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from vit_core.runtime import configure_threads
 

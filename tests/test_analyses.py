@@ -157,18 +157,18 @@ def naive_mad(pattern, prefix, grid, patch, renormalize):
     gh, gw = grid
     n = gh * gw
     out = np.zeros((layers, heads))
-    for l in range(layers):
+    for layer in range(layers):
         for h in range(heads):
             total = 0.0
             for i in range(n):
-                row = pattern[l, h, prefix + i, prefix:]
+                row = pattern[layer, h, prefix + i, prefix:]
                 if renormalize:
                     row = row / row.sum()
                 for j in range(n):
                     dy = (i // gw - j // gw) * patch[0]
                     dx = (i % gw - j % gw) * patch[1]
                     total += row[j] * math.hypot(dy, dx)
-            out[l, h] = total / n
+            out[layer, h] = total / n
     return out
 
 
@@ -245,3 +245,18 @@ def test_resampling_a_smooth_embedding_keeps_it_smooth():
     out = A.resample_pos_embed(pos, (4, 4), (8, 8), 0, True)  # (64, 3)
     assert np.all(np.diff(out[:, 1].reshape(8, 8), axis=1) > -1e-3)  # x increases along rows
     assert np.all(np.diff(out[:, 0].reshape(8, 8), axis=0) > -1e-3)  # y increases down columns
+
+
+def test_prefix_token_shares_against_a_loop():
+    rng = np.random.default_rng(11)
+    p, n = 3, 4  # e.g. CLS, DIST, one register; 2 x 2 patches
+    pattern = rng.random((2, 3, p + n, p + n))
+    pattern /= pattern.sum(-1, keepdims=True)
+    for head in (None, 0, 2):
+        shares = A.prefix_token_shares(pattern, 1, head, 5, p)
+        heads = range(3) if head is None else [head]
+        expected = [sum(pattern[1, h, 5, j] for h in heads) / len(heads) for j in range(p)]
+        np.testing.assert_allclose(shares, expected, rtol=1e-12)
+        amap = A.attention_map(pattern, 1, head, 5, p, (2, 2))
+        assert shares.sum() == pytest.approx(amap.prefix_share)  # the map's share is their sum
+        assert shares.sum() + amap.map.sum() == pytest.approx(1.0)

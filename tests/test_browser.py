@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import loadtest  # the server start/stop and chromium flags the load test uses too
+from dashboard.models import TEST_TINY
+from dashboard.views import VIEWS
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import loadtest  # noqa: E402 - the server start/stop and chromium flags the load test uses too
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
-VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
 
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI must run the browser tests: scripts/test installs Debian's chromium, and it is missing")
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 @pytest.fixture(scope="module")
 def server():
     port = loadtest.free_port()
-    env = {**os.environ, "VIT_LENS_MODEL": "test-tiny", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "VIT_LENS_MODEL": TEST_TINY, "PYTHONUNBUFFERED": "1"}
     env.pop("VIT_LENS_RANDOM_INIT", None)
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / "streamlit.log", "w")

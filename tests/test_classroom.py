@@ -11,39 +11,39 @@
   5 s of the first page load; with a populated hub cache it uses the cached weights.
 
 The model is the tiny random-init one (`VIT_LENS_MODEL=test-tiny`), or vit_tiny through a local hub cache.
+Sessions in threads share one Streamlit runtime: tests/shared_runtime.py, the one place that uses
+Streamlit's private API (pinned to 1.67.x).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import re
 import shutil
-import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
+import loadtest
 from conftest import REPO, assert_healthy, run_app
+from dashboard import state
+from dashboard.image_choice import MAX_IMAGE_MB
+from dashboard.models import MAX_WEIGHTS_MB, TEST_TINY, UPLOAD_WEIGHTS
 from hostile_corpus import corpus
+from shared_runtime import download as _download
+from shared_runtime import shared_runtime
 from vit_core import decode_image, run_with_capture
 from vit_core.export import analysis_arrays, summary
 from vit_core.loading import TEACHING_MODEL, teaching_model_available
-
-sys.path.insert(0, str(REPO / "scripts"))
-import loadtest  # noqa: E402
-
-from dashboard import state  # noqa: E402
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
@@ -52,73 +52,21 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not in
 
 @pytest.fixture
 def tiny_env(monkeypatch):
-    monkeypatch.setenv("VIT_LENS_MODEL", "test-tiny")
+    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
     monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
 
 
 @pytest.fixture(scope="module")
 def reference():
     """The test-tiny model as the app builds it, loaded here to analyse images alone."""
-    return loadtest.reference_model(loadtest.TINY, random_init=False)
-
-
-# ----------------------------------------------------------------------------------------------
-# AppTest with one runtime shared by every session (and thread)
-
-
-class _SharedRuntime:
-    """Stands in for `Runtime` inside AppTest, whose every run installs its own mock runtime
-    globally and removes it afterwards: with sessions in threads, one run would pull the runtime
-    from under another. Here one runtime serves all of them, as in a real server."""
-
-    _instance = None
-
-
-def _own_session_runner(base):
-    """AppTest's script runner, with a session id of its own per AppTest (AppTest gives every one
-    the same id, so one session's rerun would revoke another's download buttons)."""
-
-    class OwnSessionRunner(base):
-        def __init__(self, script_path, session_state, *args, **kwargs):
-            super().__init__(script_path, session_state, *args, **kwargs)
-            self._session_id = f"session-{id(session_state)}"
-
-    return OwnSessionRunner
+    return loadtest.reference_model(TEST_TINY, random_init=False)
 
 
 @pytest.fixture(scope="module")
 def runtime():
     """One media-file manager (downloads, images) and cache storage for every AppTest of this module."""
-    import streamlit.testing.v1.app_test as app_test_module
-    from streamlit import config
-    from streamlit.components.v2.component_manager import BidiComponentManager
-    from streamlit.runtime import Runtime
-    from streamlit.runtime.caching.storage.dummy_cache_storage import MemoryCacheStorageManager
-    from streamlit.runtime.dataframe_source_manager import DataframeSourceManager
-    from streamlit.runtime.media_file_manager import MediaFileManager
-    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
-
-    shared = MagicMock(spec=Runtime)
-    shared.storage = MemoryMediaFileStorage("/mock/media")
-    shared.media_file_mgr = MediaFileManager(shared.storage)
-    shared.dataframe_source_mgr = DataframeSourceManager()
-    shared.cache_storage_manager = MemoryCacheStorageManager()
-    components = BidiComponentManager()
-    components.discover_and_register_components(start_file_watching=False)
-    shared.bidi_component_registry = components
-    saved = (Runtime._instance, app_test_module.Runtime, app_test_module.patch_config_options,
-             app_test_module.LocalScriptRunner, config.get_option("global.appTest"))
-    Runtime._instance = shared
-    app_test_module.Runtime = _SharedRuntime
-    app_test_module.LocalScriptRunner = _own_session_runner(app_test_module.LocalScriptRunner)
-    app_test_module.patch_config_options = lambda options: contextlib.nullcontext()  # set once, below
-    config.set_option("global.appTest", True)
-    try:
+    with shared_runtime() as shared:
         yield shared
-    finally:
-        (Runtime._instance, app_test_module.Runtime, app_test_module.patch_config_options,
-         app_test_module.LocalScriptRunner, app_test_flag) = saved
-        config.set_option("global.appTest", app_test_flag)
 
 
 def upload(at: AppTest, name: str, data: bytes) -> AppTest:
@@ -133,12 +81,7 @@ def header(at: AppTest) -> str:
 
 def download(at: AppTest, runtime, suffix: str) -> bytes:
     """The bytes the session's sidebar download button gives (the .npz is generated on click)."""
-    button = next(b for b in at.get("download_button") if suffix in b.proto.label)
-    if button.proto.deferred_file_id:
-        url = runtime.media_file_mgr.execute_deferred(button.proto.deferred_file_id)
-    else:
-        url = button.proto.url
-    return runtime.storage.get_file(url.rsplit("/", 1)[-1]).content
+    return _download(runtime, at, suffix)
 
 
 def npz(at: AppTest, runtime) -> dict[str, np.ndarray]:
@@ -191,7 +134,7 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
         t.join(timeout=300)
     assert not errors, errors
     assert sorted(results) == list(range(sessions))
-    for i, got in results.items():
+    for got in results.values():
         for data, arrays, summary_json in got:
             assert_same_analysis(arrays, standalone(reference, data))
             expected = summary(reference, run_with_capture(reference, decode_image(data).image))
@@ -267,21 +210,10 @@ def test_the_distance_history_of_a_session_is_capped(tiny_env, runtime, monkeypa
     assert any("average over the 3 image(s)" in c.value for c in at.caption)
 
 
-def test_saved_weights_uploads_are_pruned_oldest_first(tmp_path):
-    for i in range(5):
-        (tmp_path / f"old{i}.safetensors").write_bytes(b"x" * 1000)
-        os.utime(tmp_path / f"old{i}.safetensors", (1000 + i, 1000 + i))
-    (tmp_path / "busy.part").write_bytes(b"x" * 1000)  # another session is writing it
-    new = tmp_path / "new.safetensors"
-    new.write_bytes(b"x" * 1000)
-    state._prune_uploads(tmp_path, keep=new, max_bytes=3000)
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["busy.part", "new.safetensors", "old3.safetensors", "old4.safetensors"]
-
-
 @needs_chromium
 def test_load_test_sessions_each_get_their_own_analysis(tmp_path):
     """scripts/loadtest.py, short: a chromium page and two protocol clients on one server at once."""
-    report = loadtest.run(sessions=3, browsers=1, model=loadtest.TINY, random_init=False, images=1, changes=2,
+    report = loadtest.run(sessions=3, browsers=1, model=TEST_TINY, random_init=False, images=1, changes=2,
                           step_timeout_s=90, stagger_s=0.1, deadline_s=240, workdir=tmp_path, quiet=True)
     assert report["clients"] == ["browser", "protocol", "protocol"]
     assert report["compared"] == 3 and not report["mismatches"], report
@@ -294,7 +226,7 @@ def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path):
     """scripts/streamlit_client.py against a live server: widgets by key, texts, a refused widget key."""
     from streamlit_client import StreamlitSession
 
-    proc, url = loadtest.start_server(loadtest.TINY, False, tmp_path / "streamlit.log")
+    proc, url = loadtest.start_server(TEST_TINY, False, tmp_path / "streamlit.log")
     try:
         page = StreamlitSession(url, timeout=60)
         first = page.open()
@@ -355,18 +287,18 @@ def test_every_odd_file_is_analysed_correctly_or_refused_with_a_sentence(tiny_en
 
 def test_uploads_are_capped_and_the_cap_is_told(tiny_env, runtime):
     config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
-    assert config["server"]["maxUploadSize"] == state.MAX_WEIGHTS_MB  # the server's own limit (HTTP 413)
+    assert config["server"]["maxUploadSize"] == MAX_WEIGHTS_MB  # the server's own limit (HTTP 413)
     assert config["server"]["enableXsrfProtection"] is True and config["server"]["headless"] is True
     assert config["browser"]["gatherUsageStats"] is False
     assert config["client"]["showErrorDetails"] in ("type", "none")
 
     at = run_app()
     uploader = at.file_uploader(key=state.K_UPLOAD)
-    assert uploader.proto.max_upload_size_mb == state.MAX_IMAGE_MB  # the browser refuses bigger files
-    assert f"{state.MAX_IMAGE_MB} MB" in uploader.proto.label and f"{state.MAX_IMAGE_MB} MB" in uploader.proto.help
+    assert uploader.proto.max_upload_size_mb == MAX_IMAGE_MB  # the browser refuses bigger files
+    assert f"{MAX_IMAGE_MB} MB" in uploader.proto.label and f"{MAX_IMAGE_MB} MB" in uploader.proto.help
     before = header(at)
     # a client that ignores the widget's cap: the app refuses the bytes itself
-    upload(at, "huge.jpg", b"\xff\xd8\xff" + b"\0" * (state.MAX_IMAGE_MB * 2**20 + 10))
+    upload(at, "huge.jpg", b"\xff\xd8\xff" + b"\0" * (MAX_IMAGE_MB * 2**20 + 10))
     assert any("limited to 25 MB" in e.value for e in at.error), [e.value for e in at.error]
     assert header(at) == before
 
@@ -384,7 +316,7 @@ def tiny_weights(num_classes: int = 1000, arch: str = "vit_tiny_patch16_224", **
 
 
 def choose_weights(at: AppTest, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None) -> AppTest:
-    at.selectbox(key=state.K_MODEL).set_value(state.UPLOAD_WEIGHTS).run()
+    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
     assert_healthy(at)
     at.selectbox(key=state.K_ARCH).set_value(arch)
     at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))

@@ -1,6 +1,6 @@
 """The dashboard run in-process with Streamlit's AppTest (no browser).
 
-The model is chosen by environment variable (see dashboard/state.py): `VIT_LENS_MODEL=test-tiny` is a
+The model is chosen by environment variable (see dashboard/models.py): `VIT_LENS_MODEL=test-tiny` is a
 random-init 2-block vit_tiny_patch16_224, fast and offline. The bundled Shapes ViT is tested when
 its weights exist. `st.cache_resource` persists across tests in one process, so the model loads once.
 """
@@ -14,13 +14,15 @@ import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO as ROOT, assert_healthy, run_app
-VIEWS = ("Pipeline", "Patches", "Filters", "Positions", "Attention", "Distance", "Prediction")
+from conftest import REPO as ROOT
+from conftest import assert_healthy, run_app
+from dashboard.models import TEST_TINY
+from dashboard.views import VIEWS
 
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setenv("VIT_LENS_MODEL", "test-tiny")
+    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
     monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
 
 
@@ -131,3 +133,14 @@ def test_bundled_teaching_model(monkeypatch):
         at.run()
         assert_healthy(at)
         assert at.get("image")
+
+
+def test_patch_defaults_are_the_centre_patch_on_a_7x7_grid(monkeypatch):
+    """ViT-B/32 sees 7 x 7 patches: the centre is patch 24 (row 3, col 3), for the Patches view and the
+    Positions view alike. (An old formula, N // 2 + gw // 2, gave 27 here.)"""
+    monkeypatch.setenv("VIT_LENS_MODEL", "vit_base_patch32_224")
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1")
+    at = run_app(view="Patches")
+    assert at.number_input(key="patch").value == 24
+    assert any(m.value.startswith("**Patch 24** (row 3, column 3)") for m in at.markdown)
+    assert run_app(view="Positions").number_input(key="pos_patch").value == 24

@@ -139,3 +139,89 @@ def test_similarity_tiles_sheet_holds_every_tile():
 def test_colorize_uses_the_full_range():
     rgb = figures.colorize(np.array([[0.0, 1.0]]), "gray")
     assert rgb[0, 0].tolist() == [0, 0, 0] and rgb[0, 1].tolist() == [255, 255, 255]
+
+
+def test_colorize_scales_like_matplotlib_and_clips_to_given_limits():
+    values = np.array([[0.0, 0.25], [0.5, 2.0]])
+    ramp = figures.colorize(values, "gray")[..., 0].astype(int)  # grey: R = G = B
+    assert ramp.tolist() == [[0, 32], [64, 255]]  # min-max scaled: 0, 1/8, 1/4, 1 of the 256-entry table
+    clipped = figures.colorize(values, "gray", vmin=0, vmax=1)[..., 0].astype(int)
+    assert clipped.tolist() == [[0, 64], [128, 255]]  # 2.0 clipped to the top
+    assert figures.colorize(np.full((2, 2), 3.0), "gray").max() == 0  # a constant map: the colormap's low end
+
+
+def test_enlarge_repeats_blocks_with_one_scale_or_two():
+    a = np.arange(6).reshape(2, 3)
+    assert figures.enlarge(a, 1) is a
+    assert figures.enlarge(a, 2).tolist()[1] == [0, 0, 1, 1, 2, 2]
+    big = figures.enlarge(a, (2, 3))
+    assert big.shape == (4, 9) and big[3, 8] == 5 and big[0, 3] == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Figure cache keys (dashboard.figure_keys, used by state.cached_figure)
+
+
+class _Source:
+    def __init__(self, key: str):
+        self.cache_key = key
+
+
+def _figure_a(source, *settings, **options) -> bytes:
+    _BUILT.append((source.cache_key, settings, options))
+    return repr((source.cache_key, settings, options)).encode()
+
+
+def _figure_b(source, *settings, **options) -> bytes:
+    return b"b"
+
+
+_BUILT: list = []
+
+
+def test_different_settings_never_share_a_figure_key():
+    from dashboard.figure_keys import figure_key
+
+    one, other = _Source("model|pretrained|sha1"), _Source("model|pretrained|sha2")
+    cases = [
+        (_figure_a, one, (1,), {}), (_figure_a, one, ("1",), {}), (_figure_a, one, (1.0,), {}), (_figure_a, one, (True,), {}),
+        (_figure_a, one, ("a|b",), {}), (_figure_a, one, ("a", "b"), {}), (_figure_a, one, ((7, 7), 3), {}),
+        (_figure_a, one, ((7, 7), 4), {}), (_figure_a, one, (None,), {}), (_figure_a, one, (), {}),
+        (_figure_a, one, (), {"encoding": "png"}), (_figure_a, one, (), {"encoding": "jpeg"}),
+        (_figure_a, other, (1,), {}), (_figure_b, one, (1,), {}),
+    ]
+    keys = [figure_key(build, source, settings, options) for build, source, settings, options in cases]
+    assert len(set(keys)) == len(cases)  # with the old "|".join(str(...)) keys, 1/"1" and "a|b"/("a", "b") collided
+    assert figure_key(_figure_a, one, (1,), {"x": 1, "y": 2}) == figure_key(_figure_a, one, (1,), {"y": 2, "x": 1})
+
+
+def test_a_figure_key_refuses_what_it_could_not_tell_apart():
+    from dashboard.figure_keys import figure_key
+
+    source, layer = _Source("m|s"), 3
+    with pytest.raises(TypeError, match="module-level"):
+        figure_key(lambda s: b"", source, (), {})
+    with pytest.raises(TypeError, match="module-level"):  # a closure draws `layer` without keying on it
+
+        def closure(s):
+            return bytes(layer)
+
+        figure_key(closure, source, (), {})
+    with pytest.raises(TypeError, match="arrays"):
+        figure_key(_figure_a, source, (np.zeros(3),), {})
+    with pytest.raises(TypeError, match="arrays"):
+        figure_key(_figure_a, source, ((1, np.int64(2)),), {})
+    with pytest.raises(TypeError, match="arrays"):
+        figure_key(_figure_a, source, (), {"values": [1, 2]})
+
+
+def test_cached_figure_builds_each_setting_once():
+    from dashboard import state
+
+    _BUILT.clear()
+    source = _Source(f"test|{np.random.default_rng().integers(1 << 62)}")  # fresh: the cache outlives tests
+    first = state.cached_figure(_figure_a, source, 1, encoding="png")
+    assert state.cached_figure(_figure_a, source, 1, encoding="png") == first
+    assert state.cached_figure(_figure_a, source, 2, encoding="png") != first
+    assert state.cached_figure(_figure_a, source, 1, encoding="jpeg") != first
+    assert len(_BUILT) == 3

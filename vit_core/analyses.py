@@ -234,6 +234,17 @@ def attention_map(
     )
 
 
+def prefix_token_shares(
+    pattern: np.ndarray, layer: int, head: int | None, query: int, num_prefix_tokens: int
+) -> np.ndarray:
+    """The attention the query's row gives to each prefix token: (P,), in [0, 1].
+
+    Same row as `attention_map` (head=None: the head mean); its sum is that map's `prefix_share`.
+    """
+    rows = pattern[layer, :, query] if head is None else pattern[layer, head, query][None]  # (H', T)
+    return rows[:, :num_prefix_tokens].mean(axis=0)  # (H', P) -> (P,)
+
+
 def layer_attention_maps(
     pattern: np.ndarray, layer: int, query: int, num_prefix_tokens: int, grid: tuple[int, int]
 ) -> np.ndarray:

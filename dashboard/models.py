@@ -1,0 +1,133 @@
+"""Which model a session asks for, how it is built, and what to show when it can't be had. No Streamlit here.
+
+The model list of the sidebar, the `ModelRequest` that names one model (its `key` identifies it in
+every per-model and per-image cache key), the one definition of the tiny test model, and the memory
+of models that failed to load. `dashboard.state` caches the built models; scripts and tests build
+the same models through `build_named_model`.
+
+Environment variables (read when used):
+- `VIT_LENS_MODEL=<name>`: the model the app opens with (`vit_core.loading.env_default_model`).
+- `VIT_LENS_MODEL=test-tiny`: a random-init 2-block `vit_tiny_patch16_224` (fast, offline); the
+  dashboard tests use it.
+- `VIT_LENS_RANDOM_INIT=1`: build every timm model with random weights instead of pretrained ones
+  (offline benchmarks: same compute as the pretrained model).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import vit_core
+from vit_core.loading import TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
+
+TEST_TINY = "test-tiny"
+UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
+MAX_WEIGHTS_MB = 400  # the largest listed architecture (ViT-B/16 at 384) is about 350 MB; = server.maxUploadSize
+FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
+
+MODEL_CHOICES: dict[str, str] = {
+    "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
+    "vit_small_patch16_224": "ViT-S/16, small",
+    "deit_small_distilled_patch16_224": "DeiT-S distilled (class + distillation token)",
+    "vit_base_patch32_224": "ViT-B/32 (32-pixel patches)",
+    "vit_base_patch16_384": "ViT-B/16 at 384 x 384",
+    "vit_base_patch16_siglip_224": "SigLIP ViT-B/16 (no class token)",
+    TEACHING_MODEL: "Shapes ViT, bundled, works offline",
+    UPLOAD_WEIGHTS: "Your own weights file...",
+}
+
+
+def model_choices() -> dict[str, str]:
+    """The sidebar's model list; the start-up model from $VIT_LENS_MODEL first if it isn't listed."""
+    start = env_default_model()
+    if start in MODEL_CHOICES:
+        return dict(MODEL_CHOICES)
+    label = "Test model (tiny, random init)" if start == TEST_TINY else start
+    return {start: label, **MODEL_CHOICES}
+
+
+def random_init_forced() -> bool:
+    return os.environ.get("VIT_LENS_RANDOM_INIT", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    name: str  # a timm name, TEACHING_MODEL or TEST_TINY
+    weights_path: str = ""  # a local copy of uploaded weights
+    labels_path: str = ""
+    weights_id: str = ""  # sha256 of the uploaded weights (+ labels)
+
+    @property
+    def key(self) -> str:
+        """Identifies the model in every per-model / per-image cache key."""
+        return f"{self.name}|{self.weights_id or ('random' if self.random_init else 'pretrained')}"
+
+    @property
+    def random_init(self) -> bool:
+        return random_init_forced() and not self.weights_path and self.name not in (TEACHING_MODEL, TEST_TINY)
+
+    @property
+    def load_args(self) -> tuple[str, str, str, str, bool]:
+        """Everything that decides which model is built: the model cache's key."""
+        return self.name, self.weights_path, self.labels_path, self.weights_id, self.random_init
+
+
+def build_named_model(name: str, random_init: bool = False) -> LoadedModel:
+    """A model by name as the dashboard shows it: TEST_TINY, TEACHING_MODEL or a timm name."""
+    if name == TEST_TINY:
+        return vit_core.load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
+    if name == TEACHING_MODEL:
+        return vit_core.load_model(TEACHING_MODEL)
+    return vit_core.load_model(name, pretrained=not random_init)
+
+
+def build_model(name: str, weights_path: str, labels_path: str, random_init: bool) -> LoadedModel:
+    """The model of a request (see `ModelRequest.load_args`). Raises vit_core errors with a message for the user."""
+    if name in (TEST_TINY, TEACHING_MODEL) or not (weights_path or labels_path):
+        return build_named_model(name, random_init)
+    kwargs: dict[str, Any] = {"labels": labels_path} if labels_path else {}
+    if weights_path:
+        return vit_core.load_model(name, weights=weights_path, **kwargs)
+    return vit_core.load_model(name, pretrained=not random_init, **kwargs)
+
+
+def fallback_request() -> tuple[ModelRequest, str]:
+    """What to show when the chosen model can't be had: the bundled model, else an untrained one."""
+    if teaching_model_available():
+        return ModelRequest(TEACHING_MODEL), f"Showing the bundled {MODEL_CHOICES[TEACHING_MODEL]!r} model instead."
+    return (ModelRequest(TEST_TINY),
+            "The bundled teaching model is missing too, so a tiny RANDOMLY INITIALISED model is shown: "
+            "its attention and predictions mean nothing.")
+
+
+class FailureMemory:
+    """Errors of recent model loads, per load key, shared by every session (thread-safe).
+
+    A cache of built models does not cache exceptions: without this memory, every rerun of every
+    session would retry a model that can't be had (offline: a meta build and, once a minute, a hub
+    probe of up to seconds).
+    """
+
+    def __init__(self, seconds: float = FAILURE_MEMORY_S, clock=time.monotonic) -> None:
+        self.seconds, self._clock = seconds, clock
+        self._failures: dict[tuple, tuple[float, vit_core.ViTLensError]] = {}
+        self._lock = threading.Lock()
+
+    def recent(self, key: tuple) -> vit_core.ViTLensError | None:
+        """The error of `key`'s last load if it failed less than `seconds` ago."""
+        with self._lock:
+            failed = self._failures.get(key)
+        if failed is not None and self._clock() - failed[0] < self.seconds:
+            return failed[1]
+        return None
+
+    def remember(self, key: tuple, error: vit_core.ViTLensError) -> None:
+        now = self._clock()
+        with self._lock:
+            for old in [k for k, (t, _) in self._failures.items() if now - t >= self.seconds]:
+                del self._failures[old]
+            self._failures[key] = (now, error)

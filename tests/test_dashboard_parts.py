@@ -1,0 +1,107 @@
+"""The dashboard's modules that hold no Streamlit state, tested without Streamlit."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from dashboard import examples, models, uploads
+from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
+from vit_core import ImageError, OfflineError
+from vit_core.loading import TEACHING_MODEL, Geometry
+
+PLAIN_MODULES = ("examples", "figure_keys", "figures", "image_choice", "models", "process", "uploads")
+
+
+def test_the_plain_modules_do_not_import_streamlit():
+    imports = "; ".join(f"import dashboard.{name}" for name in PLAIN_MODULES)
+    code = f"import sys; {imports}; print('streamlit' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_examples_are_images_and_the_teaching_model_opens_on_a_shape():
+    for name in examples.example_names()[:3]:
+        image = Image.open(io.BytesIO(examples.example_bytes(name)))
+        assert image.size[0] >= 64 and image.mode in ("RGB", "L")
+    assert examples.default_example("vit_base_patch16_224") == examples.GRACE_HOPPER
+    assert examples.default_example(TEACHING_MODEL).startswith(examples.SHAPE_PREFIX)
+    assert examples.example_bytes(examples.SYNTHETIC_SCENE) == examples.synthetic_scene()
+
+
+def test_stored_uploads_are_named_by_digest_and_written_once(tmp_path):
+    path, digest = uploads.store(b"weights", ".SafeTensors", folder=tmp_path)
+    assert path == str(tmp_path / f"{digest[:32]}.safetensors")
+    os.utime(path, (1000, 1000))
+    assert uploads.store(b"weights", ".safetensors", folder=tmp_path) == (path, digest)
+    assert os.stat(path).st_mtime == 1000  # not written again
+    assert [f.name for f in tmp_path.iterdir()] == [os.path.basename(path)]  # no .part left behind
+
+
+def test_saved_weights_uploads_are_pruned_oldest_first(tmp_path):
+    for i in range(5):
+        (tmp_path / f"old{i}.safetensors").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / f"old{i}.safetensors", (1000 + i, 1000 + i))
+    (tmp_path / "busy.part").write_bytes(b"x" * 1000)  # another session is writing it
+    new = tmp_path / "new.safetensors"
+    new.write_bytes(b"x" * 1000)
+    uploads.prune(tmp_path, keep=new, max_bytes=3000)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["busy.part", "new.safetensors", "old3.safetensors", "old4.safetensors"]
+
+
+def test_a_failed_model_load_is_remembered_for_a_while():
+    now = [0.0]
+    memory = models.FailureMemory(seconds=60, clock=lambda: now[0])
+    error = OfflineError("no network")
+    memory.remember(("a",), error)
+    now[0] = 59.0
+    assert memory.recent(("a",)) is error and memory.recent(("b",)) is None
+    now[0] = 60.0
+    assert memory.recent(("a",)) is None
+    memory.remember(("b",), error)  # forgets the expired one
+    assert list(memory._failures) == [("b",)]
+
+
+def test_model_requests_key_the_weights_they_load(monkeypatch):
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+    assert models.ModelRequest("vit_small_patch16_224").key == "vit_small_patch16_224|pretrained"
+    assert models.ModelRequest("vit_small_patch16_224", "/tmp/w.safetensors", weights_id="abc").key == "vit_small_patch16_224|abc"
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1")
+    assert models.ModelRequest("vit_small_patch16_224").key == "vit_small_patch16_224|random"
+    assert not models.ModelRequest(models.TEST_TINY).random_init  # random anyway: not forced
+    monkeypatch.setenv("VIT_LENS_MODEL", models.TEST_TINY)
+    assert list(models.model_choices())[0] == models.TEST_TINY
+
+
+def test_the_test_model_is_tiny_and_random():
+    loaded = models.build_named_model(models.TEST_TINY)
+    g = loaded.geometry
+    assert (g.num_layers, g.embed_dim, g.grid) == (2, 192, (14, 14)) and loaded.weights.startswith("random init")
+
+
+def test_an_image_file_over_the_cap_is_refused_before_decoding():
+    with pytest.raises(ImageError, match="limited to 25 MB"):
+        check_file_size(b"\0" * (25 * 2**20 + 1))
+
+
+def test_the_preview_keeps_small_pictures_and_shrinks_large_ones():
+    small = Image.new("RGB", (300, 200))
+    assert preview_copy(small) is small
+    preview = preview_copy(Image.new("RGB", (4000, 3000)))
+    assert preview.size == (PREVIEW_MAX_SIDE, PREVIEW_MAX_SIDE * 3 // 4)
+
+
+def test_default_query_token_is_the_class_token_else_the_centre_patch():
+    from dashboard.views import default_query_token, geometry_at
+
+    args = dict(img_size=(224, 224), patch_size=(32, 32), grid=(7, 7), no_embed_class=False, has_pos_embed=True,
+                num_layers=1, num_heads=1, embed_dim=8, num_classes=0)
+    assert default_query_token(Geometry(prefix_names=("CLS",), **args)) == 0
+    assert default_query_token(Geometry(prefix_names=(), **args)) == 24  # row 3, col 3 of 7 x 7
+    wider = geometry_at(Geometry(prefix_names=(), **args), (4, 6))
+    assert wider.center_patch == 2 * 6 + 3 and wider.img_size == (128, 192)
