@@ -1,5 +1,7 @@
-"""The core stays usable without the UI: nothing in vit_core imports streamlit."""
+"""Layout rules: the core stays usable without the UI (no streamlit, no dashboard import in vit_core), and
+nothing edits sys.path (everything is imported as installed)."""
 
+import re
 import subprocess
 import sys
 
@@ -18,3 +20,21 @@ def test_vit_core_never_imports_streamlit():
     assert out.stdout.strip() == "False"
     for path in (REPO / "vit_core").rglob("*.py"):
         assert "import streamlit" not in path.read_text() and "from streamlit" not in path.read_text(), path
+
+
+def _sources() -> list:
+    skip = {".venv", "build", "dist", ".git"}
+    return [p for p in REPO.rglob("*.py") if not skip & set(p.relative_to(REPO).parts)]
+
+
+def test_dependencies_go_one_way_dashboard_to_vit_core():
+    for path in (REPO / "vit_core").rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import) dashboard\b", text, re.MULTILINE), path
+
+
+def test_nothing_edits_sys_path():
+    """The packages are imported as installed (pip install -e .), the scripts' helpers through pytest's
+    `pythonpath` setting: no file reaches into sys.path."""
+    offenders = [str(p.relative_to(REPO)) for p in _sources() if re.search(r"sys\.path\.(insert|append|extend)", p.read_text())]
+    assert not offenders
