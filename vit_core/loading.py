@@ -27,12 +27,13 @@ from timm.models.vision_transformer import VisionTransformer
 from torchvision import transforms as T
 
 from .errors import ModelError, OfflineError, WeightsError
+from .teaching.model import BUNDLED_DIR, load_shapes_vit  # importing it registers the Shapes ViT with timm
 
 _logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "vit_base_patch16_224"
 TEACHING_MODEL = "vit-lens/shapes-vit"
-TEACHING_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "shapes_vit"  # package data
+TEACHING_MODEL_DIR = BUNDLED_DIR  # package data: vit_core/assets/shapes_vit
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -400,27 +401,14 @@ def imagenet_labels(model: torch.nn.Module) -> tuple[str, ...] | None:
 
 
 def _load_teaching_model() -> tuple[VisionTransformer, tuple[str, ...]]:
-    config_path = TEACHING_MODEL_DIR / "config.json"
-    weights_path = TEACHING_MODEL_DIR / "model.safetensors"
-    if not config_path.is_file() or not weights_path.is_file():
+    """The bundled Shapes ViT through its timm registration (vit_core.teaching.model), with its label names."""
+    if not teaching_model_available():
         raise ModelError(f"The bundled teaching model is missing from {TEACHING_MODEL_DIR}; retrain it (see its MODEL_CARD.md).")
-    config = json.loads(config_path.read_text())
-    model = VisionTransformer(**config["model_args"])
-    problem = _strict_load(model, read_state_dict(weights_path))
-    if problem:
-        raise WeightsError(f"The bundled teaching model's weights don't fit its config: {problem}")
-    _attach_pretrained_cfg(model, config["pretrained_cfg"], config["model_args"].get("num_classes", 1000))
-    return model, read_labels(TEACHING_MODEL_DIR / "labels.txt")
-
-
-def _attach_pretrained_cfg(model: torch.nn.Module, cfg: dict[str, Any], num_classes: int) -> None:
-    """Give a directly-built model the preprocessing config timm models carry, for resolve_model_data_config."""
-    full = {"input_size": (3, 224, 224), "interpolation": "bicubic", "crop_pct": 0.9, "crop_mode": "center",
-            "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "num_classes": num_classes,
-            "first_conv": "patch_embed.proj", "classifier": "head"}
-    full.update({k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
-    model.pretrained_cfg = full
-    model.default_cfg = full
+    try:
+        model, _ = load_shapes_vit(TEACHING_MODEL_DIR)
+    except RuntimeError as e:  # timm's strict load: missing / unexpected keys or a shape mismatch
+        raise WeightsError(f"The bundled teaching model's weights don't fit its config: {e}") from e
+    return model, tuple(model.pretrained_cfg["label_names"])
 
 
 # ----------------------------------------------------------------------------------------------
