@@ -272,6 +272,16 @@ def cached_figure(build: Callable[..., bytes], source: figure_keys.FigureSource,
 
 
 # ----------------------------------------------------------------------------------------------
+# Widget values
+
+
+def reset_if_out_of_range(key: str, size: int, default: int) -> None:
+    """Set widget `key` to `default` if its value is no longer below `size` (call before creating the widget)."""
+    if key in st.session_state and st.session_state[key] >= size:
+        st.session_state[key] = default
+
+
+# ----------------------------------------------------------------------------------------------
 # Clicks on a patch image
 
 

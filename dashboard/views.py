@@ -333,8 +333,7 @@ def positions_view(ctx: ViewContext) -> None:
                             format_func=lambda n: f"{n} x {n} patches ({n * ph} px)", bind="query-params")
     shown = geometry_at(g, (side, round(side * g.grid[1] / g.grid[0])))
     grid, n = shown.grid, shown.num_patches
-    if state.K_POS_PATCH in st.session_state and st.session_state[state.K_POS_PATCH] >= n:
-        st.session_state[state.K_POS_PATCH] = shown.center_patch
+    state.reset_if_out_of_range(state.K_POS_PATCH, n, shown.center_patch)  # the grid may have shrunk
     k = c2.number_input("Patch", 0, n - 1, shown.center_patch, key=state.K_POS_PATCH)
     similarity = state.pos_similarity(ctx.request.key, grid, ctx.loaded)  # (n, gh', gw')
     note = "learned" if grid == tuple(g.grid) else f"resampled in 2D from {g.grid[0]} x {g.grid[1]}"

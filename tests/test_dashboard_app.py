@@ -144,3 +144,16 @@ def test_patch_defaults_are_the_centre_patch_on_a_7x7_grid(monkeypatch):
     assert at.number_input(key="patch").value == 24
     assert any(m.value.startswith("**Patch 24** (row 3, column 3)") for m in at.markdown)
     assert run_app(view="Positions").number_input(key="pos_patch").value == 24
+
+
+def test_each_prefix_token_gets_its_share_on_a_distilled_model(monkeypatch):
+    """DeiT-distilled has two prefix tokens: the Attention tab lists each one's share of the query's row
+    (analyses.prefix_token_shares), and together they are the metric's prefix share."""
+    monkeypatch.setenv("VIT_LENS_MODEL", "deit_small_distilled_patch16_224")
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1")
+    at = run_app(view="Attention", layer="0", head="head 1")
+    line = next(c.value for c in at.caption if c.value.startswith("CLS: "))
+    shares = [float(part.split(": ")[1].rstrip("%")) for part in line.split(" · ")]
+    assert [part.split(":")[0] for part in line.split(" · ")] == ["CLS", "DIST"]
+    total = float(next(m.value for m in at.metric if m.label.startswith("Share of this row")).rstrip("%"))
+    assert sum(shares) == pytest.approx(total, abs=0.11)  # each rounded to 0.1 %
