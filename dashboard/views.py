@@ -3,9 +3,9 @@
 Views get a `ViewContext` (model, capture, image) and never run the model themselves: everything
 comes from the one cached capture. Controls that only change what is shown live in `@st.fragment`s,
 so moving them reruns that fragment alone. Figures come from `dashboard.figures` (pure builders),
-through the small `_..._png` functions below: each takes its source (the `ViewContext`, or the
-`ModelSource` for figures of the model alone) and the settings it is drawn with, and
-`state.cached_figure` keys the cache on exactly those (see dashboard/figure_keys.py).
+through the small functions beside each view (`_tokens_png`, `_attention_overlay`, ...): each takes
+its source (the `ViewContext`, or the `ModelSource` for figures of the model alone) and the settings
+it is drawn with, and `cached_figure` keys the shared cache on exactly those (dashboard/figure_keys.py).
 
 `VIEWS` maps each tab's label to its view function, in the order of the tabs.
 """
@@ -25,7 +25,7 @@ from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
 from dashboard.models import ModelRequest
 from vit_core import Capture, Geometry, ImageError, LoadedModel, analyses, export
 
-cached_figure = state.cached_figure
+cached_figure = state.cached_figure  # cached_figure(builder, source, *settings) -> PNG or JPEG bytes
 
 
 @dataclass(frozen=True)
