@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import second_drawer as drawer
 
 LABELS = Path(__file__).resolve().parent.parent / "vit_core" / "assets" / "shapes_vit" / "labels.txt"
