@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import drawn_image
 from vit_core import analyses, load_model, run_with_capture
@@ -62,3 +63,31 @@ def test_unsupported_model_is_one_line_and_exit_2(tmp_path):
     result = run_cli(tmp_path / "a.png", "--model", "resnet50", "--random-init", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "not a Vision Transformer" in result.stderr
+
+
+def test_vit_lens_offers_vit_cores_own_subcommands_and_the_dashboard(capsys):
+    from dashboard import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: vit-lens") and "analyze" in out and "dashboard" in out
+    from vit_core import __main__ as core_cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "--help"])
+    ours = capsys.readouterr().out.split()
+    with pytest.raises(SystemExit):
+        core_cli.main(["analyze", "--help"])
+    theirs = capsys.readouterr().out.replace("python -m vit_core", "vit-lens").split()
+    assert ours == theirs  # the very same parser (word by word: argparse wraps the usage by the program name's length)
+
+
+def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
+    from dashboard import cli, serve
+
+    seen = []
+    monkeypatch.setattr(serve, "main", seen.append)
+    assert cli.main(["dashboard", "--server.port", "8502", "--client.toolbarMode=minimal"]) == 0
+    assert seen == [["--server.port", "8502", "--client.toolbarMode=minimal"]]
