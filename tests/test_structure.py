@@ -23,8 +23,11 @@ def test_vit_core_never_imports_streamlit():
 
 
 def _sources() -> list:
-    skip = {".venv", "build", "dist", ".git"}
-    return [p for p in REPO.rglob("*.py") if not skip & set(p.relative_to(REPO).parts)]
+    """The repository's Python files: not build outputs, not hidden folders (.venv, .git, scratch copies)."""
+    def ours(parts: tuple[str, ...]) -> bool:
+        return not any(part.startswith(".") or part in ("build", "dist") for part in parts)
+
+    return [p for p in REPO.rglob("*.py") if ours(p.relative_to(REPO).parts[:-1])]
 
 
 def test_dependencies_go_one_way_dashboard_to_vit_core():
