@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from PIL import Image
 
 from vit_core import ImageError
-from vit_core.images import UPLOAD_EXTENSIONS as IMAGE_TYPES  # noqa: F401 - the uploaders' file types
+from vit_core.images import UPLOAD_EXTENSIONS
 
+IMAGE_TYPES = UPLOAD_EXTENSIONS  # the file types the image uploaders accept
 MAX_IMAGE_MB = 25
 PREVIEW_MAX_SIDE = 1024  # pixels: the preview a session keeps of its image (not the crop the model sees)
 
