@@ -3,7 +3,8 @@
 The server runs the bundled Shapes ViT (`VIT_LENS_MODEL=vit-lens/shapes-vit`), started the load test's way
 (`loadtest.start_server`). What the test assumes of the sidebar, where `dashboard.draw.draw_ui` is wired in:
 - a toggle, radio option or segmented-control option whose text is exactly "Draw" (clicked by that text);
-- the drawing is shown under a name containing "drawing" (e.g. "drawing.png") and replaces the example image;
+- the drawing replaces the example image and the header names it with a name containing "drawing" (it reads
+  "image drawing.png" with the suggested wiring);
 - the canvas is streamlit-drawable-canvas's: the mouse is driven on its `canvas.upper-canvas` (Fabric.js's
   event layer), its Clear button is the one named "Clear" in the sidebar.
 The browser tests are skipped until the dashboard calls `draw_ui(` (the Draw input is wired in), and when no
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LABELS = (ROOT / "vit_core" / "assets" / "shapes_vit" / "labels.txt").read_text().split()
 WIRED = any("draw_ui(" in path.read_text() for path in (ROOT / "dashboard").glob("*.py") if path.name != "draw.py")
 PREDICTION = re.compile(r"prediction (\w+) \((\d+\.\d)%\)")
+DRAWING_SHOWN = re.compile(r"\bimage [^·.\n]*drawing", re.IGNORECASE)  # the header names the image shown
 
 in_browser = pytest.mark.skipif(
     CHROMIUM is None or not WIRED,
@@ -105,14 +107,14 @@ def drawn_star(page) -> re.Match:
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     assert box is not None and box["width"] >= 150 and box["height"] >= 150, box
-    assert "drawing" not in main_text(page).lower()  # nothing drawn yet: still the example
+    assert not DRAWING_SHOWN.search(main_text(page))  # nothing drawn yet: still the example
 
     stroke(page, star_path(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, 0.38 * box["width"]))
     settle(page)
     no_exception(page)
     page.screenshot(path=str(ARTIFACTS / "draw_star.png"), full_page=True)
     text = main_text(page)
-    assert "drawing" in text.lower(), text[:500]  # the drawing replaced the example
+    assert DRAWING_SHOWN.search(text), text[:500]  # the drawing replaced the example
     found = PREDICTION.search(text)
     assert found is not None, text[:500]
     return found
@@ -127,7 +129,7 @@ def test_a_drawing_goes_through_the_same_path_and_every_view_renders(page, drawn
         no_exception(page)
         panel = page.locator('[role="tabpanel"]:visible')
         assert panel.locator('[data-testid="stImage"], [data-testid="stPlotlyChart"]').count() > 0, f"{name}: no figure"
-        assert "drawing" in main_text(page).lower()
+        assert DRAWING_SHOWN.search(main_text(page))
         page.screenshot(path=str(ARTIFACTS / f"draw_view_{name.lower()}.png"), full_page=True)
 
 
@@ -142,5 +144,5 @@ def test_clear_empties_the_canvas_and_the_example_comes_back(page, drawn_star):
     page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Clear").click()
     settle(page)
     no_exception(page)
-    assert "drawing" not in main_text(page).lower()
+    assert not DRAWING_SHOWN.search(main_text(page))
     assert PREDICTION.search(main_text(page)) is not None
