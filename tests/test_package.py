@@ -73,7 +73,9 @@ def test_wheel_holds_both_packages_the_bundled_model_the_settings_and_the_comman
         settings = z.read(SETTINGS)
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
-    assert {"vit_core/__init__.py", "vit_core/__main__.py", "dashboard/app.py", "dashboard/cli.py"} <= names
+    modules = {p.relative_to(REPO).as_posix() for package in ("vit_core", "dashboard") for p in (REPO / package).rglob("*.py")}
+    assert {"vit_core/__main__.py", "vit_core/teaching/__init__.py", "dashboard/app.py", "dashboard/cli.py"} <= modules
+    assert modules <= names  # every module of both packages, subpackages included
     assert {f"vit_core/assets/shapes_vit/{name}" for name in ASSETS} <= names
     assert settings == (REPO / SETTINGS).read_bytes()  # the one copy of the server settings
     assert "vit-lens = dashboard.cli:main" in scripts
