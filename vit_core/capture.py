@@ -120,14 +120,15 @@ def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.
         stack.callback(model.train, model.training)
         model.eval()
         stack.enter_context(attention_recorded(model, lambda pattern: keep("pattern", pattern)))
-        for handle in (
-            model.patch_embed.register_forward_hook(lambda m, i, o: keep("patch_embeddings", o)),
-            model.blocks[0].register_forward_pre_hook(lambda m, args: keep("tokens", args[0])),
-            *(blk.register_forward_hook(lambda m, i, o: keep("tokens", o)) for blk in model.blocks),
-            model.norm.register_forward_hook(lambda m, i, o: keep("final_tokens", o)),
-            model.head.register_forward_pre_hook(lambda m, args: keep("pre_logits", args[0])),
-        ):
-            _register(stack, model, handle)
+        hooks = [  # (how to register, the hook): each handle is in the stack as soon as it exists
+            (model.patch_embed.register_forward_hook, lambda m, i, o: keep("patch_embeddings", o)),
+            (model.blocks[0].register_forward_pre_hook, lambda m, args: keep("tokens", args[0])),
+            *((blk.register_forward_hook, lambda m, i, o: keep("tokens", o)) for blk in model.blocks),
+            (model.norm.register_forward_hook, lambda m, i, o: keep("final_tokens", o)),
+            (model.head.register_forward_pre_hook, lambda m, args: keep("pre_logits", args[0])),
+        ]
+        for register, hook in hooks:
+            _register(stack, model, register(hook))
         yield
 
 
