@@ -14,6 +14,8 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from dashboard import state
+
 CANVAS_PX = 232  # fits the sidebar's default width (240 px of content); the model resizes what it gets anyway
 PAPER = "#ffffff"
 DEFAULT_INK = "#000000"
@@ -35,11 +37,6 @@ def has_strokes(json_data: dict | None) -> bool:
     return bool(json_data and json_data.get("objects"))
 
 
-def _clear(generation_key: str) -> None:
-    # A new widget key gives a fresh, empty canvas (the component keeps its drawing per key).
-    st.session_state[generation_key] = st.session_state.get(generation_key, 0) + 1
-
-
 def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple = ()) -> bytes | None:
     """The canvas with its controls; the drawing as PNG bytes on white, or None while nothing is drawn.
 
@@ -49,7 +46,6 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
     # Streamlit (server or AppTest); importing this module from plain Python or pytest must stay possible.
     from streamlit_drawable_canvas import st_canvas
 
-    generation_key = f"{key}_generation"
     ink_col, width_col = st.columns([1, 3], vertical_alignment="bottom")
     ink = ink_col.color_picker("Colour", DEFAULT_INK, key=f"{key}_ink")
     stroke = width_col.slider("Stroke width", 1, 40, DEFAULT_STROKE_PX, key=f"{key}_stroke")
@@ -58,9 +54,9 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
     st.space("small")
     result = st_canvas(stroke_width=stroke, stroke_color=ink, background_color=PAPER, width=CANVAS_PX,
                        height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
-                       key=f"{key}_canvas_{st.session_state.get(generation_key, 0)}",
+                       key=f"{key}_canvas_{state.canvas_generation(key)}",
                        on_change=(lambda: on_change(*args)) if on_change is not None else None)
-    st.button("Clear", key=f"{key}_clear", on_click=_clear, args=(generation_key,), icon=":material/ink_eraser:",
+    st.button("Clear", key=f"{key}_clear", on_click=state.clear_canvas, args=(key,), icon=":material/ink_eraser:",
               help="Start again on an empty canvas")
     if not has_strokes(result.json_data) or result.image_data is None:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vit_core
-from dashboard import examples, models, state, text
+from dashboard import draw, examples, models, state, text
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
 from vit_core import export
 from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_default_model
@@ -66,7 +66,7 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
 
 
 def image_ui(model_name: str) -> ImageChoice | None:
-    """Example, upload or camera: the input touched last wins. A bad file: an error and the previous image."""
+    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image."""
     names = examples.example_names()
     default = examples.default_example(model_name)
     example = st.selectbox("Example image", names, index=names.index(default), key=state.K_EXAMPLE,
@@ -77,12 +77,17 @@ def image_ui(model_name: str) -> ImageChoice | None:
     camera = None
     if st.toggle("Take a photo with the camera", key=state.K_CAMERA_ON):
         camera = st.camera_input("Camera", key=state.K_CAMERA, on_change=state.set_image_source, args=("camera",))
+    drawing = None
+    if st.toggle("Draw", key=state.K_DRAW_ON, help="Draw a shape with the mouse or a finger"):
+        drawing = draw.draw_ui(state.K_DRAW, on_change=state.set_image_source, args=("draw",))
 
     source = state.image_source()
     if source == "upload" and upload is not None:
         name, data = upload.name, upload.getvalue()
     elif source == "camera" and camera is not None:
         name, data = "camera photo", camera.getvalue()
+    elif source == "draw" and drawing is not None:
+        name, data = "drawing.png", drawing
     else:
         name, data = example, state.example_bytes(example)
     try:

@@ -45,12 +45,14 @@ MAX_SAVED_UPLOADS = 8  # per session: weights / label files remembered by upload
 # Widget keys. Those bound to the URL are the query parameters of a shared link.
 K_MODEL, K_ARCH, K_WEIGHTS, K_LABELS = "model", "arch", "weights_file", "labels_file"
 K_EXAMPLE, K_UPLOAD, K_CAMERA_ON, K_CAMERA = "example", "upload", "camera_on", "camera"
+K_DRAW_ON, K_DRAW = "draw_on", "draw"
 K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"
 K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "pos_patch", "pos_res"
 K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
 # Session-state keys that are not widgets.
 _HELD_CAPTURE = "_held_capture"  # ((model key, image sha), Capture): see held_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
+_CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,6 +136,18 @@ def image_source() -> str:
 def set_image_source(source: str) -> None:
     """on_change callback of the image inputs: the input touched last is the one shown."""
     st.session_state[_SOURCE] = source
+
+
+def canvas_generation(key: str) -> int:
+    """How often the canvas `key` was cleared: part of its widget key, since a new key is a fresh, empty canvas
+    (the component keeps its drawing per key)."""
+    return st.session_state.get(_CANVAS_GENERATION, {}).get(key, 0)
+
+
+def clear_canvas(key: str) -> None:
+    """on_click callback of the canvas's Clear button."""
+    generations = st.session_state.setdefault(_CANVAS_GENERATION, {})
+    generations[key] = generations.get(key, 0) + 1
 
 
 def last_good_image() -> ImageChoice | None:
