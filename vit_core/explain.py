@@ -1,0 +1,447 @@
+"""Why this prediction: relevance maps, the logit lens, interventions and the faithfulness test.
+
+Definitions: shared/spec/analyses.md, "Why this prediction". Shapes: L layers, H heads, T = P + N
+tokens (P prefix tokens first, then N = gh*gw patches row-major), D width, C classes, S curve steps.
+
+Two kinds of functions live here:
+
+- pure ones on numpy arrays (`raw_attention_map`, `chefer_map`, `gradcam_map`, `deletion_counts`,
+  `insertion_counts`, `patch_order`, `auc`), each one definition of the spec, tested against loops;
+- entry points that run the shared model (`relevance_maps`, `logit_lens`, `patch_logit_lens`,
+  `predict_intervened`, `faithfulness`). Each takes `loaded.lock` around every forward: a capture on
+  another thread registers hooks on the same modules, which a concurrent forward would fire.
+
+The capture (`run_with_capture`) stays in `inference_mode`. The relevance pass is its own entry point
+with the same hygiene: hooks and the `fused_attn` flags restored also on error (through
+`capture.attention_recorded` and the capture's hook registry), every parameter frozen for the pass
+and its `requires_grad` restored, so no `.grad` is ever written to the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Literal, Mapping
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import analyses
+from .capture import Capture, _register, attention_recorded, preprocess
+from .loading import Geometry, LoadedModel
+
+METHODS = ("raw_attention", "rollout", "chefer", "gradcam", "attnlrp")  # display order
+ATTENTION_METHODS = ("raw_attention", "rollout")  # computed from the attention pattern alone
+RANDOM = "random"  # the name of the random baseline in the faithfulness curves
+RANDOM_ORDERS = 8
+DEFAULT_STEPS = 10
+
+ATTNLRP_UNSUPPORTED = (
+    "AttnLRP is not available for timm ViTs: the lxt package (2.1) supports torchvision's ViT only, "
+    "by patching torch's LayerNorm and GELU classes process-wide, and has no rules for timm's attention."
+)
+
+Ablation = Literal["zero", "mean"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Target class
+
+
+def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | None = None) -> int:
+    """The target class c: None -> top-1 of `logits` (C,) (ties: the lower index, as `analyses.top_k`);
+    an int -> that class index; a string -> the class whose label (or its first comma-separated part)
+    equals it, case-insensitive, or a decimal index. Raises ValueError with a message for the user."""
+    num_classes = int(logits.shape[-1])
+    if target is None:
+        return int(np.argmax(logits))  # argmax returns the first maximum: the lower index wins ties
+    if isinstance(target, str):
+        wanted = target.strip().lower()
+        if wanted.isdigit():
+            return resolve_target(loaded, logits, int(wanted))
+        for i in range(num_classes):
+            label = loaded.label(i).lower()
+            if wanted in (label, label.split(",")[0].strip()):
+                return i
+        raise ValueError(f"no class is labelled {target!r}")
+    index = int(target)
+    if not 0 <= index < num_classes:
+        raise ValueError(f"class index {index} is outside 0..{num_classes - 1}")
+    return index
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure map definitions
+
+
+def class_token_row(matrix: np.ndarray, num_prefix_tokens: int, has_class_token: bool) -> np.ndarray:
+    """The "class-token row" of a (T, T) matrix: row 0 with a class token, else the mean of the patch
+    rows. -> (T,)"""
+    return matrix[0] if has_class_token else matrix[num_prefix_tokens:].mean(axis=0)
+
+
+def raw_attention_map(pattern: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Last layer, head mean, class-token row, patch columns: pattern (L, H, T, T) -> (gh, gw) float32."""
+    p = geometry.num_prefix_tokens
+    if geometry.has_class_token:
+        return analyses.attention_map(pattern, pattern.shape[0] - 1, None, 0, p, geometry.grid).map
+    last = analyses.fuse_heads(pattern[-1:], "mean")[0]  # (1, H, T, T) -> (T, T)
+    return class_token_row(last, p, False)[p:].reshape(geometry.grid).astype(np.float32)
+
+
+def rollout_map(pattern: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Attention rollout (mean fusion, all layers), as the export's `rollout`: (L, H, T, T) -> (gh, gw)."""
+    return analyses.attention_rollout(pattern, geometry.num_prefix_tokens, geometry.grid,
+                                      has_class_token=geometry.has_class_token)
+
+
+def chefer_map(pattern: np.ndarray, grad: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Gradient-weighted attention relevance (Chefer, Gur & Wolf 2021).
+
+    pattern, grad: (L, H, T, T), grad = dy_c / dpattern. Abar_l = mean_h max(G_l * A_l, 0);
+    R_0 = I, R_l = R_{l-1} + Abar_l @ R_{l-1} (forward order). -> class-token row of R_L at the patch
+    columns, (gh, gw) float32. Computed in float64.
+    """
+    p = geometry.num_prefix_tokens
+    cams = np.clip(grad.astype(np.float64) * pattern.astype(np.float64), 0, None).mean(axis=1)  # (L, T, T)
+    relevance = np.eye(cams.shape[-1])
+    for cam in cams:
+        relevance = relevance + cam @ relevance
+    return class_token_row(relevance, p, geometry.has_class_token)[p:].reshape(geometry.grid).astype(np.float32)
+
+
+def gradcam_map(activations: np.ndarray, grad: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Grad-CAM on a ViT: activations X and grad dy_c/dX of the patch tokens, both (N, D).
+    w_d = mean over patches of grad[:, d]; map = ReLU(X @ w) -> (gh, gw) float32."""
+    weights = grad.astype(np.float64).mean(axis=0)  # (D,)
+    return np.maximum(activations.astype(np.float64) @ weights, 0).reshape(grid).astype(np.float32)
+
+
+def token_norms(cap: Capture) -> np.ndarray:
+    """Euclidean norm of every token entering block 0 and after each block: (L+1, T) float32."""
+    return np.linalg.norm(cap.tokens.astype(np.float64), axis=-1).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The relevance pass: one forward + backward, parameters frozen
+
+
+@dataclass(frozen=True)
+class Relevance:
+    """Relevance maps of every supported method for one image and target class."""
+
+    target: int
+    maps: dict[str, np.ndarray]  # method -> float32 (gh, gw), unscaled; in METHODS order
+    unsupported: dict[str, str]  # method -> one sentence for the UI, why it has no map
+
+
+@contextlib.contextmanager
+def parameters_frozen(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block no parameter requires grad (so backward writes no `.grad`); every parameter's
+    `requires_grad` is restored on exit, also when the block raises."""
+    with contextlib.ExitStack() as stack:
+        for param in model.parameters():
+            stack.callback(param.requires_grad_, param.requires_grad)
+            param.requires_grad_(False)
+        yield
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside the block; the previous mode restored on exit."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@dataclass(frozen=True)
+class _Gradients:
+    logits: np.ndarray  # (C,)
+    pattern: np.ndarray  # (L, H, T, T)
+    pattern_grad: np.ndarray  # (L, H, T, T): dy_c / dpattern
+    last_norm1: np.ndarray  # (T, D): output of blocks[-1].norm1
+    last_norm1_grad: np.ndarray  # (T, D): dy_c / d(that output)
+    target: int
+
+
+def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | None) -> _Gradients:
+    """One forward in float32 through the un-fused attention path and one backward of y_c to the
+    post-softmax patterns and to `blocks[-1].norm1`'s output only (torch.autograd.grad with those
+    inputs: no parameter gradient is computed). x: (1, 3, H, W)."""
+    model = loaded.model
+    live: dict[str, list[torch.Tensor]] = {"pattern": [], "norm1": []}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(loaded.lock)
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(eval_mode(model))
+        stack.enter_context(parameters_frozen(model))
+        stack.enter_context(attention_recorded(model, lambda pattern: None))  # un-fused path, flags restored
+        for blk in model.blocks:
+            _register(stack, model, blk.attn.attn_drop.register_forward_hook(lambda m, i, o: live["pattern"].append(o)))
+        _register(stack, model, model.blocks[-1].norm1.register_forward_hook(lambda m, i, o: live["norm1"].append(o)))
+        # The input is the only leaf that requires grad: it puts the activations in the graph; the
+        # backward below stops at the patterns and norm1, so neither it nor the patch embedding is differentiated.
+        logits = model(x.detach().clone().requires_grad_(True))  # (1, C)
+        assert len(live["pattern"]) == len(model.blocks) and len(live["norm1"]) == 1, "one pattern per block expected"
+        c = resolve_target(loaded, logits[0].detach().numpy(), target)
+        grads = torch.autograd.grad(logits[0, c], [*live["pattern"], live["norm1"][0]])
+    as_np = lambda t: t.detach().to(torch.float32).cpu().numpy()  # noqa: E731
+    return _Gradients(
+        logits=as_np(logits[0]),
+        pattern=as_np(torch.cat(live["pattern"], dim=0)),  # L x (1, H, T, T) -> (L, H, T, T)
+        pattern_grad=as_np(torch.cat(grads[:-1], dim=0)),
+        last_norm1=as_np(live["norm1"][0][0]),  # (1, T, D) -> (T, D)
+        last_norm1_grad=as_np(grads[-1][0]),
+        target=c,
+    )
+
+
+def relevance_maps(loaded: LoadedModel, image: Image.Image, target: int | str | None = None,
+                   cap: Capture | None = None) -> Relevance:
+    """Relevance maps (gh, gw) of every method in METHODS for the target class (None: top-1).
+
+    One forward + backward pass (parameters frozen; gradients only to the attention patterns and
+    norm1's output) gives Chefer and Grad-CAM; raw attention and rollout come from `cap` (a Capture of
+    the same image) when given, else from the pass itself. AttnLRP is listed in `unsupported`.
+    """
+    geometry = loaded.geometry
+    p = geometry.num_prefix_tokens
+    _, x = preprocess(loaded, image)  # (1, 3, H, W)
+    passed = _gradient_pass(loaded, x, target)
+    pattern = cap.pattern if cap is not None else passed.pattern
+    maps = {
+        "raw_attention": raw_attention_map(pattern, geometry),
+        "rollout": rollout_map(pattern, geometry),
+        "chefer": chefer_map(passed.pattern, passed.pattern_grad, geometry),
+        "gradcam": gradcam_map(passed.last_norm1[p:], passed.last_norm1_grad[p:], geometry.grid),
+    }
+    for m in maps.values():
+        m.setflags(write=False)
+    return Relevance(target=passed.target, maps=maps, unsupported={"attnlrp": ATTNLRP_UNSUPPORTED})
+
+
+# ----------------------------------------------------------------------------------------------
+# Logit lens
+
+
+def _head(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's own head path on a token sequence: forward_head(norm(tokens)). (B, T, D) -> (B, C)"""
+    return model.forward_head(model.norm(tokens))
+
+
+def logit_lens(loaded: LoadedModel, cap: Capture) -> np.ndarray:
+    """What the model would predict after each block: forward_head(norm(tokens[l])) for the L+1 token
+    sequences of `cap` (row 0: entering block 0; row l: after block l). -> float32 (L+1, C); row L
+    equals cap.logits within float32 tolerance."""
+    model = loaded.model
+    tokens = torch.from_numpy(np.array(cap.tokens, dtype=np.float32))  # (L+1, T, D)
+    with loaded.lock, torch.inference_mode(), eval_mode(model):
+        return _head(model, tokens).to(torch.float32).numpy()  # (L+1, C)
+
+
+def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarray:
+    """Every patch token of `layer` (0..L, as in `logit_lens`) through norm, fc_norm and head, without
+    pooling: float32 (N, C) logits, patches row-major."""
+    model, p = loaded.model, loaded.geometry.num_prefix_tokens
+    patches = torch.from_numpy(np.array(cap.tokens[layer, p:], dtype=np.float32))  # (N, D)
+    with loaded.lock, torch.inference_mode(), eval_mode(model):
+        return model.head(model.fc_norm(model.norm(patches))).to(torch.float32).numpy()  # (N, C)
+
+
+# ----------------------------------------------------------------------------------------------
+# Interventions
+
+
+def embedded_tokens(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The token sequence that enters `patch_drop`: patch embedding, prefix tokens, position. (B, 3, H, W) -> (B, T, D)"""
+    return model._pos_embed(model.patch_embed(x))
+
+
+def run_from_embedded(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The rest of timm's forward from what enters `patch_drop` (any sequence length): (B, T', D) -> (B, C)."""
+    return _head(model, model.blocks(model.norm_pre(model.patch_drop(tokens))))
+
+
+def keep_tokens(tokens: torch.Tensor, kept_patches: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """The prefix tokens and the kept patches, in the order given.
+    tokens (1 or B, T, D), kept_patches (B, K) patch indices 0..N-1 -> (B, P + K, D)."""
+    batch = kept_patches.shape[0]
+    tokens = tokens.expand(batch, -1, -1)
+    index = torch.cat([torch.arange(num_prefix_tokens).expand(batch, -1), kept_patches + num_prefix_tokens], dim=1)
+    return torch.gather(tokens, 1, index[..., None].expand(-1, -1, tokens.shape[-1]))  # (B, P + K, D)
+
+
+def mask_patches(x: torch.Tensor, patches: Iterable[int], geometry: Geometry) -> torch.Tensor:
+    """The normalised input with the pixels of `patches` set to 0 (the normalisation mean). (B, 3, H, W), a copy."""
+    (_, gw), (ph, pw) = geometry.grid, geometry.patch_size
+    masked = x.clone()
+    for k in patches:
+        row, col = divmod(int(k), gw)
+        masked[:, :, row * ph:(row + 1) * ph, col * pw:(col + 1) * pw] = 0
+    return masked
+
+
+@contextlib.contextmanager
+def heads_ablated(model: torch.nn.Module, heads: Iterable[tuple[int, int]], ablation: Ablation = "zero") -> Iterator[None]:
+    """Inside the block, head h of layer l (its slice of `attn @ v`, i.e. of the (B, T, H*hd) input of
+    `attn.proj`) is set to 0 ("zero") or to its mean over the sequence's tokens ("mean"). Hooks removed
+    on exit."""
+    if ablation not in ("zero", "mean"):
+        raise ValueError(f"unknown ablation {ablation!r}; use 'zero' or 'mean'")
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(int(layer), []).append(int(head))
+
+    def hook_for(attn: torch.nn.Module, chosen: list[int]) -> Callable:
+        head_dim = attn.head_dim
+
+        def ablate(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            out = args[0].clone()  # (B, T, H*hd)
+            for h in chosen:
+                part = out[..., h * head_dim:(h + 1) * head_dim]
+                out[..., h * head_dim:(h + 1) * head_dim] = 0 if ablation == "zero" else part.mean(dim=1, keepdim=True)
+            return (out, *args[1:])
+
+        return ablate
+
+    with contextlib.ExitStack() as stack:
+        for layer, chosen in by_layer.items():
+            attn = model.blocks[layer].attn
+            assert all(0 <= h < attn.num_heads for h in chosen), f"head outside 0..{attn.num_heads - 1}"
+            _register(stack, model, attn.proj.register_forward_pre_hook(hook_for(attn, chosen)))
+        yield
+
+
+def predict_intervened(loaded: LoadedModel, image: Image.Image, *, drop: Iterable[int] = (), mask: Iterable[int] = (),
+                       ablate: Iterable[tuple[int, int]] = (), ablation: Ablation = "zero") -> np.ndarray:
+    """The logits (C,) float32 after an intervention, any combination of: `drop` patch tokens (indices
+    0..N-1) after the position embedding; `mask` patches in pixel space (normalised input 0); `ablate`
+    heads given as (layer, head), by `ablation` "zero" or "mean". No intervention: the plain logits."""
+    model, geometry = loaded.model, loaded.geometry
+    dropped = set(int(k) for k in drop)
+    assert all(0 <= k < geometry.num_patches for k in dropped), f"patch index outside 0..{geometry.num_patches - 1}"
+    kept = torch.tensor([k for k in range(geometry.num_patches) if k not in dropped], dtype=torch.long)[None]  # (1, K)
+    _, x = preprocess(loaded, image)
+    x = mask_patches(x, mask, geometry)
+    with loaded.lock, torch.inference_mode(), eval_mode(model), heads_ablated(model, ablate, ablation):
+        tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
+        return run_from_embedded(model, tokens)[0].to(torch.float32).numpy()  # (1, C) -> (C,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Faithfulness: deletion and insertion curves
+
+
+def patch_order(relevance: np.ndarray) -> np.ndarray:
+    """Patches by relevance descending, ties by index ascending (a stable sort): (gh, gw) -> (N,) int64."""
+    return np.argsort(-relevance.reshape(-1).astype(np.float64), kind="stable").astype(np.int64)
+
+
+def deletion_counts(num_patches: int, steps: int) -> list[int]:
+    """n_k = round(k N / S) patches dropped at k = 0..S-1 (Python's round: halves to even)."""
+    return [round(k * num_patches / steps) for k in range(steps)]
+
+
+def insertion_counts(num_patches: int, steps: int) -> list[int]:
+    """n_k = max(1, round(k N / S)) patches kept at k = 1..S."""
+    return [max(1, round(k * num_patches / steps)) for k in range(1, steps + 1)]
+
+
+def deletion_x(steps: int) -> np.ndarray:
+    return np.arange(steps) / steps  # (S,): k / S, k = 0..S-1
+
+
+def insertion_x(steps: int) -> np.ndarray:
+    return np.arange(1, steps + 1) / steps  # (S,): k / S, k = 1..S
+
+
+def auc(curve: np.ndarray, x: np.ndarray) -> float:
+    """Trapezoid rule over the points (x_k, curve_k)."""
+    return float(np.trapezoid(np.asarray(curve, dtype=np.float64), x))
+
+
+def random_patch_orders(num_patches: int, count: int = RANDOM_ORDERS, seed: int = 0) -> np.ndarray:
+    """`count` seeded random patch orders: (count, N) int64."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(num_patches) for _ in range(count)]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Faithfulness:
+    """Deletion and insertion curves (p_c per step) of every method and of the random baseline."""
+
+    target: int
+    steps: int
+    deletion: dict[str, np.ndarray]  # name -> float32 (S,), x_k = k/S, k = 0..S-1; methods in order, then "random"
+    insertion: dict[str, np.ndarray]  # name -> float32 (S,), x_k = k/S, k = 1..S
+    deletion_auc: dict[str, float]
+    insertion_auc: dict[str, float]
+    random_deletion_std: np.ndarray  # float32 (S,): spread of the random orders' deletion curves (ddof 0)
+    random_insertion_std: np.ndarray  # float32 (S,)
+    beats_random: dict[str, bool]  # method -> deletion AUC below random's and insertion AUC above random's
+
+
+def _target_probs(loaded: LoadedModel, tokens: torch.Tensor, kept: np.ndarray, target: int) -> np.ndarray:
+    """p_c for each row of kept patches (B, K) (every row the same length: one batched forward). -> (B,)"""
+    kept_sorted = torch.from_numpy(np.sort(kept, axis=1))  # the kept patches stay in sequence order
+    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
+        logits = run_from_embedded(loaded.model, keep_tokens(tokens, kept_sorted, loaded.geometry.num_prefix_tokens))
+    return analyses.softmax(logits.to(torch.float32).numpy())[:, target]  # (B, C) -> (B,)
+
+
+def faithfulness(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
+                 steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
+                 progress: Callable[[float, str], None] | None = None) -> Faithfulness:
+    """Deletion and insertion curves of p_c (analyses.md) for each map (gh, gw), in the order given,
+    then for "random": the mean of `random_orders` (default 8) seeded orders, with their std.
+
+    Batched: at each step every order drops (or keeps) the same number of patches, so all orders of
+    one step run as one forward (2 S forwards in all). `progress(done_fraction, message)` is called
+    after each batched step (the methods' curves finish together, batched, at the last step).
+    Returns curves and AUCs keyed by method name and "random".
+    """
+    geometry = loaded.geometry
+    n = geometry.num_patches
+    names = list(maps)
+    orders = np.concatenate([np.stack([patch_order(maps[m]) for m in names]).reshape(len(names), n),
+                             random_patch_orders(n, random_orders, seed)])  # (M + R, N)
+    _, x = preprocess(loaded, image)
+    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
+        tokens = embedded_tokens(loaded.model, x)  # (1, T, D), computed once
+    report = progress or (lambda fraction, message: None)
+
+    deletion, insertion = [], []  # per step: (M + R,)
+    for k, dropped in enumerate(deletion_counts(n, steps)):
+        deletion.append(_target_probs(loaded, tokens, orders[:, dropped:], target))
+        report((k + 1) / (2 * steps), f"deletion step {k + 1}/{steps}")
+    for k, kept in enumerate(insertion_counts(n, steps)):
+        insertion.append(_target_probs(loaded, tokens, orders[:, :kept], target))
+        report((steps + k + 1) / (2 * steps), f"insertion step {k + 1}/{steps}")
+    del_curves = np.stack(deletion, axis=1).astype(np.float64)  # (M + R, S)
+    ins_curves = np.stack(insertion, axis=1).astype(np.float64)
+
+    def curves(all_curves: np.ndarray) -> dict[str, np.ndarray]:
+        named = {m: all_curves[i].astype(np.float32) for i, m in enumerate(names)}
+        named[RANDOM] = all_curves[len(names):].mean(axis=0).astype(np.float32)
+        return named
+
+    del_named, ins_named = curves(del_curves), curves(ins_curves)
+    del_auc = {m: auc(c, deletion_x(steps)) for m, c in del_named.items()}
+    ins_auc = {m: auc(c, insertion_x(steps)) for m, c in ins_named.items()}
+    return Faithfulness(
+        target=int(target),
+        steps=steps,
+        deletion=del_named,
+        insertion=ins_named,
+        deletion_auc=del_auc,
+        insertion_auc=ins_auc,
+        random_deletion_std=del_curves[len(names):].std(axis=0).astype(np.float32),
+        random_insertion_std=ins_curves[len(names):].std(axis=0).astype(np.float32),
+        beats_random={m: del_auc[m] < del_auc[RANDOM] and ins_auc[m] > ins_auc[RANDOM] for m in names},
+    )
+
