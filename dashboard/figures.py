@@ -437,3 +437,151 @@ def logits_png(logits: np.ndarray, marked: Sequence[int], marked_labels: Sequenc
     ax.set_xlim(-0.5, len(logits) - 0.5)
     ax.grid(alpha=0.3)
     return figure_png(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# "Why this prediction": faithfulness curves, logit lens, interventions
+
+METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
+RANDOM_COLOUR = "#7f7f7f"
+
+
+def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray],
+                            random_deletion_std: np.ndarray, random_insertion_std: np.ndarray, title: str = "") -> bytes:
+    """Deletion (left) and insertion (right) curves: p_c against the share of patches dropped / kept.
+
+    deletion, insertion: name -> (S,) probabilities, one entry per method plus "random" (the mean of the
+    random orders, drawn grey with a band of +- one standard deviation `random_*_std` (S,)). The x positions
+    are the spec's: deletion k / S for k = 0..S-1, insertion k / S for k = 1..S.
+    """
+    fig = Figure(figsize=(10, 3.4))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, curves, std, first, what in ((axes[0], deletion, random_deletion_std, 0, "dropped (most relevant first)"),
+                                         (axes[1], insertion, random_insertion_std, 1, "kept (most relevant first)")):
+        methods = [name for name in curves if name != "random"]
+        for i, name in enumerate(methods):
+            y = curves[name]
+            x = (np.arange(len(y)) + first) / len(y)
+            ax.plot(x, y, "o-", ms=3, lw=1.4, color=METHOD_COLOURS[i % len(METHOD_COLOURS)], label=name)
+        if "random" in curves:
+            y = curves["random"]
+            x = (np.arange(len(y)) + first) / len(y)
+            ax.fill_between(x, y - std, y + std, color=RANDOM_COLOUR, alpha=0.25, lw=0)
+            ax.plot(x, y, "--", lw=1.4, color=RANDOM_COLOUR, label="random (mean ± std)")
+        ax.set_xlabel(f"share of patches {what}", fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("probability of the target class", fontsize=9)
+    axes[0].set_title("deletion: lower is more faithful", fontsize=10)
+    axes[1].set_title("insertion: higher is more faithful", fontsize=10)
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return figure_png(fig)
+
+
+def logit_lens_strip_png(probs: np.ndarray, labels: Sequence[str], title: str = "") -> bytes:
+    """The logit lens as a layer x class strip: probs (L+1, K), row l = the probabilities if the model
+    stopped after block l (row 0: the embeddings), for K chosen classes; every cell is written out."""
+    rows, cols = probs.shape
+    fig = Figure(figsize=(min(14.0, 1.6 + 0.95 * cols), 0.9 + 0.32 * rows))
+    ax = fig.add_subplot()
+    im = ax.imshow(probs, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    for r in range(rows):
+        for c in range(cols):
+            p = probs[r, c]
+            ax.text(c, r, f"{p:.0%}" if p >= 0.005 else "", ha="center", va="center", fontsize=7,
+                    color="white" if p > 0.6 else "black")
+    ax.set_xticks(np.arange(cols), [label if len(label) <= 18 else label[:16] + "..." for label in labels],
+                  rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(np.arange(rows), ["embeddings"] + [f"after block {layer}" for layer in range(rows - 1)], fontsize=7)
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="probability")
+    return figure_png(fig)
+
+
+def patch_lens_png(crop: np.ndarray, classes: np.ndarray, probs: np.ndarray, labels: dict[int, str],
+                   patch_size: tuple[int, int], title: str = "", max_legend: int = 8) -> bytes:
+    """The per-patch logit lens over the crop: each patch coloured by its top-1 class, the colour's
+    strength its probability (pale: unsure); the number in each patch is that probability in percent.
+
+    classes: int (gh, gw) top-1 class per patch; probs: float (gh, gw) its probability; labels: class -> name
+    for the legend. The `max_legend` most frequent classes get their own colour, the rest are grey.
+    """
+    gh, gw = classes.shape
+    counts = np.bincount(classes.reshape(-1))
+    frequent = [int(c) for c in np.argsort(-counts, kind="stable")[:max_legend] if counts[c] > 0]
+    palette = matplotlib.colormaps["tab10"](np.arange(10))[:, :3]
+    colours = np.full((gh, gw, 3), 0.6)
+    for i, c in enumerate(frequent):
+        colours[classes == c] = palette[i % 10]
+    strength = (0.25 + 0.75 * np.clip(probs, 0, 1))[..., None]  # (gh, gw, 1): unsure patches stay pale
+    shade = 1 - strength * (1 - colours)  # blend towards white
+    base = crop.astype(np.float32) / 255.0
+    tinted = 0.35 * base + 0.65 * map_to_pixels(shade, patch_size)  # (H, W, 3)
+    fig = Figure(figsize=(6.4, 4.6))
+    ax = fig.add_subplot()
+    ax.imshow(tinted, interpolation="nearest")
+    ph, pw = patch_size
+    if gh * gw <= 400:  # numbers stay legible up to a 20 x 20 grid
+        for r in range(gh):
+            for c in range(gw):
+                ax.text((c + 0.5) * pw - 0.5, (r + 0.5) * ph - 0.5, f"{probs[r, c] * 100:.0f}", ha="center", va="center",
+                        fontsize=max(4, min(8, 110 // max(gh, gw))), color="black")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    handles = [matplotlib.patches.Patch(color=palette[i % 10], label=f"{labels.get(c, f'class {c}')[:24]} ({counts[c]})")
+               for i, c in enumerate(frequent)]
+    if int(counts.sum()) > sum(int(counts[c]) for c in frequent):
+        handles.append(matplotlib.patches.Patch(color=(0.6, 0.6, 0.6), label="other classes"))
+    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), title="top-1 (patches)",
+              title_fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return figure_png(fig)
+
+
+def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
+                          patches: Sequence[int], mode: str) -> np.ndarray:
+    """The crop enlarged for display with the chosen patches shown removed: "drop" blacks them out with a red
+    cross (the token is gone), "mask" paints them the normalisation mean (grey: the model sees the mean input).
+    uint8 (H*s, W*s, 3)."""
+    gh, gw = grid
+    ph, pw = patch_size
+    s = display_scale(crop.shape[1])
+    im = Image.fromarray(enlarge(crop, s))
+    draw = ImageDraw.Draw(im)
+    for r in range(1, gh):
+        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=(255, 255, 255), width=1)
+    for c in range(1, gw):
+        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=(255, 255, 255), width=1)
+    for k in patches:
+        r, c = divmod(int(k), gw)
+        box = [c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1]
+        if mode == "mask":
+            draw.rectangle(box, fill=(124, 116, 104), outline=(255, 255, 0), width=2)  # about ImageNet's mean colour
+        else:
+            draw.rectangle(box, fill=(0, 0, 0))
+            draw.line([box[0], box[1], box[2], box[3]], fill=(220, 40, 40), width=2)
+            draw.line([box[0], box[3], box[2], box[1]], fill=(220, 40, 40), width=2)
+    return np.asarray(im)
+
+
+def prediction_change_png(labels: Sequence[str], before: Sequence[float], after: Sequence[float], title: str = "") -> bytes:
+    """Horizontal bars of each class's probability before (grey) and after (blue) an intervention, first on top."""
+    n = len(labels)
+    fig = Figure(figsize=(6, 0.5 * n + 1.0))
+    ax = fig.add_subplot()
+    y = np.arange(n)[::-1]
+    ax.barh(y + 0.2, np.asarray(before) * 100, height=0.38, color="#bbbbbb", label="original")
+    ax.barh(y - 0.2, np.asarray(after) * 100, height=0.38, color="#4c72b0", label="after the intervention")
+    for yi, b, a in zip(y, before, after, strict=True):
+        ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=7, color="#555")
+        ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=7)
+    ax.set_yticks(y, [label if len(label) <= 32 else label[:30] + "..." for label in labels], fontsize=9)
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("probability (%)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    return figure_png(fig)

@@ -21,6 +21,8 @@ What is not Streamlit's lives beside this module: `models`, `examples`, `uploads
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,7 +36,7 @@ import vit_core
 from dashboard import examples, figure_keys, uploads
 from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
-from vit_core import analyses, export
+from vit_core import analyses, explain, export
 from vit_core.loading import LoadedModel
 
 MAX_BATCH_IMAGES = 32
@@ -49,10 +51,14 @@ K_DRAW_ON, K_DRAW = "draw_on", "draw"
 K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"
 K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "pos_patch", "pos_res"
 K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
+K_TARGET, K_METHODS, K_STEPS, K_LENS_LAYER = "target", "methods", "steps", "lens_layer"
+K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 # Session-state keys that are not widgets.
 _HELD_CAPTURE = "_held_capture"  # ((model key, image sha), Capture): see held_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
+_INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_patches_for
+_INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,6 +272,95 @@ def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: 
 
 
 # ----------------------------------------------------------------------------------------------
+# "Why this prediction": explanations, logit lens, interventions, faithfulness curves
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel, _image: _Lazy,
+               _cap: vit_core.Capture) -> explain.Relevance:
+    return explain.relevance_maps(_loaded, full_image(_image.image), target=target, cap=_cap)
+
+
+def relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+              target: int) -> explain.Relevance:
+    """Every method's relevance map (gh, gw) for class `target`: one forward + backward pass per
+    (model, image, target), cached and shared by every session."""
+    return _relevance(request.key, image.sha, int(target), loaded, _Lazy(image), cap)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def logit_lens(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> np.ndarray:
+    """The logit lens of a capture: float32 (L+1, C), row l = the head applied after block l (row 0: the embeddings)."""
+    return explain.logit_lens(_loaded, _cap)
+
+
+@st.cache_resource(max_entries=48, show_spinner=False)
+def patch_logit_lens(model_key: str, image_sha: str, layer: int, _loaded: LoadedModel,
+                     _cap: vit_core.Capture) -> np.ndarray:
+    """The per-patch logit lens of one layer: float32 (N, C), every patch token through the head without pooling."""
+    return explain.patch_logit_lens(_loaded, _cap, layer)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def _intervened(model_key: str, image_sha: str, drop: tuple[int, ...], mask: tuple[int, ...],
+                ablate: tuple[tuple[int, int], ...], ablation: str, _loaded: LoadedModel, _image: _Lazy) -> np.ndarray:
+    return explain.predict_intervened(_loaded, full_image(_image.image), drop=drop, mask=mask, ablate=ablate,
+                                      ablation=ablation)
+
+
+def intervened_logits(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, *, drop: tuple[int, ...] = (),
+                      mask: tuple[int, ...] = (), ablate: tuple[tuple[int, int], ...] = (),
+                      ablation: str = "zero") -> np.ndarray:
+    """The logits (C,) after dropping / masking patches and ablating heads (explain.predict_intervened), cached
+    per (model, image, intervention): clicking a patch back and forth costs one forward each way, once."""
+    return _intervened(request.key, image.sha, tuple(sorted(drop)), tuple(sorted(mask)), tuple(sorted(ablate)), ablation,
+                       loaded, _Lazy(image))
+
+
+class _BoundedStore:
+    """A small thread-safe dict that forgets its oldest entries: results computed on request (a button),
+    with a progress bar, which st.cache_resource can't show while it computes."""
+
+    def __init__(self, max_entries: int) -> None:
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_entries
+
+    def get(self, key: str) -> Any | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = value
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+
+
+_faithfulness = _BoundedStore(max_entries=32)  # shared by every session, like the caches above
+
+
+def _faithfulness_key(request: ModelRequest, image: ImageChoice, target: int, steps: int) -> str:
+    return repr((request.key, image.sha, int(target), int(steps)))
+
+
+def faithfulness_result(request: ModelRequest, image: ImageChoice, target: int, steps: int) -> explain.Faithfulness | None:
+    """The deletion / insertion curves of (model, image, target, steps) if someone computed them already, else None."""
+    return _faithfulness.get(_faithfulness_key(request, image, target, steps))
+
+
+def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, relevance: explain.Relevance,
+                         steps: int, progress: Callable[[float, str], None] | None = None) -> explain.Faithfulness:
+    """Deletion and insertion curves of every supported method's map and of the random baseline
+    (explain.faithfulness), computed now and kept for every session; `progress(fraction, message)` as methods finish."""
+    result = explain.faithfulness(loaded, full_image(image), relevance.maps, relevance.target, steps=steps,
+                                  progress=progress)
+    _faithfulness.put(_faithfulness_key(request, image, relevance.target, steps), result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
 # Figures
 
 
@@ -295,6 +390,21 @@ def reset_if_out_of_range(key: str, size: int, default: int) -> None:
         st.session_state[key] = default
 
 
+def keep_patches_for(owner: tuple[str, str], num_patches: int) -> None:
+    """Forget the intervention's chosen patches when the model or image changed (call before creating the widget)."""
+    if st.session_state.get(_INT_OWNER) != owner:
+        st.session_state[_INT_OWNER] = owner
+        st.session_state[K_INT_PATCHES] = []
+    elif any(k >= num_patches for k in st.session_state.get(K_INT_PATCHES, [])):
+        st.session_state[K_INT_PATCHES] = []
+
+
+def reset_intervention() -> None:
+    """on_click callback of the interventions' Reset button: no patch dropped or masked, no head ablated."""
+    st.session_state[K_INT_PATCHES] = []
+    st.session_state[K_INT_HEADS] = []
+
+
 # ----------------------------------------------------------------------------------------------
 # Clicks on a patch image
 
@@ -310,3 +420,28 @@ def patch_click_callback(chart_key: str, target_key: str, offset: int = 0) -> No
         k = k[0]
     if k is not None:
         st.session_state[target_key] = offset + int(k)
+
+
+def toggled(selection: list[int], k: int) -> list[int]:
+    """`selection` with patch k added, or removed if it was in it (sorted)."""
+    return sorted(set(selection) ^ {k})
+
+
+def patch_clicks() -> int:
+    """How many patches were toggled by a click so far: the clickable chart's key changes with it, so every
+    click arrives as a fresh selection (a second click on the same patch is a new event, not a deselection)."""
+    return st.session_state.get(_INT_CLICKS, 0)
+
+
+def patch_toggle_callback(chart_key: str) -> None:
+    """on_select callback: a click on patch k of chart `chart_key` adds k to the intervention's patches or removes it."""
+    points = st.session_state[chart_key].selection.points
+    if not points:
+        return
+    point = points[0]
+    k = point.get("customdata", point.get("point_index"))
+    if isinstance(k, list):
+        k = k[0]
+    if k is not None:
+        st.session_state[K_INT_PATCHES] = toggled(st.session_state.get(K_INT_PATCHES, []), int(k))
+        st.session_state[_INT_CLICKS] = patch_clicks() + 1

@@ -92,3 +92,62 @@ UPLOAD_HELP = (
     "transparency is shown on white, an animation gives its first frame. The image is analysed on "
     "the server that runs this page; other users of it don't see it."
 )
+
+WHY = (
+    "Attention shows where tokens look; it does not say **why** the model chose a class. The maps below "
+    "each answer \"which patches made class c likely?\" in their own way, for the **target class** c you pick "
+    "(the top-1 prediction unless you choose another). Each map is min-max scaled for display only."
+)
+
+METHOD_TITLES = {
+    "raw_attention": "Raw attention",
+    "rollout": "Rollout",
+    "chefer": "Gradient x attention (Chefer)",
+    "gradcam": "Grad-CAM",
+    "attnlrp": "AttnLRP",
+}
+
+METHOD_TEXTS = {
+    "raw_attention": "The last layer's attention of the class token to each patch, averaged over heads. "
+                     "It ignores the target class: every class gets the same map.",
+    "rollout": "Attention multiplied through all layers, with the skip connection counted as half of each layer "
+               "(Abnar & Zuidema 2020). Also the same for every class.",
+    "chefer": "Each layer's attention weighted by the gradient of the target logit $y_c$ with respect to it, "
+              "negatives clipped, averaged over heads and accumulated through the layers as "
+              "$R_l = R_{l-1} + \\bar A_l R_{l-1}$ (Chefer, Gur & Wolf 2021).",
+    "gradcam": "The patch tokens entering the last block's attention, weighted per feature by the mean gradient "
+               "of $y_c$ and summed, negatives clipped (Grad-CAM, Selvaraju et al. 2017).",
+    "attnlrp": "Layer-wise relevance propagation through attention (Achtibat et al. 2024): the logit $y_c$ "
+               "split back onto the input pixels, summed per patch.",
+}
+
+WHY_DISAGREE = (
+    "**Why can they disagree?** Attention weights say how much of each token's value is mixed in, not whether "
+    "that value pushed the target logit up or down, and later layers and the MLPs can cancel what attention "
+    "brought in. Gradient-based maps weigh what attention moved by its effect on $y_c$ (so they change with the "
+    "target), but a gradient is only a local slope. **The curves test them:** drop the patches a map calls most "
+    "relevant first (deletion) and the probability of the target should fall fast; keep only those patches "
+    "(insertion) and it should rise fast. A map is only called faithful on this image where it beats the same "
+    "curves for random patch orders (lower deletion area, higher insertion area)."
+)
+
+FAITHFULNESS_HOW = (
+    "Deletion: for k = 0..S-1 the first round(k N / S) patches of the map's order are dropped; insertion: for "
+    "k = 1..S only the first max(1, round(k N / S)) are kept. AUC = area under the curve (trapezoid rule). "
+    "Random: the mean of 8 seeded random orders, with its spread."
+)
+
+INTERVENE = (
+    "Change the input and see what the model does. **Drop** removes a patch's token from the sequence (after "
+    "the position embedding is added), so the blocks never see it; **mask** sets the patch's pixels to the "
+    "normalisation mean before the patch embedding, so the token is still there but carries a grey patch. "
+    "**Ablating a head** sets its output (its slice of attention times values, before the output projection) "
+    "to zero, or to its mean over this image's tokens. Click patches on the image to add or remove them."
+)
+
+LOGIT_LENS = (
+    "The **logit lens** asks what the model would predict if it stopped after block l: the tokens of that "
+    "layer go through the model's own final norm, pooling and head. Row L (the last) is the real prediction. "
+    "Below, the same head is applied to every patch token of one layer without pooling: each patch's top-1 "
+    "class and its probability."
+)

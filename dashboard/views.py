@@ -7,79 +7,24 @@ through the small functions beside each view (`_tokens_png`, `_attention_overlay
 its source (the `ViewContext`, or the `ModelSource` for figures of the model alone) and the settings
 it is drawn with, and `cached_figure` keys the shared cache on exactly those (dashboard/figure_keys.py).
 
-`VIEWS` maps each tab's label to its view function, in the order of the tabs.
+`VIEWS` maps each tab's label to its view function, in the order of the tabs. The "why this
+prediction" views (explanations, interventions, logit lens) live in `dashboard.why_views`; what
+every view shares (`ViewContext`, `show_picture`, `cached_figure`) in `dashboard.view_context`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import streamlit as st
 
-from dashboard import figures, state, text
-from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
-from dashboard.models import ModelRequest
-from vit_core import Capture, Geometry, ImageError, LoadedModel, analyses, export
-
-cached_figure = state.cached_figure  # cached_figure(builder, source, *settings) -> PNG or JPEG bytes
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What figures of the model alone (filters, position embedding) are drawn from."""
-
-    request: ModelRequest
-    loaded: LoadedModel
-
-    @property
-    def cache_key(self) -> str:
-        return self.request.key
-
-
-@dataclass(frozen=True)
-class ViewContext:
-    request: ModelRequest
-    loaded: LoadedModel
-    cap: Capture
-    image: ImageChoice
-
-    @property
-    def cache_key(self) -> str:
-        """Names the arrays of this model and image in figure cache keys (the capture is a function of both)."""
-        return f"{self.request.key}|{self.image.sha}"
-
-    @property
-    def model(self) -> ModelSource:
-        return ModelSource(self.request, self.loaded)
-
-    @property
-    def stem(self) -> str:
-        """A file-name stem for downloads: model and image."""
-        model = self.loaded.name.replace("/", "-")
-        image = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in Path(self.image.name).stem)[:40]
-        return f"{model}_{image}"
-
-
-def shape(array_or_shape, batch: bool = True) -> str:
-    """A shape as PyTorch prints it inside the model, with the batch axis: `[1, 197, 768]`."""
-    dims = tuple(getattr(array_or_shape, "shape", array_or_shape))
-    return "[" + ", ".join(str(d) for d in ((1,) + dims if batch else dims)) + "]"
-
-
-def show_picture(shown: bytes, key: str, file_name: str | None = None, caption: str | None = None,
-                 width: int | str = "stretch", png: Callable[[], bytes] | None = None) -> None:
-    """Show PNG or JPEG bytes and offer a PNG for download: the shown bytes, or, for a photo-like
-    picture shown as JPEG (a fraction of the bytes and encoding time on every control change), the
-    lossless PNG that ``png`` makes only when the button is clicked."""
-    if isinstance(width, int):  # st.image re-encodes (slowly) any picture wider than an int width: never shrink
-        width = max(width, figures.image_size(shown)[0])
-    st.image(shown, caption=caption, width=width, output_format="JPEG" if figures.is_jpeg(shown) else "PNG")
-    st.download_button("PNG", png if png is not None else shown, file_name=f"{file_name}.png", mime="image/png",
-                       key=f"dl_{key}", icon=":material/download:", on_click="ignore", type="tertiary")
+from dashboard import figures, state, text, why_views
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
+from dashboard.view_context import ModelSource, ViewContext, cached_figure, shape, show_picture
+from vit_core import Geometry, ImageError, analyses, export
 
 
 def default_query_token(g: Geometry) -> int:
@@ -561,4 +506,7 @@ VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Attention": attention_view,
     "Distance": distance_view,
     "Prediction": prediction_view,
+    "Why?": why_views.why_view,
+    "Interventions": why_views.interventions_view,
+    "Logit lens": why_views.logit_lens_view,
 }

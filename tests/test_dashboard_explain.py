@@ -1,0 +1,211 @@
+"""The "why this prediction" tabs (Why?, Interventions, Logit lens) run in-process with Streamlit's AppTest.
+
+What they show is checked against `vit_core.explain` called directly on the same model and image:
+the test model (`VIT_LENS_MODEL=test-tiny`, random init, built the same way here) on its default
+example, and the bundled Shapes ViT where its weights exist (its size and classes are not assumed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import vit_core
+from conftest import REPO, assert_healthy, run_app
+from dashboard import examples, figures, state, why_views
+from dashboard.models import TEST_TINY, build_named_model
+from vit_core import analyses, explain
+from vit_core.loading import TEACHING_MODEL
+
+WHY_VIEWS = ("Why?", "Interventions", "Logit lens")
+SHAPES_VIT = REPO / "vit_core" / "assets" / "shapes_vit" / "model.safetensors"
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The test model and its default example, as the app builds and decodes them."""
+    loaded = build_named_model(TEST_TINY)
+    image = vit_core.decode_image(examples.example_bytes(examples.default_example(loaded.name))).image
+    return loaded, image
+
+
+def images(at: AppTest) -> tuple[str, ...]:
+    return tuple(url for im in at.get("image") for url in im.value)
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def target_metric(at: AppTest) -> str:
+    return next(m.value for m in at.metric if m.label.startswith("p(target)"))
+
+
+def after_list(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("**After"))
+
+
+def top5_lines(loaded, logits: np.ndarray) -> str:
+    return "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(analyses.top_k(logits, loaded.labels, 5)))
+
+
+@pytest.mark.parametrize("model, random_init", [
+    (TEST_TINY, False),
+    ("deit_small_distilled_patch16_224", True),  # two prefix tokens
+    ("vit_base_patch16_siglip_224", True),  # no class token, and no classifier head
+    pytest.param(TEACHING_MODEL, False, marks=pytest.mark.skipif(not SHAPES_VIT.is_file(), reason="Shapes ViT not trained")),
+])
+def test_the_why_views_render(monkeypatch, model, random_init):
+    monkeypatch.setenv("VIT_LENS_MODEL", model)
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1" if random_init else "0")
+    at = run_app(view=WHY_VIEWS[0])
+    has_head = not any("no classifier head" in i.value for i in at.info)
+    for view in WHY_VIEWS:
+        at.session_state["view"] = view
+        at.run()
+        assert_healthy(at)
+        assert not at.error, [e.value for e in at.error]
+        if has_head:
+            assert images(at), f"{view} shows no figure"
+        else:
+            assert any("no classifier head" in i.value for i in at.info), view
+    if has_head:  # AttnLRP: explain's one-sentence reason instead of a map
+        at.session_state["view"] = "Why?"
+        at.run()
+        reasons = [i.value for i in at.info]
+        assert explain.ATTNLRP_UNSUPPORTED in reasons
+
+
+def test_the_target_selection_changes_the_maps(tiny, reference):
+    loaded, image = reference
+    at = run_app(view="Why?")
+    before = images(at)
+    box = at.selectbox(key="target")
+    assert box.value == int(np.argmax(vit_core.run_with_capture(loaded, image).logits))  # the top-1 by default
+    second = box.options[1]
+    box.select_index(1).run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    assert second.startswith(f"{target}: ")
+    assert f"({target})" in captions(at)
+    after = images(at)
+    assert after != before
+    # the class-independent maps stay, the gradient-based ones change
+    assert sum(a != b for a, b in zip(before, after, strict=True)) == 2
+
+
+def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
+    loaded, image = reference
+    logits = vit_core.run_with_capture(loaded, image).logits
+    target = int(np.argmax(logits))
+    at = run_app(view="Interventions")
+    assert target_metric(at) == f"{analyses.softmax(logits)[target]:.2%}"
+    assert after_list(at).endswith(top5_lines(loaded, logits))
+
+    chosen = [0, 7, 30, 100]
+    at.multiselect(key="int_patches").set_value(chosen).run()
+    assert_healthy(at)
+    dropped = explain.predict_intervened(loaded, image, drop=chosen)
+    assert not np.allclose(dropped, logits)
+    assert target_metric(at) == f"{analyses.softmax(dropped)[target]:.2%}"
+    assert after_list(at).endswith(top5_lines(loaded, dropped))
+    assert "4 patch(es) dropped" in after_list(at)
+
+    at.radio(key="int_mode").set_value("mask").run()
+    masked = explain.predict_intervened(loaded, image, mask=chosen)
+    assert target_metric(at) == f"{analyses.softmax(masked)[target]:.2%}"
+    assert after_list(at).endswith(top5_lines(loaded, masked))
+
+    at.multiselect(key="int_heads").set_value([(1, 0), (0, 2)]).run()
+    at.radio(key="int_ablation").set_value("mean").run()
+    both = explain.predict_intervened(loaded, image, mask=chosen, ablate=[(0, 2), (1, 0)], ablation="mean")
+    assert target_metric(at) == f"{analyses.softmax(both)[target]:.2%}"
+    assert after_list(at).endswith(top5_lines(loaded, both))
+
+    at.button(key="int_reset").click().run()
+    assert_healthy(at)
+    assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == []
+    assert target_metric(at) == f"{analyses.softmax(logits)[target]:.2%}"
+    assert after_list(at).startswith("**After: no intervention**")
+
+
+def test_a_click_toggles_a_patch():
+    assert state.toggled([], 5) == [5]
+    assert state.toggled([9, 5], 7) == [5, 7, 9]
+    assert state.toggled([5, 7, 9], 7) == [5, 9]
+
+
+def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny, reference):
+    loaded, image = reference
+    at = run_app(view="Why?", steps="5")
+    assert "deletion AUC" not in markdown(at)  # computed on request only
+    at.button(key="why_curves").click().run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    relevance = explain.relevance_maps(loaded, image, target=target, cap=vit_core.run_with_capture(loaded, image))
+    expected = explain.faithfulness(loaded, image, relevance.maps, target, steps=5)
+    table = next(m.value for m in at.markdown if m.value.startswith("| method | deletion AUC"))
+    for method in relevance.maps:
+        title = why_views.text.METHOD_TITLES[method]
+        row = f"| {title} | {expected.deletion_auc[method]:.3g} | {expected.insertion_auc[method]:.3g} | "
+        assert row in table, (row, table)
+    assert f"| {expected.deletion_auc['random']:.3g} | {expected.insertion_auc['random']:.3g} |" in table
+    assert sum("deletion AUC **" in m.value for m in at.markdown) == len(relevance.maps)
+    # kept for every session: a new session sees the curves without clicking
+    again = run_app(view="Why?", steps="5")
+    assert any(m.value.startswith("| method | deletion AUC") for m in again.markdown)
+
+
+def test_url_parameters_restore_the_selections(tiny, reference):
+    loaded, image = reference
+    logits = vit_core.run_with_capture(loaded, image).logits
+    third = analyses.top_k(logits, loaded.labels, 5)[2]
+    at = run_app(view="Why?", target=f"{third.index}: {third.label}", steps="20", methods=["Rollout", "Grad-CAM"])
+    assert at.selectbox(key="target").value == third.index
+    assert at.selectbox(key="steps").value == 20
+    assert at.multiselect(key="methods").value == ["rollout", "gradcam"]
+    assert f"({third.index})" in captions(at)
+    at = run_app(view="Logit lens", lens_layer="1")
+    assert at.slider(key="lens_layer").value == 1
+    at = run_app(view="Interventions", int_mode="mask", int_ablation="mean", target=f"{third.index}: {third.label}")
+    assert at.radio(key="int_mode").value == "mask" and at.radio(key="int_ablation").value == "mean"
+    assert target_metric(at) == f"{analyses.softmax(logits)[third.index]:.2%}"
+
+
+def test_the_logit_lens_strip_lists_the_classes_on_top_somewhere():
+    probs = np.array([[0.5, 0.3, 0.1, 0.1], [0.1, 0.2, 0.3, 0.4], [0.05, 0.05, 0.1, 0.8]])  # (L+1, C)
+    assert why_views.lens_classes(probs, k=1) == [3, 0]
+    assert why_views.lens_classes(probs, k=2) == [3, 2, 0, 1]
+    assert why_views.lens_classes(probs, k=2, limit=3) == [3, 2, 0]
+
+
+def test_the_new_figures_are_pngs():
+    rng = np.random.default_rng(0)
+    curves = {"chefer": rng.random(10), "random": rng.random(10)}
+    pngs = [
+        figures.faithfulness_curves_png(curves, curves, np.full(10, 0.1), np.full(10, 0.1), title="t"),
+        figures.logit_lens_strip_png(rng.random((3, 4)), ["a", "b", "c", "d"]),
+        figures.patch_lens_png(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), rng.integers(0, 3, (4, 4)),
+                               rng.random((4, 4)), {0: "a", 1: "b", 2: "c"}, (8, 8)),
+        figures.prediction_change_png(["a", "b"], [0.6, 0.3], [0.2, 0.7]),
+        figures.png_bytes(figures.removed_patches_image(np.zeros((32, 32, 3), np.uint8), (4, 4), (8, 8), [0, 5], "drop")),
+    ]
+    for png in pngs:
+        assert png.startswith(b"\x89PNG")
+    crop = np.full((32, 32, 3), 200, np.uint8)
+    dropped = figures.removed_patches_image(crop, (4, 4), (8, 8), [5], "drop")
+    s = dropped.shape[0] // 32  # display scale
+    r, c = divmod(5, 4)
+    block = dropped[r * 8 * s + 3:(r + 1) * 8 * s - 3, c * 8 * s + 3:(c + 1) * 8 * s - 3]
+    assert (block.max(axis=-1) < 255).all() and (dropped[:8 * s - 2, :8 * s - 2] == 200).all()
