@@ -91,3 +91,52 @@ def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
     monkeypatch.setattr(serve, "main", seen.append)
     assert cli.main(["dashboard", "--server.port", "8502", "--client.toolbarMode=minimal"]) == 0
     assert seen == [["--server.port", "8502", "--client.toolbarMode=minimal"]]
+
+
+def test_analyze_explain_writes_the_explanation_keys(tmp_path):
+    drawn_image(5).save(tmp_path / "scene.png")
+    result = run_cli(tmp_path / "scene.png", "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out",
+                     "--explain", "--target", "7", "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+    arrays = np.load(tmp_path / "out" / "scene.npz")
+    L, T, C = 12, 197, 1000
+    methods = ["raw_attention", "rollout", "chefer", "gradcam"]  # attnlrp: not supported for timm ViTs
+    expected = {"target": (np.int64, ()), "logit_lens": (np.float32, (L + 1, C)), "token_norms": (np.float32, (L + 1, T)),
+                **{f"relevance_{m}": (np.float32, (14, 14)) for m in methods},
+                **{f"{curve}_{m}": (np.float32, (3,)) for curve in ("deletion", "insertion") for m in [*methods, "random"]}}
+    assert "relevance_attnlrp" not in arrays.files and "pattern" in arrays.files  # the base keys stay
+    for key, (dtype, shape) in expected.items():
+        assert arrays[key].dtype == dtype and arrays[key].shape == shape, key
+    assert int(arrays["target"]) == 7
+    np.testing.assert_allclose(arrays["relevance_rollout"], arrays["rollout"])
+    np.testing.assert_allclose(arrays["logit_lens"][-1], arrays["logits"], atol=1e-5)
+    np.testing.assert_allclose(arrays["token_norms"], np.linalg.norm(arrays["tokens"], axis=-1), rtol=1e-5)
+
+    # The same numbers as the Python API on the same image and model.
+    from vit_core import explain
+
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0)
+    relevance = explain.relevance_maps(loaded, drawn_image(5), target=7)
+    faith = explain.faithfulness(loaded, drawn_image(5), relevance.maps, 7, steps=3)
+    for m in methods:
+        np.testing.assert_allclose(arrays[f"relevance_{m}"], relevance.maps[m], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(arrays[f"deletion_{m}"], faith.deletion[m], atol=1e-6)
+    np.testing.assert_allclose(arrays["insertion_random"], faith.insertion["random"], atol=1e-6)
+
+    summary = json.loads((tmp_path / "out" / "scene.json").read_text())
+    assert summary["target"] == 7 and set(summary["faithfulness"]) == {*methods, "random"}
+    for name, aucs in summary["faithfulness"].items():
+        assert aucs["deletion_auc"] == pytest.approx(faith.deletion_auc[name], abs=1e-6)
+        assert aucs["insertion_auc"] == pytest.approx(faith.insertion_auc[name], abs=1e-6)
+    assert "attnlrp" in summary["unsupported"]
+
+
+def test_analyze_explain_with_a_target_the_model_lacks_is_one_line_and_exit_2(tmp_path):
+    drawn_image(0).save(tmp_path / "a.png")
+    result = run_cli(tmp_path / "a.png", "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path,
+                     "--explain", "--target", "1000", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "outside 0..999" in result.stderr
+    result = run_cli(tmp_path / "a.png", "--model", "vit_tiny_patch16_224", "--random-init", "--target", "3", cwd=tmp_path)
+    assert result.returncode == 2 and "--target and --steps need --explain" in result.stderr

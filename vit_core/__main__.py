@@ -1,4 +1,5 @@
-"""`python -m vit_core analyze IMAGE [IMAGE ...] --model NAME [--weights FILE | --random-init] [--out DIR] [--topk K]`
+"""`python -m vit_core analyze IMAGE [IMAGE ...] --model NAME [--weights FILE | --random-init] [--out DIR] [--topk K]
+[--explain [--target K] [--steps S]]`
 
 Writes DIR/<stem>.npz and DIR/<stem>.json per readable image (format: shared/spec/interface.md).
 A failure prints one line on stderr, the other images are still analysed, and the exit status is 2.
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from .capture import run_with_capture
 from .errors import ViTLensError
-from .export import analysis_arrays, json_bytes, npz_bytes, summary
+from .explain import DEFAULT_STEPS
+from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
 from .images import load_image
 from .loading import DEFAULT_MODEL, load_model
 from .runtime import configure_threads
@@ -38,7 +40,20 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     analyze.add_argument("--labels", type=Path, help="label file (one class name per line, or JSON)")
     analyze.add_argument("--out", type=Path, default=Path("."), help="output folder (default: current)")
     analyze.add_argument("--topk", type=int, default=5, help="predictions in the .json (default 5)")
+    analyze.add_argument("--explain", action="store_true",
+                         help="add relevance maps, logit lens, token norms and deletion/insertion curves")
+    analyze.add_argument("--target", metavar="K",
+                         help="with --explain: the class to explain, an index or a label (default: the top-1)")
+    analyze.add_argument("--steps", type=_at_least_two, default=DEFAULT_STEPS, metavar="S",
+                         help=f"with --explain: steps of the deletion and insertion curves (default {DEFAULT_STEPS})")
     return parser, commands
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"needs at least 2 steps, got {value}")
+    return value
 
 
 def _fail(message: str) -> None:
@@ -46,6 +61,9 @@ def _fail(message: str) -> None:
 
 
 def analyze(args: argparse.Namespace) -> int:
+    if not args.explain and (args.target is not None or args.steps != DEFAULT_STEPS):
+        _fail("--target and --steps need --explain")
+        return EXIT_FAILURES
     try:
         loaded = load_model(args.model, weights=args.weights, pretrained=not args.random_init, labels=args.labels)
     except (ViTLensError, OSError) as e:
@@ -55,9 +73,14 @@ def analyze(args: argparse.Namespace) -> int:
     failures = 0
     for path in args.images:
         try:
-            cap = run_with_capture(loaded, load_image(path))
-            (args.out / f"{path.stem}.npz").write_bytes(npz_bytes(analysis_arrays(loaded, cap)))
-            (args.out / f"{path.stem}.json").write_bytes(json_bytes(summary(loaded, cap, args.topk)))
+            image = load_image(path)
+            cap = run_with_capture(loaded, image)
+            arrays, described = analysis_arrays(loaded, cap), summary(loaded, cap, args.topk)
+            if args.explain:
+                extra_arrays, extra_summary = explanation_export(loaded, cap, image, args.target, args.steps)
+                arrays, described = {**arrays, **extra_arrays}, {**described, **extra_summary}
+            (args.out / f"{path.stem}.npz").write_bytes(npz_bytes(arrays))
+            (args.out / f"{path.stem}.json").write_bytes(json_bytes(described))
             logging.getLogger(__name__).info("%s -> %s", path, args.out / f"{path.stem}.npz")
         except ViTLensError as e:
             failures += 1

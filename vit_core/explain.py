@@ -29,6 +29,7 @@ from PIL import Image
 
 from . import analyses
 from .capture import Capture, _register, attention_recorded, preprocess
+from .errors import ViTLensError
 from .loading import Geometry, LoadedModel
 
 METHODS = ("raw_attention", "rollout", "chefer", "gradcam", "attnlrp")  # display order
@@ -45,6 +46,10 @@ ATTNLRP_UNSUPPORTED = (
 Ablation = Literal["zero", "mean"]
 
 
+class TargetError(ViTLensError, ValueError):
+    """A target class that the model does not have (index out of range, unknown label)."""
+
+
 # ----------------------------------------------------------------------------------------------
 # Target class
 
@@ -52,7 +57,7 @@ Ablation = Literal["zero", "mean"]
 def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | None = None) -> int:
     """The target class c: None -> top-1 of `logits` (C,) (ties: the lower index, as `analyses.top_k`);
     an int -> that class index; a string -> the class whose label (or its first comma-separated part)
-    equals it, case-insensitive, or a decimal index. Raises ValueError with a message for the user."""
+    equals it, case-insensitive, or a decimal index. Raises TargetError (a ValueError) with a message for the user."""
     num_classes = int(logits.shape[-1])
     if target is None:
         return int(np.argmax(logits))  # argmax returns the first maximum: the lower index wins ties
@@ -64,10 +69,10 @@ def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | 
             label = loaded.label(i).lower()
             if wanted in (label, label.split(",")[0].strip()):
                 return i
-        raise ValueError(f"no class is labelled {target!r}")
+        raise TargetError(f"no class is labelled {target!r}")
     index = int(target)
     if not 0 <= index < num_classes:
-        raise ValueError(f"class index {index} is outside 0..{num_classes - 1}")
+        raise TargetError(f"class index {index} is outside 0..{num_classes - 1}")
     return index
 
 

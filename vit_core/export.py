@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
-from . import analyses
+from . import analyses, explain
 from .capture import Capture
 from .loading import LoadedModel
 
@@ -91,6 +92,34 @@ def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:
             for pred in analyses.top_k(cap.logits, loaded.labels, topk)
         ],
     }
+
+
+def explanation_export(
+    loaded: LoadedModel, cap: Capture, image: Image.Image, target: int | str | None = None, steps: int = explain.DEFAULT_STEPS
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The `--explain` additions of interface.md ("Explanations in the export") for `image` (the image
+    `cap` was captured from): the arrays (target, relevance_<method>, logit_lens, token_norms,
+    deletion_<name>, insertion_<name>) and the `.json`'s "target" and "faithfulness" (plus
+    "unsupported": method -> why it has no map). Target None: top-1. Raises explain.TargetError."""
+    relevance = explain.relevance_maps(loaded, image, target, cap=cap)
+    faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=steps)
+    arrays: dict[str, np.ndarray] = {"target": np.asarray(relevance.target, dtype=np.int64)}
+    for method, relevance_map in relevance.maps.items():
+        arrays[f"relevance_{method}"] = np.asarray(relevance_map, dtype=np.float32)  # (gh, gw)
+    arrays["logit_lens"] = explain.logit_lens(loaded, cap)  # (L+1, C)
+    arrays["token_norms"] = explain.token_norms(cap)  # (L+1, T)
+    for name in faith.deletion:  # the methods, then "random"
+        arrays[f"deletion_{name}"] = np.asarray(faith.deletion[name], dtype=np.float32)  # (S,)
+        arrays[f"insertion_{name}"] = np.asarray(faith.insertion[name], dtype=np.float32)  # (S,)
+    summary_part = {
+        "target": relevance.target,
+        "faithfulness": {
+            name: {"deletion_auc": faith.deletion_auc[name], "insertion_auc": faith.insertion_auc[name]}
+            for name in faith.deletion
+        },
+        "unsupported": dict(relevance.unsupported),
+    }
+    return arrays, summary_part
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
