@@ -36,6 +36,15 @@ TEACHING_MODEL = "vit-lens/shapes-vit"
 TEACHING_MODEL_DIR = BUNDLED_DIR  # package data: vit_core/assets/shapes_vit
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 HUB_PROBE_TIMEOUT_S = 3.0
+# Limits on what a weights or label file may make us build, checked before anything is built: a file
+# declares its shapes, and a tiny file declaring a 4M-class head would otherwise cost gigabytes.
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,843; the head of a 100k-class ViT-B is 300 MB
+MAX_LABEL_FILE_BYTES = 8 * 2**20  # 100k names of 80 characters
+SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+NPZ_MAX_MEMBERS = 4096  # a ViT-H JAX checkpoint with its optimizer state has about 1,500 arrays
+# The item sizes of safetensors' dtypes (its spec), to check declared shapes against the bytes present.
+_SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                         "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 @dataclass(frozen=True)
@@ -285,8 +294,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     suffix = path.suffix.lower()
     if suffix not in WEIGHT_SUFFIXES:
         raise WeightsError(f"{path.name}: unsupported weights format; use {', '.join(WEIGHT_SUFFIXES)}.")
-    if not path.is_file():
-        raise WeightsError(f"{path}: no such weights file.")
+    if not path.is_file():  # the name only: an uploaded file's path is the server's business
+        raise WeightsError(f"{path.name}: no such weights file.")
     if suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -319,13 +328,160 @@ def _head_classes(state: dict[str, torch.Tensor]) -> int | None:
     return int(head.shape[0]) if head is not None and head.ndim == 2 else None
 
 
+# ----------------------------------------------------------------------------------------------
+# Declared shapes, checked before anything is read in full or built
+#
+# A weights file says what it holds (a safetensors header, a zip directory of .npy headers, tensor
+# metadata in a pickle); these checks hold the declarations against the bytes really present and
+# against the architecture's own tensors (built on 'meta': shapes, no memory), so that a small file
+# can't make the loader allocate gigabytes before refusing it.
+
+
+def _numel(shape: tuple[int, ...] | list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Declared shapes of a .safetensors file, from its JSON header only, each checked against the bytes
+    it points at. Raises WeightsError for a header that is damaged or claims more than the file holds."""
+    def refuse(why: str) -> WeightsError:
+        return WeightsError(f"{path.name} is not a valid safetensors file ({why}).")
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise refuse("too short")
+        header_len = int.from_bytes(head, "little")
+        if header_len > min(SAFETENSORS_MAX_HEADER_BYTES, size - 8):
+            raise refuse("its header is larger than the file")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise refuse("its header is not JSON") from e
+    if not isinstance(header, dict):
+        raise refuse("its header is not a table of tensors")
+    data_len = size - 8 - header_len
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            itemsize = _SAFETENSORS_ITEMSIZE[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise refuse(f"tensor {name[:80]!r} is not described properly") from e
+        if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len or end - begin != _numel(shape) * itemsize:
+            raise refuse(f"tensor {name[:80]!r} declares {shape} but the file holds {max(end - begin, 0)} bytes for it")
+        shapes[str(name)] = shape
+    return shapes
+
+
+def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Declared shapes of a .npz archive's arrays, from the zip directory and each .npy header: only the
+    first bytes of each member are inflated. Raises WeightsError for a damaged archive or a non-numeric array."""
+    import zipfile
+
+    import numpy as np
+
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            if len(members) > NPZ_MAX_MEMBERS:
+                raise WeightsError(f"{path.name} holds {len(members)} arrays; a ViT checkpoint has far fewer.")
+            for member in members:
+                with archive.open(member) as f:
+                    npy = np.lib.format
+                    version = npy.read_magic(f)
+                    read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                    shape, _, dtype = read_header(f)
+                if dtype.hasobject or dtype.itemsize == 0:
+                    raise WeightsError(f"{path.name}: array {member.filename[:80]!r} is not numeric.")
+                shapes[member.filename.removesuffix(".npy")] = tuple(int(d) for d in shape)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise WeightsError(f"{path.name} is not a valid .npz archive (truncated or damaged?).") from e
+    return shapes
+
+
+def _architecture_shapes(probe: torch.nn.Module | None) -> dict[str, tuple[int, ...]]:
+    return {} if probe is None else {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+
+
+def check_head_classes(path: Path, classes: int) -> None:
+    """Refuse a head of more than MAX_CLASSES classes (or none) before a model is built with it. A head of
+    the wrong width is left to the full mismatch report of the strict load: its size is bounded by then."""
+    if not 1 <= classes <= MAX_CLASSES:
+        raise WeightsError(f"{path.name} declares a head of {classes:,} classes; ViT Lens loads 1 to {MAX_CLASSES:,}.")
+
+
+def check_declared_shapes(path: Path, shapes: dict[str, tuple[int, ...]], probe: torch.nn.Module | None) -> None:
+    """Every tensor of the file no larger than the architecture could use: its largest tensor four
+    times over (a position embedding trained at a larger size is resampled), or a full-size head."""
+    arch = _architecture_shapes(probe)
+    width = getattr(probe, "num_features", 4096) if probe is not None else 4096
+    largest = max(_numel(s) for s in arch.values()) * 4 if arch else 2**28
+    limit = max(largest, MAX_CLASSES * width)
+    for name, shape in shapes.items():
+        if _numel(shape) > limit:
+            raise WeightsError(
+                f"{path.name}: {name[:80]!r} declares {_numel(shape):,} values, more than "
+                f"{probe.__class__.__name__ if probe is not None else 'a ViT'} could use ({limit:,}): refused before loading."
+            )
+    total = sum(_numel(s) for s in shapes.values())
+    if arch and total > 4 * sum(_numel(s) for s in arch.values()) + limit:
+        raise WeightsError(f"{path.name} declares {total:,} values in all, far more than the architecture holds: refused.")
+
+
+def check_weights_file(path: Path, probe: torch.nn.Module | None) -> int | None:
+    """Check a weights file's declarations before it is read in full: returns the head's class count
+    declared by a .safetensors file (None otherwise). `probe`: the architecture on 'meta', or None."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        return None  # read_state_dict says so
+    if suffix == ".safetensors":
+        shapes = safetensors_shapes(path)
+        check_declared_shapes(path, shapes, probe)
+        head = shapes.get("head.weight")
+        if head is not None and len(head) == 2:
+            check_head_classes(path, head[0])
+            return head[0]
+        return None
+    if suffix == ".npz":
+        shapes = npz_shapes(path)
+        check_declared_shapes(path, shapes, probe)
+        kernel = next((s for k, s in shapes.items() if k.endswith("head/kernel") and len(s) == 2), None)
+        if kernel is not None:
+            check_head_classes(path, kernel[1])  # JAX: (D, C)
+    return None
+
+
+def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn.Module | None) -> None:
+    """The checks of `check_weights_file` for a pickled checkpoint, once its tensors are read (their data is
+    no larger than the file): each tensor's view must lie within its own storage (a pickle can declare a huge
+    tensor over one stored value, stride 0), and the shapes must fit the architecture."""
+    for name, tensor in state.items():
+        needed = _numel(tensor.shape) * tensor.element_size()
+        if needed > tensor.untyped_storage().nbytes() and tensor.numel() > 0:
+            raise WeightsError(f"{path.name}: {name[:80]!r} declares {tuple(tensor.shape)} over less data: refused.")
+    check_declared_shapes(path, {k: tuple(v.shape) for k, v in state.items()}, probe)
+    head = state.get("head.weight")
+    if head is not None and head.ndim == 2:
+        check_head_classes(path, int(head.shape[0]))
+
+
 def _load_weights_into(model: VisionTransformer, path: Path, state: dict[str, torch.Tensor] | None, name: str) -> None:
     """Load the weights file `path` into `model`: `state` is its tensors as already read (None for a JAX .npz)."""
     if state is None:  # the original Google JAX checkpoints (.npz), through timm's converter
         try:
             model.load_pretrained(str(path))
-        except Exception as e:
-            raise WeightsError(f"{path.name} is not a JAX ViT checkpoint that fits {name}: {e}") from e
+        except Exception as e:  # timm's converter raises many types; its messages may hold the server's path
+            raise WeightsError(f"{path.name} is not a JAX ViT checkpoint that fits {name}: "
+                               f"{str(e).replace(str(path), path.name)}") from e
         return
     from timm.models.vision_transformer import checkpoint_filter_fn
 
@@ -366,17 +522,49 @@ def _strict_load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:
-    """Class names from a text file (one per line) or JSON (a list, or {"label_names": [...]}, or id2label)."""
+    """Class names from a text file (one per line) or JSON (a list, or {"label_names": [...]}, or id2label).
+
+    Raises WeightsError with one sentence for a file that is too large, not UTF-8 text or not such JSON.
+    """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        size = path.stat().st_size
+        if size > MAX_LABEL_FILE_BYTES:
+            raise WeightsError(f"The label file {path.name} is {size / 2**20:.0f} MB; label files are limited to "
+                               f"{MAX_LABEL_FILE_BYTES // 2**20} MB.")
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise WeightsError(f"The label file {path.name} is not UTF-8 text; save it as UTF-8, one class name per line.") from e
+    except OSError as e:
+        raise WeightsError(f"The label file {path.name} can't be read ({e.strerror or 'error'}).") from e
     if path.suffix.lower() == ".json":
+        names = _labels_from_json(text)
+        if names is None:
+            raise WeightsError(f"The label file {path.name} is not JSON of the form [\"cat\", \"dog\", ...], "
+                               "{\"label_names\": [...]} or {\"0\": \"cat\", ...}.")
+    else:
+        names = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if len(names) > MAX_CLASSES:
+        raise WeightsError(f"The label file {path.name} lists {len(names):,} classes; ViT Lens loads at most {MAX_CLASSES:,}.")
+    return names
+
+
+def _labels_from_json(text: str) -> tuple[str, ...] | None:
+    """Names from a JSON list, {"label_names" | "labels" | "id2label": ...} or an {"0": name} map; None if it is none of those."""
+    try:
         data = json.loads(text)
-        if isinstance(data, dict):
-            data = data.get("label_names") or data.get("labels") or data.get("id2label") or data
-        if isinstance(data, dict):
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        data = data.get("label_names") or data.get("labels") or data.get("id2label") or data
+    if isinstance(data, dict):
+        try:
             data = [data[k] for k in sorted(data, key=int)]
-        return tuple(str(x) for x in data)
-    return tuple(line.strip() for line in text.splitlines() if line.strip())
+        except (TypeError, ValueError):  # keys that are not class indices
+            return None
+    if not isinstance(data, list) or not all(isinstance(x, (str, int, float)) for x in data):
+        return None
+    return tuple(str(x) for x in data)
 
 
 def _labels_beside(weights: Path) -> tuple[str, ...] | None:
@@ -442,13 +630,19 @@ def load_model(
         model, label_names = _load_teaching_model()
         source = f"bundled: {TEACHING_MODEL_DIR.name}"
     else:
+        probe = None
         if not name.startswith("hf-hub:"):
             _check_name(name)
-            checked = _probe_family(name, model_kwargs)  # before any file is read or weights downloaded
+            probe = _probe_family(name, model_kwargs)  # before any file is read or weights downloaded
+            checked = probe is not None
         if weights is not None:
             weights = Path(weights)
-            # Read once (a file can be 350 MB): the head size comes from it, then its tensors go in.
+            # Declared shapes first (headers only), then read once (a file can be 350 MB): the head
+            # size comes from it, then its tensors go in.
+            declared_classes = check_weights_file(weights, probe)
             state = None if weights.suffix.lower() == ".npz" else read_state_dict(weights)
+            if state is not None and declared_classes is None:
+                check_state_dict(weights, state, probe)
             classes = _head_classes(state) if state is not None else None
             if classes is not None:
                 model_kwargs.setdefault("num_classes", classes)
@@ -495,19 +689,19 @@ def _random_init(name: str, seed: int, model_kwargs: dict[str, Any]) -> torch.nn
         return _timm_create(name, pretrained=False, **model_kwargs)
 
 
-def _probe_family(name: str, model_kwargs: dict[str, Any]) -> bool:
+def _probe_family(name: str, model_kwargs: dict[str, Any]) -> torch.nn.Module | None:
     """Refuse a non-ViT before building it for real (a resnet or swin costs nothing on 'meta').
 
-    Returns whether the check ran (False if the architecture can't be built on 'meta': the caller
-    checks the real model then)."""
+    Returns the architecture built on 'meta' (its tensors' shapes, no memory), or None if it can't be
+    built there: the caller checks the real model then."""
     try:
         with torch.device("meta"):
             probe = timm.create_model(name, pretrained=False, **model_kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError, NotImplementedError) as e:
         _logger.debug("meta probe of %s failed (%s); checking after the real build", name, e)
-        return False
+        return None
     check_supported(probe, name)
-    return True
+    return probe
 
 
 def teaching_model_available() -> bool:

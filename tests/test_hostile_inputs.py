@@ -1,0 +1,225 @@
+"""One student must not be able to take the server down: crafted weights, archives and label files.
+
+Each attack is crafted here and sent through the command line (`python -m vit_core analyze`, in a
+child process whose peak memory is measured for the size attacks) and through the app (AppTest):
+refused with one sentence, no traceback, and for the size attacks a peak memory close to a normal run's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import drawn_image
+from vit_core import WeightsError, load_model
+from vit_core.loading import MAX_CLASSES, MAX_LABEL_FILE_BYTES
+
+ARCH = "vit_tiny_patch16_224"
+TINY = dict(depth=2)
+
+
+# ---------------------------------------------------------------------------------- crafted files
+
+
+def safetensors_header_only(tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> bytes:
+    """A .safetensors file from its header alone: name -> (dtype, shape, bytes of data really present)."""
+    header, data, offset = {}, b"", 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        data += b"\0" * nbytes
+        offset += nbytes
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def huge_head() -> bytes:
+    """88-byte-class attack: a head of 4,000,000 classes, each of zero features (zero bytes of data)."""
+    return safetensors_header_only({"head.weight": ("F32", (4_000_000, 0), 0)})
+
+
+def npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def npz_bomb(path: Path, values: int) -> Path:
+    """A JAX-style .npz whose first array inflates to `values` float32 zeros (a few hundred KB on disk)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        with archive.open("embedding/kernel.npy", "w", force_zip64=True) as member:
+            member.write(npy_header((values,)))
+            chunk = b"\0" * 2**24
+            for _ in range(-(-values * 4 // len(chunk))):  # whole chunks: values is a multiple of 2**22
+                member.write(chunk)
+    return path
+
+
+def npz_declared_only(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .npz whose array header declares `shape` over almost no data."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("embedding/kernel.npy", npy_header(shape) + b"\0" * 64)
+    return path
+
+
+# ---------------------------------------------------------------------------------- the library
+
+
+def test_a_tiny_file_declaring_a_huge_head_is_refused_before_anything_is_built(tmp_path):
+    path = tmp_path / "tiny.safetensors"
+    path.write_bytes(huge_head())
+    assert len(huge_head()) < 100
+    with pytest.raises(WeightsError, match=r"4,000,000 classes"):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_a_header_claiming_more_data_than_the_file_holds_is_refused(tmp_path):
+    path = tmp_path / "liar.safetensors"
+    raw = safetensors_header_only({"head.weight": ("F32", (10, 192), 40)})  # 7,680 bytes declared, 40 present
+    path.write_bytes(raw)
+    with pytest.raises(WeightsError, match=r"not a valid safetensors file .*head\.weight.*\(10, 192\)"):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_the_class_count_is_capped(tmp_path, monkeypatch):
+    from vit_core import loading
+
+    path = tmp_path / "ft.safetensors"
+    save_file({"head.weight": torch.zeros(12, 192), "head.bias": torch.zeros(12)}, str(path))
+    monkeypatch.setattr(loading, "MAX_CLASSES", 10)
+    with pytest.raises(WeightsError, match=r"head of 12 classes; ViT Lens loads 1 to 10"):
+        load_model(ARCH, weights=path, **TINY)
+    assert MAX_CLASSES >= 21_843  # ImageNet-21k heads still load
+
+
+def test_a_pickled_tensor_larger_than_its_storage_is_refused(tmp_path):
+    path = tmp_path / "stride0.pth"
+    torch.save({"head.weight": torch.zeros(1).expand(200_000, 192)}, path)  # one float, declared as 38M
+    assert path.stat().st_size < 10_000
+    with pytest.raises(WeightsError, match=r"over less data|200,000 classes"):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_an_npz_declaring_a_huge_array_is_refused_from_its_header(tmp_path):
+    path = npz_declared_only(tmp_path / "ckpt.npz", (1_000_000_000,))
+    with pytest.raises(WeightsError, match=r"embedding/kernel.*1,000,000,000 values"):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_an_npz_that_is_not_an_archive_is_one_sentence(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    path.write_bytes(b"not a zip at all")
+    with pytest.raises(WeightsError, match=r"not a valid \.npz archive"):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_weights_messages_name_the_file_not_the_servers_folder(tmp_path):
+    with pytest.raises(WeightsError) as refused:
+        load_model(ARCH, weights=tmp_path / "gone.safetensors", **TINY)
+    assert str(tmp_path) not in str(refused.value)
+
+
+LABEL_ATTACKS = [
+    ("latin1.txt", "chat\nchien\n".encode() + "\xe9l\xe9phant\n".encode("latin-1"), r"not UTF-8 text"),
+    ("broken.json", b'["cat", "dog"', r"is not JSON of the form"),
+    ("number.json", b"42", r"is not JSON of the form"),
+    ("keys.json", b'{"a": "cat", "b": "dog"}', r"is not JSON of the form"),
+    ("nested.json", b'[["cat"], {"x": 1}]', r"is not JSON of the form"),
+]
+
+
+@pytest.mark.parametrize("name, data, message", LABEL_ATTACKS, ids=[a[0] for a in LABEL_ATTACKS])
+def test_malformed_label_files_are_one_sentence(tmp_path, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(WeightsError, match=message):
+        load_model(ARCH, pretrained=False, labels=path, **TINY)
+
+
+def test_label_files_are_capped_in_size_before_reading(tmp_path):
+    path = tmp_path / "huge.txt"
+    with path.open("wb") as f:
+        f.truncate(MAX_LABEL_FILE_BYTES + 1)  # sparse: no disk, no memory
+    with pytest.raises(WeightsError, match=r"label files are limited to"):
+        load_model(ARCH, pretrained=False, labels=path, **TINY)
+
+
+def test_a_utf8_label_file_with_a_byte_order_mark_still_loads(tmp_path):
+    path = tmp_path / "names.txt"
+    path.write_bytes(("\ufeff" + "\n".join(f"ding {i}" for i in range(1000))).encode())  # as Windows Notepad saves it
+    assert load_model(ARCH, pretrained=False, labels=path, **TINY).labels[0] == "ding 0"
+
+
+# ---------------------------------------------------------------------------------- the command line
+
+
+def cli_peak(args: list[str], cwd: Path) -> tuple[int, str, int]:
+    """(exit status, stderr, peak RSS in MB) of `python -m vit_core analyze ...` in a child process.
+
+    The child is started by a small Python parent that reads RUSAGE_CHILDREN: the peak of its one child."""
+    parent = ("import resource, subprocess, sys; "
+              "r = subprocess.run([sys.executable, '-m', 'vit_core', 'analyze', *sys.argv[1:]], capture_output=True, text=True); "
+              "sys.stderr.write(r.stderr); "
+              "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", parent, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    status, peak_mb = (int(x) for x in done.stdout.split())
+    return status, done.stderr, peak_mb
+
+
+@pytest.fixture(scope="module")
+def normal_run(tmp_path_factory):
+    """A normal CLI run on the same architecture: the memory a run is allowed."""
+    folder = tmp_path_factory.mktemp("normal")
+    drawn_image(0).save(folder / "photo.png")
+    status, err, peak = cli_peak(["photo.png", "--model", ARCH, "--random-init", "--out", "out"], folder)
+    assert status == 0, err
+    return folder, peak
+
+
+def assert_one_sentence(err: str, pattern: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_cli_refuses_a_huge_head_with_bounded_memory(normal_run):
+    folder, normal_mb = normal_run
+    (folder / "tiny.safetensors").write_bytes(huge_head())
+    status, err, peak = cli_peak(["photo.png", "--model", ARCH, "--weights", "tiny.safetensors", "--out", "out"], folder)
+    assert status == 2
+    assert_one_sentence(err, r"4,000,000 classes")
+    print(f"huge head: peak {peak} MB (normal run {normal_mb} MB)")
+    assert peak <= normal_mb + 150, (peak, normal_mb)
+
+
+def test_cli_refuses_an_npz_bomb_with_bounded_memory(normal_run):
+    folder, normal_mb = normal_run
+    npz_bomb(folder / "bomb.npz", values=96 * 2**22)  # 1.5 GiB inflated
+    assert (folder / "bomb.npz").stat().st_size < 5_000_000
+    status, err, peak = cli_peak(["photo.png", "--model", ARCH, "--weights", "bomb.npz", "--out", "out"], folder)
+    assert status == 2
+    assert_one_sentence(err, r"embedding/kernel.*values")
+    print(f"npz bomb: peak {peak} MB (normal run {normal_mb} MB)")
+    assert peak <= normal_mb + 150, (peak, normal_mb)
+
+
+@pytest.mark.parametrize("name, data, message", LABEL_ATTACKS[:2], ids=[a[0] for a in LABEL_ATTACKS[:2]])
+def test_cli_refuses_malformed_label_files_in_one_line(tmp_path, capsys, name, data, message):
+    from vit_core.__main__ import main
+
+    drawn_image(0).save(tmp_path / "photo.png")
+    (tmp_path / name).write_bytes(data)
+    status = main(["analyze", str(tmp_path / "photo.png"), "--model", ARCH, "--random-init",
+                   "--labels", str(tmp_path / name), "--out", str(tmp_path / "out")])
+    assert status == 2
+    assert_one_sentence(capsys.readouterr().err, message)
