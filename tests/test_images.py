@@ -111,6 +111,41 @@ def test_16bit_png_is_scaled_not_clipped():
     assert len(np.unique(pixels)) > 200  # a plain convert("RGB") leaves a handful of levels
 
 
+def test_16bit_conversion_is_exact_and_in_integers():
+    """Rounded to nearest from 0..65535 to 0..255, without a float64 copy of the image (8 bytes a pixel)."""
+    import tracemalloc
+
+    from vit_core.images import to_rgb
+
+    values = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    assert np.array_equal(np.asarray(to_rgb(Image.fromarray(values)))[..., 0],
+                          np.round(values.astype(np.float64) * 255 / 65535).astype(np.uint8))
+    big = Image.fromarray(np.random.default_rng(0).integers(0, 65536, (2000, 2000), dtype=np.uint16))  # 4 MP
+    tracemalloc.start()
+    to_rgb(big)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # The file's own 2 bytes a pixel, the 8-bit result's 1 and a band; float64 alone took 8.
+    assert peak < 6 * 2000 * 2000, f"{peak / 4e6:.1f} bytes per pixel in flight"
+
+
+def test_a_failure_after_the_pixels_are_read_is_an_image_error(monkeypatch):
+    from PIL import ImageOps
+
+    def damaged(_im):
+        raise OSError("broken EXIF block")
+
+    monkeypatch.setattr(ImageOps, "exif_transpose", damaged)
+    with pytest.raises(ImageError, match="damaged"):
+        decode_image(encode(solid((1, 2, 3)), "PNG"))
+
+
+def test_a_missing_file_is_named_without_its_folder(tmp_path):
+    with pytest.raises(ImageError) as refused:
+        decode_image(tmp_path / "nope.png")
+    assert "nope.png" in str(refused.value) and str(tmp_path) not in str(refused.value)
+
+
 def test_palette_png_with_transparency_is_composited_on_white():
     im = Image.new("P", (20, 10), 0)
     im.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)  # index 0 red, index 1 blue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,8 @@ def _read_bytes(source: bytes | str | Path | io.IOBase) -> bytes:
     if isinstance(source, (str, Path)):
         try:
             return Path(source).read_bytes()
-        except OSError as e:
-            raise ImageError(f"Could not read {source}: {e.strerror or e}.") from e
+        except OSError as e:  # the file's name, not its folder: a server's paths are its own business
+            raise ImageError(f"Could not read {Path(source).name}: {e.strerror or 'error'}.") from e
     return source.read()
 
 
@@ -83,16 +84,35 @@ def to_rgb(im: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, _WHITE + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
     if mode.startswith("I"):  # "I", "I;16", "I;16B", "I;16L", "I;16N": 16-bit data in PNG/TIFF
-        values = np.asarray(im, dtype=np.float64)
-        peak = 65535.0 if mode.startswith("I;16") or values.max(initial=0) > 255 else 255.0
-        gray = np.clip(np.round(values * (255.0 / peak)), 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
+        return Image.fromarray(_scaled_to_8_bits(np.asarray(im), sixteen_bit=mode.startswith("I;16")), mode="L").convert("RGB")
     if mode == "F":
         values = np.asarray(im, dtype=np.float64)
         lo, hi = float(values.min(initial=0)), float(values.max(initial=0))
         gray = np.zeros_like(values) if hi <= lo else (values - lo) / (hi - lo)
         return Image.fromarray(np.round(gray * 255).astype(np.uint8), mode="L").convert("RGB")
     return im.convert("RGB")  # "1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV"
+
+
+_ROWS_AT_ONCE = 256  # rows of a 16-bit image scaled at a time: a few MB in flight, not 8 bytes per pixel
+
+
+def _scaled_to_8_bits(values: np.ndarray, sixteen_bit: bool) -> np.ndarray:
+    """(H, W) 16- or 32-bit integers -> (H, W) uint8, in integers, a band of rows at a time.
+
+    16-bit data (or any with values above 255) is scaled from 0..65535 to 0..255, rounded to nearest
+    ((v * 255 + 32767) // 65535); 8-bit values in a 32-bit mode are kept. A 50 MP scan costs its
+    8-bit result plus one band, where float64 cost 1.2 GB.
+    """
+    wide = sixteen_bit or values.max(initial=0) > 255
+    gray = np.empty(values.shape, dtype=np.uint8)
+    for top in range(0, values.shape[0], _ROWS_AT_ONCE):
+        band = np.clip(values[top: top + _ROWS_AT_ONCE], 0, 65535 if wide else 255).astype(np.uint32)  # (rows, W)
+        if wide:  # in place: one band in flight
+            band *= 255
+            band += 32767
+            band //= 65535
+        gray[top: top + _ROWS_AT_ONCE] = band
+    return gray
 
 
 def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> DecodedImage:
@@ -140,12 +160,16 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> Decode
         raise ImageError(f"The image file is damaged or truncated ({e}).") from e
 
     fmt = im.format or "unknown"
-    if im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
-        notes.append("Rotated according to the camera's EXIF orientation.")
-    transposed = ImageOps.exif_transpose(im)
-    if im.mode not in ("RGB", "L"):
-        notes.append(f"Converted from {im.mode} to RGB" + (" on white." if "A" in im.mode or "transparency" in im.info else "."))
-    rgb = to_rgb(transposed)
+    try:  # the EXIF block and the mode conversion read more of the file: damaged data can still surface here
+        if im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+            notes.append("Rotated according to the camera's EXIF orientation.")
+        transposed = ImageOps.exif_transpose(im)
+        if im.mode not in ("RGB", "L"):
+            on_white = "A" in im.mode or "transparency" in im.info
+            notes.append(f"Converted from {im.mode} to RGB" + (" on white." if on_white else "."))
+        rgb = to_rgb(transposed)
+    except (OSError, ValueError, SyntaxError, TypeError, struct.error) as e:  # Pillow's ways of saying "damaged"
+        raise ImageError(f"The image file is damaged ({type(e).__name__} while reading it after its pixels).") from e
     _logger.debug("decoded %s %sx%s %s -> RGB %s", fmt, width, height, im.mode, rgb.size)
     return DecodedImage(rgb, fmt, (width, height), tuple(notes))
 
