@@ -7,7 +7,7 @@ Sidebar: model, image, downloads. Main area: a header, then one tab per stage of
 
 import streamlit as st
 
-from dashboard import inputs, process, state, views
+from dashboard import inputs, process, state, views, why_views
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
 process.configure_torch_threads()
@@ -27,6 +27,7 @@ ctx = views.ViewContext(request, loaded, cap, image)
 with st.sidebar:
     st.divider()
     inputs.export_ui(loaded, cap, ctx.stem)
+    why_views.export_ui(ctx)
     st.caption(f"Weights: {loaded.weights}. One forward pass: {cap.forward_seconds * 1000:.0f} ms.")
 
 inputs.untrained_warning(loaded)

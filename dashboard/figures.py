@@ -516,10 +516,10 @@ def patch_lens_png(crop: np.ndarray, classes: np.ndarray, probs: np.ndarray, lab
     colours = np.full((gh, gw, 3), 0.6)
     for i, c in enumerate(frequent):
         colours[classes == c] = palette[i % 10]
-    strength = (0.25 + 0.75 * np.clip(probs, 0, 1))[..., None]  # (gh, gw, 1): unsure patches stay pale
+    strength = (0.3 + 0.7 * np.clip(probs, 0, 1))[..., None]  # (gh, gw, 1): unsure patches stay pale
     shade = 1 - strength * (1 - colours)  # blend towards white
-    base = crop.astype(np.float32) / 255.0
-    tinted = 0.35 * base + 0.65 * map_to_pixels(shade, patch_size)  # (H, W, 3)
+    base = crop.astype(np.float32).mean(axis=-1, keepdims=True) / 255.0  # (H, W, 1): the crop in grey, under the colours
+    tinted = 0.2 * base + 0.8 * map_to_pixels(shade, patch_size)  # (H, W, 3)
     fig = Figure(figsize=(6.4, 4.6))
     ax = fig.add_subplot()
     ax.imshow(tinted, interpolation="nearest")
@@ -534,7 +534,7 @@ def patch_lens_png(crop: np.ndarray, classes: np.ndarray, probs: np.ndarray, lab
     handles = [matplotlib.patches.Patch(color=palette[i % 10], label=f"{labels.get(c, f'class {c}')[:24]} ({counts[c]})")
                for i, c in enumerate(frequent)]
     if int(counts.sum()) > sum(int(counts[c]) for c in frequent):
-        handles.append(matplotlib.patches.Patch(color=(0.6, 0.6, 0.6), label="other classes"))
+        handles.append(matplotlib.patches.Patch(color=(0.6, 0.6, 0.6), label="rarer classes"))
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), title="top-1 (patches)",
               title_fontsize=8)
     ax.set_title(title, fontsize=10)

@@ -345,6 +345,9 @@ def _faithfulness_key(request: ModelRequest, image: ImageChoice, target: int, st
     return repr((request.key, image.sha, int(target), int(steps)))
 
 
+_latest_faithfulness = _BoundedStore(max_entries=64)  # (model key, image sha) -> the key of its latest curves
+
+
 def faithfulness_result(request: ModelRequest, image: ImageChoice, target: int, steps: int) -> explain.Faithfulness | None:
     """The deletion / insertion curves of (model, image, target, steps) if someone computed them already, else None."""
     return _faithfulness.get(_faithfulness_key(request, image, target, steps))
@@ -356,8 +359,38 @@ def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: Imag
     (explain.faithfulness), computed now and kept for every session; `progress(fraction, message)` as methods finish."""
     result = explain.faithfulness(loaded, full_image(image), relevance.maps, relevance.target, steps=steps,
                                   progress=progress)
-    _faithfulness.put(_faithfulness_key(request, image, relevance.target, steps), result)
+    key = _faithfulness_key(request, image, relevance.target, steps)
+    _faithfulness.put(key, result)
+    _latest_faithfulness.put(repr((request.key, image.sha)), key)
     return result
+
+
+def latest_faithfulness(request: ModelRequest, image: ImageChoice) -> explain.Faithfulness | None:
+    """The curves computed last for this model and image (any target, any number of steps), if still kept."""
+    key = _latest_faithfulness.get(repr((request.key, image.sha)))
+    return None if key is None else _faithfulness.get(key)
+
+
+def explanation_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
+                       cap: vit_core.Capture) -> dict[str, np.ndarray]:
+    """The explanation keys of the export (interface.md, "Explanations in the export", as
+    `vit_core.export.explanation_export` writes them) from what the dashboard computed, without running
+    the curves again: target, relevance_<method>, logit_lens, token_norms, and deletion_<name> /
+    insertion_<name> when the curves of this image were computed (for the target they were computed for;
+    else the top-1). A function of plain arguments: called from a download button's thread."""
+    faith = latest_faithfulness(request, image)
+    target = faith.target if faith is not None else explain.resolve_target(loaded, cap.logits)
+    explained = relevance(request, loaded, image, cap, target)
+    arrays: dict[str, np.ndarray] = {"target": np.asarray(explained.target, dtype=np.int64)}
+    for method, relevance_map in explained.maps.items():
+        arrays[f"relevance_{method}"] = np.asarray(relevance_map, dtype=np.float32)  # (gh, gw)
+    arrays["logit_lens"] = logit_lens(request.key, image.sha, loaded, cap)  # (L+1, C)
+    arrays["token_norms"] = explain.token_norms(cap)  # (L+1, T)
+    if faith is not None:
+        for name in faith.deletion:  # the methods, then "random"
+            arrays[f"deletion_{name}"] = np.asarray(faith.deletion[name], dtype=np.float32)  # (S,)
+            arrays[f"insertion_{name}"] = np.asarray(faith.insertion[name], dtype=np.float32)  # (S,)
+    return arrays
 
 
 # ----------------------------------------------------------------------------------------------

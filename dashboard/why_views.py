@@ -17,7 +17,7 @@ import streamlit as st
 
 from dashboard import figures, state, text
 from dashboard.view_context import ViewContext, cached_figure, shape, show_picture
-from vit_core import analyses, explain
+from vit_core import analyses, explain, export
 
 TARGET_CHOICES = 5  # the target class is picked from the top 5
 STEP_CHOICES = (5, 10, 20)  # S: points per deletion / insertion curve (the spec's default: 10)
@@ -60,8 +60,9 @@ def _relevance_overlay(ctx: ViewContext, target: int, method: str, encoding: str
 def _curves_png(ctx: ViewContext, target: int, steps: int, methods: tuple[str, ...]) -> bytes:
     result = state.faithfulness_result(ctx.request, ctx.image, target, steps)
     shown = [m for m in methods if m in result.deletion] + ["random"]
+    title = {m: text.METHOD_TITLES.get(m, m) for m in methods} | {"random": "random"}
     return figures.faithfulness_curves_png(
-        {m: result.deletion[m] for m in shown}, {m: result.insertion[m] for m in shown},
+        {title[m]: result.deletion[m] for m in shown}, {title[m]: result.insertion[m] for m in shown},
         result.random_deletion_std, result.random_insertion_std,
         title=f"target {ctx.loaded.label(target)}: {steps} steps over {ctx.loaded.geometry.num_patches} patches")
 
@@ -78,8 +79,8 @@ def why_view(ctx: ViewContext) -> None:
 def _explanations(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns([2, 3, 1])
     target = _target_ui(ctx, c1)
-    methods = c2.multiselect("Methods", list(explain.METHODS), default=list(explain.METHODS), key=state.K_METHODS,
-                             bind="query-params", format_func=lambda m: text.METHOD_TITLES.get(m, m))
+    methods = c2.pills("Methods", list(explain.METHODS), selection_mode="multi", default=list(explain.METHODS),
+                       key=state.K_METHODS, bind="query-params", format_func=lambda m: text.METHOD_TITLES.get(m, m))
     steps = c3.selectbox("Curve steps S", STEP_CHOICES, index=STEP_CHOICES.index(10), key=state.K_STEPS,
                          bind="query-params", help=text.FAITHFULNESS_HOW)
     methods = [m for m in explain.METHODS if m in methods]  # display order, whatever order they were picked in
@@ -122,9 +123,12 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, result: expl
 def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -> explain.Faithfulness | None:
     """The button that computes the curves, with a progress bar fed after each batched step: the curves, once clicked."""
     n = len(relevance.maps)
-    st.markdown(f"**Faithfulness.** {text.FAITHFULNESS_HOW}")
-    if not st.button(f"Compute the deletion and insertion curves ({n} maps + 8 random orders, {steps} steps)",
-                     key="why_curves", icon=":material/query_stats:", type="primary"):
+    slot = st.empty()  # the heading and button: gone once the curves are there (they are drawn in this same run)
+    with slot.container():
+        st.markdown(f"**Faithfulness.** {text.FAITHFULNESS_HOW}")
+        clicked = st.button(f"Compute the deletion and insertion curves ({n} maps + 8 random orders, {steps} steps)",
+                            key="why_curves", icon=":material/query_stats:", type="primary")
+    if not clicked:
         return None
     bar = st.progress(0.0, text="dropping patches...")
 
@@ -133,6 +137,7 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
 
     result = state.compute_faithfulness(ctx.request, ctx.loaded, ctx.image, relevance, steps, progress)
     bar.empty()
+    slot.empty()
     return result
 
 
@@ -142,11 +147,10 @@ def _curves(ctx: ViewContext, result: explain.Faithfulness, target: int, steps: 
     rows = [f"| {text.METHOD_TITLES.get(m, m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
             f"{'yes' if result.beats_random[m] else 'no'} |" for m in names]
     rows.append(f"| random (mean of 8 orders) | {result.deletion_auc['random']:.3g} | {result.insertion_auc['random']:.3g} | |")
-    left, right = st.columns([3, 2])
+    show_picture(cached_figure(_curves_png, ctx, target, steps, tuple(names)), "why_curves_png",
+                 f"{ctx.stem}_faithfulness_class{target}_S{steps}", width=1100)
+    left, _ = st.columns([3, 1])
     with left:
-        show_picture(cached_figure(_curves_png, ctx, target, steps, tuple(names)), "why_curves_png",
-                     f"{ctx.stem}_faithfulness_class{target}_S{steps}")
-    with right:
         st.markdown("| method | deletion AUC (lower is better) | insertion AUC (higher is better) | beats random |\n"
                     "| --- | --- | --- | --- |\n" + "\n".join(rows))
         st.caption(f"curves of `{shape((steps,), batch=False)}` points each; the random band is the mean +- one standard "
@@ -244,7 +248,9 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
     before, after = analyses.top_k(ctx.cap.logits, ctx.loaded.labels, TARGET_CHOICES), analyses.top_k(
         logits, ctx.loaded.labels, TARGET_CHOICES)
     p_before, p_after = float(analyses.softmax(ctx.cap.logits)[target]), float(analyses.softmax(logits)[target])
-    st.metric(f"p(target) for {ctx.loaded.label(target)}", f"{p_after:.2%}", delta=f"{(p_after - p_before) * 100:+.2f} points",
+    change = round((p_after - p_before) * 100, 2)  # percentage points
+    st.metric(f"p(target) for {ctx.loaded.label(target)}", f"{p_after:.2%}", delta=f"{change:+.2f} points",
+              delta_color="normal" if change else "off",
               help="the target class's probability after the intervention; the change is against the original image")
     a, b = st.columns(2)
     a.markdown("**Original**\n\n" + "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(before)))
@@ -267,6 +273,11 @@ def lens_classes(probs: np.ndarray, k: int = LENS_CLASSES, limit: int = MAX_LENS
     return (final + others)[:limit]
 
 
+def lens_row_name(row: int) -> str:
+    """Row l of the logit lens (0..L): the embeddings entering block 0, then the tokens after block l - 1."""
+    return "the embeddings" if row == 0 else f"after block {row - 1}"
+
+
 def _lens_strip_png(ctx: ViewContext) -> bytes:
     lens = state.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap)  # (L+1, C)
     probs = analyses.softmax(lens)  # (L+1, C)
@@ -280,7 +291,7 @@ def _patch_lens_png(ctx: ViewContext, layer: int) -> bytes:
     probs = analyses.softmax(state.patch_logit_lens(ctx.request.key, ctx.image.sha, layer, ctx.loaded, ctx.cap))  # (N, C)
     top = probs.argmax(axis=1)  # (N,)
     classes, best = top.reshape(g.grid), probs[np.arange(len(top)), top].reshape(g.grid)  # (gh, gw) each
-    where = "the embeddings entering block 0" if layer == 0 else f"after block {layer - 1}"
+    where = "the embeddings entering block 0" if layer == 0 else lens_row_name(layer)
     return figures.patch_lens_png(ctx.cap.input_image, classes, best, {int(c): ctx.loaded.label(int(c)) for c in set(top)},
                                   g.patch_size, title=f"each patch's top-1 class, {where}")
 
@@ -305,8 +316,29 @@ def logit_lens_view(ctx: ViewContext) -> None:
 @st.fragment
 def _patch_lens(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
-    layer = st.slider("Patch tokens after block (0 = the embeddings entering block 0)", 0, g.num_layers, g.num_layers,
-                      key=state.K_LENS_LAYER, bind="query-params")
+    layer = st.select_slider("Patch tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=state.K_LENS_LAYER,
+                             format_func=lens_row_name, bind="query-params",
+                             help="the logit lens's rows: the embeddings entering block 0, then the tokens after each block")
     show_picture(cached_figure(_patch_lens_png, ctx, layer), "lens_patches", f"{ctx.stem}_patch_lens_{layer}", width=640)
-    st.caption(f"patch tokens of layer {layer} `{shape((g.num_patches, g.embed_dim))}` -> norm, fc_norm, head, one "
+    st.caption(f"patch tokens {lens_row_name(layer)} `{shape((g.num_patches, g.embed_dim))}` -> norm, fc_norm, head, one "
                "at a time: the colour is each patch's top-1 class, pale when it is unsure; the number its probability in %.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sidebar: the export with the explanations
+
+
+def export_ui(ctx: ViewContext) -> None:
+    """The sidebar's download of every array of this image plus the explanation keys (interface.md), built on click
+    from what the views computed: the deletion / insertion curves are in it once computed in the Why? tab."""
+    if not ctx.loaded.geometry.num_classes:
+        return
+    request, loaded, image, cap = ctx.request, ctx.loaded, ctx.image, ctx.cap
+
+    def npz() -> bytes:  # runs on the download's own thread, when clicked
+        return export.npz_bytes(export.analysis_arrays(loaded, cap) | state.explanation_arrays(request, loaded, image, cap))
+
+    st.download_button("All arrays + explanations (.npz)", data=npz, file_name=f"{ctx.stem}_explained.npz",
+                       mime="application/zip", key="dl_npz_explained", on_click="ignore", icon=":material/download:",
+                       help="the arrays above plus the target class, every relevance map, the logit lens and the token "
+                            "norms; the deletion and insertion curves once computed in the Why? tab")

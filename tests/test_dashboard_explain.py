@@ -80,6 +80,8 @@ def test_the_why_views_render(monkeypatch, model, random_init):
             assert images(at), f"{view} shows no figure"
         else:
             assert any("no classifier head" in i.value for i in at.info), view
+    downloads = [b.proto.label for b in at.get("download_button")]
+    assert ("All arrays + explanations (.npz)" in downloads) == has_head
     if has_head:  # AttnLRP: explain's one-sentence reason instead of a map
         at.session_state["view"] = "Why?"
         at.run()
@@ -174,10 +176,12 @@ def test_url_parameters_restore_the_selections(tiny, reference):
     at = run_app(view="Why?", target=f"{third.index}: {third.label}", steps="20", methods=["Rollout", "Grad-CAM"])
     assert at.selectbox(key="target").value == third.index
     assert at.selectbox(key="steps").value == 20
-    assert at.multiselect(key="methods").value == ["rollout", "gradcam"]
+    assert at.pills(key="methods").value == ["rollout", "gradcam"]
     assert f"({third.index})" in captions(at)
-    at = run_app(view="Logit lens", lens_layer="1")
-    assert at.slider(key="lens_layer").value == 1
+    assert len(images(at)) == 2  # the maps of the two chosen methods only
+    at = run_app(view="Logit lens", lens_layer="after block 0")
+    assert at.select_slider(key="lens_layer").value == 1
+    assert any("after block 0" in c.value for c in at.caption)
     at = run_app(view="Interventions", int_mode="mask", int_ablation="mean", target=f"{third.index}: {third.label}")
     assert at.radio(key="int_mode").value == "mask" and at.radio(key="int_ablation").value == "mean"
     assert target_metric(at) == f"{analyses.softmax(logits)[third.index]:.2%}"
@@ -209,3 +213,29 @@ def test_the_new_figures_are_pngs():
     r, c = divmod(5, 4)
     block = dropped[r * 8 * s + 3:(r + 1) * 8 * s - 3, c * 8 * s + 3:(c + 1) * 8 * s - 3]
     assert (block.max(axis=-1) < 255).all() and (dropped[:8 * s - 2, :8 * s - 2] == 200).all()
+
+
+def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(tiny):
+    """state.explanation_arrays (the sidebar's download) has the keys and values `vit_core.export` writes
+    for `analyze --explain`, from what the views computed: the curves once computed, for their target."""
+    from dashboard.models import ModelRequest
+    from vit_core import export
+
+    request = ModelRequest(TEST_TINY)
+    loaded = state.load(request)
+    name = examples.SYNTHETIC_SCENE
+    image = state.decode(name, examples.example_bytes(name))
+    cap = state.shared_capture(request, loaded, image)
+    second = analyses.top_k(cap.logits, loaded.labels, 2)[1].index
+    expected, _ = export.explanation_export(loaded, cap, state.full_image(image), second, steps=5)
+
+    before = state.explanation_arrays(request, loaded, image, cap)  # no curves yet: the top-1's maps, no curves
+    assert int(before["target"]) == int(np.argmax(cap.logits))
+    assert set(before) == {k for k in expected if not k.startswith(("deletion_", "insertion_"))}
+
+    state.compute_faithfulness(request, loaded, image, state.relevance(request, loaded, image, cap, second), steps=5)
+    arrays = state.explanation_arrays(request, loaded, image, cap)
+    assert set(arrays) == set(expected)
+    for key, value in expected.items():
+        assert arrays[key].dtype == value.dtype and arrays[key].shape == value.shape, key
+        np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
