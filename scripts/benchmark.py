@@ -7,6 +7,9 @@
 2. Dashboard, server side (AppTest, no browser): a new image with each view open; every view with the
    capture cached (a tab switch); each control change. AppTest reruns the whole script, so these
    are an upper bound of a fragment rerun.
+2b. Explanations (vit_core.explain): the relevance pass (one forward + backward, parameters frozen)
+   against the plain forward, interleaved; all deletion + insertion curves (every method + 8 random
+   orders, S = 10, batched per step); one intervention (patches dropped + heads ablated).
 3. A real browser (headless chromium) against the server as `scripts/dashboard` starts it: cold
    start (server start -> first page fully rendered, images loaded), a new image (file chosen ->
    views rendered), a control change (layer slider / head select -> new map shown), and the
@@ -17,7 +20,8 @@ Pretrained weights are not needed (nor available offline): a random init of the 
 costs exactly the same arithmetic (VIT_LENS_RANDOM_INIT=1 for the server; "cached" for the cold
 start means the weights are on disk; for a random init, the build time counts instead).
 Targets: capture within 1.15x of the plain forward; control change < 300 ms; new image < 2 s;
-cold start < 15 s.
+cold start < 15 s; relevance pass within 3x of the plain forward; all curves within 30 s (ViT-B/16 on
+this CPU; 2 s for the bundled Shapes ViT); an intervention within 1 s.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 
 from dashboard.views import VIEWS
-from vit_core import load_model, preprocess, run_with_capture
+from vit_core import TEACHING_MODEL, explain, load_model, preprocess, run_with_capture
 from vit_core.export import analysis_arrays, model_arrays
 from vit_core.runtime import configure_threads
 
@@ -98,6 +102,60 @@ def core(model: str, repeats: int) -> dict[str, float]:
     print(f"once per model (filter PCA, position-embedding similarity): {per_model_seconds * 1e3:.0f} ms")
     return {name: statistics.median(samples) for name, samples in times.items()} | {
         f"{name} ratio": ratio for name, ratio in ratios.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# 2b. Explanations
+
+
+def explanations(model: str, repeats: int) -> dict[str, float]:
+    """Section 2b: medians in seconds of the plain forward and the relevance pass (interleaved, with
+    their per-round ratio), all faithfulness curves, and one intervention."""
+    loaded = load_model(model, pretrained=False)
+    image = sample_image()
+    cap = run_with_capture(loaded, image)
+    g = loaded.geometry
+    drop = list(range(0, g.num_patches, max(1, g.num_patches // 10)))[:10]  # 10 patches spread over the grid
+    ablate = [(0, 0), (g.num_layers - 1, g.num_heads - 1)]
+
+    def plain():
+        _, x = preprocess(loaded, image)
+        with torch.inference_mode():
+            loaded.model(x)
+
+    def relevance():
+        explain.relevance_maps(loaded, image, cap=cap)
+
+    def intervention():
+        explain.predict_intervened(loaded, image, drop=drop, ablate=ablate)
+
+    variants = {"plain timm forward": plain, "relevance pass (all maps)": relevance, "intervention": intervention}
+    for _ in range(2):
+        for fn in variants.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    ratio = statistics.median(r / p for r, p in zip(times["relevance pass (all maps)"], times["plain timm forward"], strict=True))
+    maps = explain.relevance_maps(loaded, image, cap=cap)
+    curve_times = []
+    for _ in range(2 if g.num_tokens > 100 else 5):
+        started = time.perf_counter()
+        faith = explain.faithfulness(loaded, image, maps.maps, maps.target)
+        curve_times.append(time.perf_counter() - started)
+    print(f"\n== 2b. explanations: {model} ({'bundled' if model == TEACHING_MODEL else 'random init'}), "
+          f"{g.num_tokens} tokens, median of {repeats} interleaved rounds")
+    for name, samples in times.items():
+        print(f"{name:40s} {statistics.median(samples) * 1e3:10.1f} ms")
+    print(f"relevance pass / plain forward: {ratio:.2f}x (median over rounds); unsupported: {sorted(maps.unsupported)}")
+    print(f"all curves ({len(maps.maps)} methods + {explain.RANDOM_ORDERS} random orders, S = {faith.steps}, deletion + "
+          f"insertion, {2 * faith.steps} batched forwards): median {statistics.median(curve_times):.2f} s of {len(curve_times)}")
+    return {"relevance ratio": ratio, "relevance": statistics.median(times["relevance pass (all maps)"]),
+            "curves": statistics.median(curve_times), "intervention": statistics.median(times["intervention"]),
+            "curves target": 2.0 if model == TEACHING_MODEL else 30.0}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,6 +283,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="core repeats (the dashboard uses a fifth of it)")
     parser.add_argument("--no-dashboard", action="store_true", help="skip section 2 (AppTest)")
     parser.add_argument("--no-browser", action="store_true", help="skip section 3 (needs chromium)")
+    parser.add_argument("--no-explain", action="store_true", help="skip section 2b (explanations)")
     args = parser.parse_args()
     threads = configure_threads()
 
@@ -236,6 +295,13 @@ def main() -> None:
     rows.append(("run_with_capture", f"{cap * 1e3:.0f} ms ({cap_ratio:.2f}x)", "<= 1.15x", cap_ratio <= 1.15))
     full = c["run_with_capture + all analyses"]
     rows.append(("capture + all analyses", f"{full * 1e3:.0f} ms ({full_ratio:.2f}x)", "", None))
+    if not args.no_explain:
+        e = explanations(args.model, max(3, args.repeats // 3))
+        rows.append(("relevance pass (all maps)", f"{e['relevance'] * 1e3:.0f} ms ({e['relevance ratio']:.2f}x)",
+                     "<= 3x", e["relevance ratio"] <= 3))
+        rows.append(("all faithfulness curves", f"{e['curves']:.2f} s", f"< {e['curves target']:.0f} s",
+                     e["curves"] < e["curves target"]))
+        rows.append(("intervention (drop + ablate)", f"{e['intervention'] * 1e3:.0f} ms", "< 1 s", e["intervention"] < 1))
     if not args.no_dashboard:
         d = dashboard(args.model, max(3, args.repeats // 5))
         rows.append(("control change, AppTest full rerun", f"{d['control change (median of controls)'] * 1e3:.0f} ms "

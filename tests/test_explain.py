@@ -317,8 +317,27 @@ def test_zero_ablating_every_head_of_a_layer_is_a_zero_proj_input(tiny, image):
         expected = model.forward_head(model.norm(tokens))[0].numpy()
     got = explain.predict_intervened(tiny, image, ablate=[(1, h) for h in range(g.num_heads)])
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match="ablation"):
+    with pytest.raises(explain.InterventionError, match="ablation"):
         explain.predict_intervened(tiny, image, ablate=[(1, 0)], ablation="noise")
+    with pytest.raises(explain.InterventionError, match="outside"):
+        explain.predict_intervened(tiny, image, ablate=[(1, g.num_heads)])
+    with pytest.raises(explain.InterventionError, match="outside"):
+        explain.predict_intervened(tiny, image, mask=[g.num_patches])
+    assert hooks_on(model) == 0 and recording_hooks_on(model) == 0 and not tiny.lock.locked()
+
+
+def test_dropping_every_patch_keeps_the_prefix_tokens_or_is_refused(family):
+    image = drawn_image(7)
+    loaded = family["distilled"]
+    model = loaded.model
+    _, x = preprocess(loaded, image)
+    with torch.no_grad():
+        expected = reference_forward(model, x, kept=[])[0][0].numpy()  # the class and distillation tokens alone
+    got = explain.predict_intervened(loaded, image, drop=range(loaded.geometry.num_patches))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-4)
+    pooled = family["no_class_token"]
+    with pytest.raises(explain.InterventionError, match="at least one patch"):
+        explain.predict_intervened(pooled, image, drop=range(pooled.geometry.num_patches))
 
 
 # ---------------------------------------------------------------------------------- faithfulness

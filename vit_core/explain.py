@@ -50,6 +50,11 @@ class TargetError(ViTLensError, ValueError):
     """A target class that the model does not have (index out of range, unknown label)."""
 
 
+class InterventionError(ViTLensError, ValueError):
+    """An intervention the model can't run: a patch or head it does not have, an unknown ablation, or
+    every patch dropped from a model that pools its patch tokens (no class token)."""
+
+
 # ----------------------------------------------------------------------------------------------
 # Target class
 
@@ -297,7 +302,7 @@ def heads_ablated(model: torch.nn.Module, heads: Iterable[tuple[int, int]], abla
     `attn.proj`) is set to 0 ("zero") or to its mean over the sequence's tokens ("mean"). Hooks removed
     on exit."""
     if ablation not in ("zero", "mean"):
-        raise ValueError(f"unknown ablation {ablation!r}; use 'zero' or 'mean'")
+        raise InterventionError(f"unknown ablation {ablation!r}; use 'zero' or 'mean'")
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(int(layer), []).append(int(head))
@@ -316,8 +321,11 @@ def heads_ablated(model: torch.nn.Module, heads: Iterable[tuple[int, int]], abla
 
     with contextlib.ExitStack() as stack:
         for layer, chosen in by_layer.items():
+            if not 0 <= layer < len(model.blocks):
+                raise InterventionError(f"layer {layer} is outside 0..{len(model.blocks) - 1}")
             attn = model.blocks[layer].attn
-            assert all(0 <= h < attn.num_heads for h in chosen), f"head outside 0..{attn.num_heads - 1}"
+            if not all(0 <= h < attn.num_heads for h in chosen):
+                raise InterventionError(f"a head of layer {layer} is outside 0..{attn.num_heads - 1}")
             _register(stack, model, attn.proj.register_forward_pre_hook(hook_for(attn, chosen)))
         yield
 
@@ -326,13 +334,17 @@ def predict_intervened(loaded: LoadedModel, image: Image.Image, *, drop: Iterabl
                        ablate: Iterable[tuple[int, int]] = (), ablation: Ablation = "zero") -> np.ndarray:
     """The logits (C,) float32 after an intervention, any combination of: `drop` patch tokens (indices
     0..N-1) after the position embedding; `mask` patches in pixel space (normalised input 0); `ablate`
-    heads given as (layer, head), by `ablation` "zero" or "mean". No intervention: the plain logits."""
+    heads given as (layer, head), by `ablation` "zero" or "mean". No intervention: the plain logits.
+    Raises InterventionError (a ValueError) for patches or heads the model lacks, or no patch left to pool."""
     model, geometry = loaded.model, loaded.geometry
-    dropped = set(int(k) for k in drop)
-    assert all(0 <= k < geometry.num_patches for k in dropped), f"patch index outside 0..{geometry.num_patches - 1}"
+    dropped, masked = set(int(k) for k in drop), [int(k) for k in mask]
+    if not all(0 <= k < geometry.num_patches for k in dropped | set(masked)):
+        raise InterventionError(f"a patch index is outside 0..{geometry.num_patches - 1}")
+    if len(dropped) == geometry.num_patches and not geometry.has_class_token:
+        raise InterventionError("keep at least one patch: this model pools its patch tokens (it has no class token)")
     kept = torch.tensor([k for k in range(geometry.num_patches) if k not in dropped], dtype=torch.long)[None]  # (1, K)
     _, x = preprocess(loaded, image)
-    x = mask_patches(x, mask, geometry)
+    x = mask_patches(x, masked, geometry)
     with loaded.lock, torch.inference_mode(), eval_mode(model), heads_ablated(model, ablate, ablation):
         tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
         return run_from_embedded(model, tokens)[0].to(torch.float32).numpy()  # (1, C) -> (C,)
