@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import drawn_image, hooks_on
-from vit_core import analyses, explain, preprocess, recording_hooks_on, run_with_capture
+from vit_core import CaptureError, analyses, explain, preprocess, recording_hooks_on, run_with_capture
 
 BRANCHES = ["class_token", "distilled", "registers", "no_class_token"]
 
@@ -215,6 +215,24 @@ def test_state_restored_when_the_forward_raises(tiny, image, entry):
         model.eval()
     assert_clean(tiny, (before[0], before[1], False))
     assert before[2]
+
+
+def test_an_attention_that_bypasses_the_hook_is_an_error_not_a_wrong_map(tiny, image):
+    attn = tiny.model.blocks[0].attn
+    original = attn.forward
+
+    def always_fused(*args, **kwargs):  # ignores the un-fused switch: no pattern, no gradient to it
+        attn.fused_attn = True
+        return original(*args, **kwargs)
+
+    attn.forward = always_fused
+    try:
+        with pytest.raises(CaptureError, match="one attention pattern per block"):
+            explain.relevance_maps(tiny, image)
+    finally:
+        del attn.forward
+        attn.fused_attn = True
+    assert_clean(tiny, ([True] * tiny.geometry.num_layers, [True] * len(list(tiny.model.parameters())), False))
 
 
 # ---------------------------------------------------------------------------------- logit lens

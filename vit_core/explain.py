@@ -29,7 +29,7 @@ from PIL import Image
 
 from . import analyses
 from .capture import Capture, _register, attention_recorded, preprocess
-from .errors import ViTLensError
+from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
 
 METHODS = ("raw_attention", "rollout", "chefer", "gradcam", "attnlrp")  # display order
@@ -178,6 +178,10 @@ class _Gradients:
     target: int
 
 
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
 def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | None) -> _Gradients:
     """One forward in float32 through the un-fused attention path and one backward of y_c to the
     post-softmax patterns and to `blocks[-1].norm1`'s output only (torch.autograd.grad with those
@@ -197,16 +201,17 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
         # The input is the only leaf that requires grad: it puts the activations in the graph; the
         # backward below stops at the patterns and norm1, so neither it nor the patch embedding is differentiated.
         logits = model(x.detach().clone().requires_grad_(True))  # (1, C)
-        assert len(live["pattern"]) == len(model.blocks) and len(live["norm1"]) == 1, "one pattern per block expected"
+        if len(live["pattern"]) != len(model.blocks) or len(live["norm1"]) != 1:
+            raise CaptureError(f"expected one attention pattern per block ({len(model.blocks)}), got {len(live['pattern'])}: "
+                               "this model's attention does not run through timm's standard path.")
         c = resolve_target(loaded, logits[0].detach().numpy(), target)
         grads = torch.autograd.grad(logits[0, c], [*live["pattern"], live["norm1"][0]])
-    as_np = lambda t: t.detach().to(torch.float32).cpu().numpy()  # noqa: E731
     return _Gradients(
-        logits=as_np(logits[0]),
-        pattern=as_np(torch.cat(live["pattern"], dim=0)),  # L x (1, H, T, T) -> (L, H, T, T)
-        pattern_grad=as_np(torch.cat(grads[:-1], dim=0)),
-        last_norm1=as_np(live["norm1"][0][0]),  # (1, T, D) -> (T, D)
-        last_norm1_grad=as_np(grads[-1][0]),
+        logits=_numpy(logits[0]),
+        pattern=_numpy(torch.cat(live["pattern"], dim=0)),  # L x (1, H, T, T) -> (L, H, T, T)
+        pattern_grad=_numpy(torch.cat(grads[:-1], dim=0)),
+        last_norm1=_numpy(live["norm1"][0][0]),  # (1, T, D) -> (T, D)
+        last_norm1_grad=_numpy(grads[-1][0]),
         target=c,
     )
 
