@@ -8,7 +8,7 @@ import streamlit as st
 
 import vit_core
 from dashboard import draw, examples, models, state, text
-from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice, markdown_literal
 from vit_core import export
 from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_default_model
 
@@ -33,7 +33,8 @@ def model_ui() -> models.ModelRequest | None:
     weights = st.file_uploader(f"Weights file (up to {models.MAX_WEIGHTS_MB} MB)", type=[s.lstrip(".") for s in WEIGHT_SUFFIXES],
                                key=state.K_WEIGHTS, max_upload_size=models.MAX_WEIGHTS_MB,
                                help="safetensors preferred; .pth/.pt/.bin are loaded with weights_only (no code runs)")
-    labels = st.file_uploader("Label file (optional: one class per line, or JSON)", type=["txt", "json"], key=state.K_LABELS)
+    labels = st.file_uploader(f"Label file (optional: one class per line, or JSON; up to {models.MAX_LABELS_MB} MB)",
+                              type=["txt", "json"], key=state.K_LABELS, max_upload_size=models.MAX_LABELS_MB)
     if weights is None:
         st.info("Upload a weights file for the chosen architecture.")
         return None
@@ -56,7 +57,7 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
     except vit_core.ViTLensError as e:
         fallback, note = models.fallback_request()
         kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
-        st.error(f"{kind}: {e}\n\n{note}")
+        st.error(f"{kind}: {markdown_literal(str(e))}\n\n{note}")
         with st.spinner("Loading the fallback model..."):
             return fallback, state.load(fallback)
 
@@ -93,10 +94,10 @@ def image_ui(model_name: str) -> ImageChoice | None:
     try:
         image = state.decode(name, data)
     except vit_core.ImageError as e:
-        st.error(f"{name}: {e}")
+        st.error(f"{markdown_literal(name)}: {markdown_literal(str(e))}")
         previous = state.last_good_image()
         if previous is not None:
-            st.caption(f"Still showing {previous.name}.")
+            st.caption(f"Still showing {markdown_literal(previous.name)}.")
             return previous
         return state.decode(example, state.example_bytes(example))
     state.remember_good_image(image)

@@ -11,6 +11,12 @@ Environment variables (read when used):
   dashboard tests use it.
 - `VIT_LENS_RANDOM_INIT=1`: build every timm model with random weights instead of pretrained ones
   (offline benchmarks: same compute as the pretrained model).
+- `VIT_LENS_WEIGHTS_UPLOADS=off`: no "Your own weights file..." choice (a weights file is up to
+  400 MB held in the server's memory per session, and a model built per file). On by default (one
+  user on their own machine); off in the README's "Serving a class" command.
+
+The start-up model is pinned: built once and kept by this module, so that a student hopping between
+models, which evicts it from the dashboard's model cache (3 entries), costs the class no reload.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from vit_core.loading import TEACHING_MODEL, LoadedModel, env_default_model, tea
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
 MAX_WEIGHTS_MB = 400  # the largest listed architecture (ViT-B/16 at 384) is about 350 MB; = server.maxUploadSize
+MAX_LABELS_MB = 8  # = vit_core.loading.MAX_LABEL_FILE_BYTES: 100,000 class names
 FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
 
 MODEL_CHOICES: dict[str, str] = {
@@ -41,13 +48,20 @@ MODEL_CHOICES: dict[str, str] = {
 }
 
 
+def weights_uploads_allowed() -> bool:
+    """Whether sessions may upload their own weights files ($VIT_LENS_WEIGHTS_UPLOADS, on unless 0/off/false/no)."""
+    return os.environ.get("VIT_LENS_WEIGHTS_UPLOADS", "on").strip().lower() not in ("0", "off", "false", "no")
+
+
 def model_choices() -> dict[str, str]:
-    """The sidebar's model list; the start-up model from $VIT_LENS_MODEL first if it isn't listed."""
+    """The sidebar's model list; the start-up model from $VIT_LENS_MODEL first if it isn't listed;
+    no weights upload unless the server allows it."""
     start = env_default_model()
-    if start in MODEL_CHOICES:
-        return dict(MODEL_CHOICES)
+    choices = {k: v for k, v in MODEL_CHOICES.items() if k != UPLOAD_WEIGHTS or weights_uploads_allowed()}
+    if start in choices:
+        return choices
     label = "Test model (tiny, random init)" if start == TEST_TINY else start
-    return {start: label, **MODEL_CHOICES}
+    return {start: label, **choices}
 
 
 def random_init_forced() -> bool:
@@ -85,8 +99,26 @@ def build_named_model(name: str, random_init: bool = False) -> LoadedModel:
     return vit_core.load_model(name, pretrained=not random_init)
 
 
+_pinned: dict[tuple[str, bool], LoadedModel] = {}  # the start-up model, at most one entry
+_pinned_lock = threading.Lock()
+
+
+def pinned_startup_model(name: str, random_init: bool) -> LoadedModel:
+    """The start-up model ($VIT_LENS_MODEL), built once per process and kept here whatever the model
+    cache evicts. A different start-up model (tests change the variable) replaces it."""
+    key = (name, random_init)
+    with _pinned_lock:  # built once even when every session asks at the same moment
+        if key not in _pinned:
+            loaded = build_named_model(name, random_init)
+            _pinned.clear()
+            _pinned[key] = loaded
+        return _pinned[key]
+
+
 def build_model(name: str, weights_path: str, labels_path: str, random_init: bool) -> LoadedModel:
     """The model of a request (see `ModelRequest.load_args`). Raises vit_core errors with a message for the user."""
+    if name == env_default_model() and not (weights_path or labels_path):
+        return pinned_startup_model(name, random_init)
     if name in (TEST_TINY, TEACHING_MODEL) or not (weights_path or labels_path):
         return build_named_model(name, random_init)
     kwargs: dict[str, Any] = {"labels": labels_path} if labels_path else {}

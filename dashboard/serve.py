@@ -13,7 +13,11 @@ count once from the CPU quota, and loads the start-up model ($VIT_LENS_MODEL, el
 the dashboard's shared cache in the background while Streamlit starts, with the capture of the
 default example image. Offline, that attempt fails
 fast and is remembered (dashboard.models.FailureMemory), so the first page says why at once and shows the
-bundled model, which is loaded here too.
+bundled model, which is loaded here too. The start-up model is pinned (dashboard.models.pinned_startup_model).
+
+With weights uploads off (`VIT_LENS_WEIGHTS_UPLOADS=off`, the README's "Serving a class"), the server's own
+upload cap drops from the weights size (400 MB) to the image size (25 MB), unless a
+`--server.maxUploadSize` option says otherwise: no uploader of any session can then send more.
 """
 
 from __future__ import annotations
@@ -56,6 +60,17 @@ def warm_up() -> None:
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
 
 
+def upload_cap_flags(argv: list[str]) -> list[str]:
+    """Streamlit options to add to `argv`: the server-wide upload cap at the image size when no session
+    may upload weights (and `argv` sets no cap of its own)."""
+    from dashboard.image_choice import MAX_IMAGE_MB
+    from dashboard.models import weights_uploads_allowed
+
+    if weights_uploads_allowed() or any(a.startswith("--server.maxUploadSize") for a in argv):
+        return []
+    return [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -66,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
     from streamlit.web import cli
 
-    sys.argv = ["streamlit", "run", str(APP), *argv]
+    sys.argv = ["streamlit", "run", str(APP), *argv, *upload_cap_flags(argv)]
     sys.exit(cli.main())
 
 

@@ -3,25 +3,41 @@
 The model cache keys on the digest (`ModelRequest.weights_id`) and loads from the stored path.
 Files are shared by every session; `dashboard.state.save_upload` remembers per session which upload
 went where, so a file is hashed and written once per upload, not on every rerun.
+
+The folder is this server process's own (`tempfile.mkdtemp`: mode 0700, a fresh random name), not a
+fixed name under /tmp: files there are trusted by their name (the digest), so no other OS user may
+read them or plant one. It is removed when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 _logger = logging.getLogger(__name__)
 
 UPLOADS_DISK_MB = 4096  # saved weights uploads on disk, all sessions together: the oldest go first
+STALE_PART_S = 600.0  # a `.part` file this old was left by a write that died (a write takes seconds)
+
+_folder: Path | None = None
+_folder_lock = threading.Lock()
 
 
 def uploads_folder() -> Path:
-    folder = Path(tempfile.gettempdir()) / "vit_lens_uploads"
-    folder.mkdir(exist_ok=True)
-    return folder
+    """This process's private folder for saved uploads (created on first use, removed at exit)."""
+    global _folder
+    with _folder_lock:
+        if _folder is None or not _folder.is_dir():
+            _folder = Path(tempfile.mkdtemp(prefix="vit_lens_uploads_"))
+            atexit.register(shutil.rmtree, _folder, ignore_errors=True)
+        return _folder
 
 
 def store(data: bytes, suffix: str, folder: Path | None = None) -> tuple[str, str]:
@@ -34,8 +50,13 @@ def store(data: bytes, suffix: str, folder: Path | None = None) -> tuple[str, st
     path = folder / f"{digest[:32]}{suffix.lower()}"
     if not path.exists():  # written whole, then renamed: another session never reads half a file
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as part:
-            part.write(data)
-        os.replace(part.name, path)
+            try:
+                part.write(data)
+                part.close()
+                os.replace(part.name, path)
+            except BaseException:  # a full disk, an interrupted rerun: no half-written .part stays behind
+                Path(part.name).unlink(missing_ok=True)
+                raise
         prune(folder, keep=path)
     return str(path), digest
 
@@ -47,6 +68,10 @@ def prune(folder: Path, keep: Path, max_bytes: int = UPLOADS_DISK_MB * 2**20) ->
     the upload writes the file again on its next run (dashboard.state.save_upload).
     """
     try:
+        now = time.time()
+        for part in folder.glob("*.part"):  # left by a process killed mid-write
+            if now - part.stat().st_mtime > STALE_PART_S:
+                part.unlink(missing_ok=True)
         files = sorted((f for f in folder.iterdir() if f.is_file() and f != keep and f.suffix != ".part"),
                        key=lambda f: f.stat().st_mtime)
         total = keep.stat().st_size + sum(f.stat().st_size for f in files)

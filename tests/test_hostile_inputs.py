@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import drawn_image
+from conftest import assert_healthy, drawn_image, run_app
 from vit_core import WeightsError, load_model
 from vit_core.loading import MAX_CLASSES, MAX_LABEL_FILE_BYTES
 
@@ -223,3 +223,174 @@ def test_cli_refuses_malformed_label_files_in_one_line(tmp_path, capsys, name, d
                    "--labels", str(tmp_path / name), "--out", str(tmp_path / "out")])
     assert status == 2
     assert_one_sentence(capsys.readouterr().err, message)
+
+
+# ---------------------------------------------------------------------------------- the app
+
+
+@pytest.fixture
+def tiny_app(monkeypatch):
+    from dashboard.models import TEST_TINY
+
+    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+    monkeypatch.delenv("VIT_LENS_WEIGHTS_UPLOADS", raising=False)
+
+
+@pytest.fixture
+def load_calls(monkeypatch):
+    """Every vit_core.load_model call the app makes (the models the dashboard builds go through it)."""
+    import vit_core
+
+    calls = []
+    real = vit_core.load_model
+
+    def counting(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vit_core, "load_model", counting)
+    return calls
+
+
+def shown_image(at) -> str:
+    """The name of the image the session shows, from the header line "Model **..** · image **name** · ..."."""
+    header = next(m.value for m in at.markdown if m.value.startswith("Model **"))
+    return header.split("image **")[1].split("**")[0]
+
+
+def choose_weights(at, name: str, data: bytes, labels: tuple[str, bytes] | None = None):
+    from dashboard import state
+    from dashboard.models import UPLOAD_WEIGHTS
+
+    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
+    assert_healthy(at)
+    at.selectbox(key=state.K_ARCH).set_value("vit_small_patch16_224")
+    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
+    if labels:
+        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
+    at.run()
+    assert_healthy(at)
+    return at
+
+
+def weights_of_small(num_classes: int, tmp_path: Path) -> bytes:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=num_classes)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    return (tmp_path / "w.safetensors").read_bytes()
+
+
+def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app, load_calls):
+    at = run_app()
+    image_before = shown_image(at)
+    choose_weights(at, "tiny.safetensors", huge_head())
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "4,000,000 classes" in errors[0] and "Traceback" not in errors[0], errors
+    assert shown_image(at) == image_before  # the session's image stays
+    tries = len([c for c in load_calls if c[1].get("weights")])
+    assert tries == 1
+    at.run()  # a rerun (any click) does not load the refused file again
+    assert_healthy(at)
+    assert len([c for c in load_calls if c[1].get("weights")]) == tries
+
+
+@pytest.mark.parametrize("name, data, message", LABEL_ATTACKS[:2], ids=[a[0] for a in LABEL_ATTACKS[:2]])
+def test_app_refuses_malformed_label_files_in_one_sentence(tiny_app, load_calls, tmp_path, name, data, message):
+    at = run_app()
+    choose_weights(at, "ft.safetensors", weights_of_small(3, tmp_path), labels=(name, data))
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and re.search(message, errors[0]), errors
+    tries = len(load_calls)
+    at.run()
+    assert_healthy(at)
+    assert len(load_calls) == tries  # remembered, not retried on every rerun
+
+
+def test_label_uploads_are_capped_and_the_cap_is_told(tiny_app):
+    from dashboard import state
+    from dashboard.models import MAX_LABELS_MB, UPLOAD_WEIGHTS
+
+    assert MAX_LABELS_MB * 2**20 == MAX_LABEL_FILE_BYTES
+    at = run_app()
+    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
+    uploader = at.file_uploader(key=state.K_LABELS)
+    assert uploader.proto.max_upload_size_mb == MAX_LABELS_MB and f"{MAX_LABELS_MB} MB" in uploader.proto.label
+
+
+def test_weights_uploads_only_where_the_server_allows_them(tiny_app, monkeypatch):
+    from dashboard import serve, state
+    from dashboard.image_choice import MAX_IMAGE_MB
+    from dashboard.models import MODEL_CHOICES, UPLOAD_WEIGHTS
+
+    offered = MODEL_CHOICES[UPLOAD_WEIGHTS]  # the selectbox lists the labels
+    assert offered in run_app().selectbox(key=state.K_MODEL).options  # on for one user on their own machine
+    assert serve.upload_cap_flags([]) == []
+    monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", "off")
+    at = run_app()
+    assert offered not in at.selectbox(key=state.K_MODEL).options
+    # ...and the server's own cap drops to the image size, unless the command sets one
+    assert serve.upload_cap_flags(["--server.port", "8501"]) == [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
+    assert serve.upload_cap_flags(["--server.maxUploadSize", "50"]) == []
+
+
+def test_user_strings_are_shown_literally_not_as_markdown(tiny_app):
+    from dashboard import state
+
+    at = run_app()
+    name = "**big** [prize](http://example.com) $x^2$ :red[alert].png"
+    at.file_uploader(key=state.K_UPLOAD).set_value((name, b"not an image", "image/png")).run()
+    assert_healthy(at)
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1, errors
+    assert r"\*\*big\*\* \[prize\](http\://example.com) \$x^2\$ \:red\[alert\].png" in errors[0], errors
+
+
+def test_the_start_up_model_stays_when_students_hop_between_models(tiny_app):
+    from dashboard import state
+    from dashboard.models import TEST_TINY, ModelRequest
+
+    first = state.load(ModelRequest(TEST_TINY))
+    state._cached_model.clear()  # what three other models do to the 3-entry cache
+    assert state.load(ModelRequest(TEST_TINY)) is first  # no reload for the class
+
+
+# ---------------------------------------------------------------------------------- saved uploads
+
+
+def test_saved_uploads_live_in_a_private_folder(tmp_path):
+    import os
+    import stat
+
+    from dashboard import uploads
+
+    folder = uploads.uploads_folder()
+    assert folder.name != "vit_lens_uploads" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert folder.stat().st_uid == os.getuid()
+    path, digest = uploads.store(b"weights", ".safetensors")
+    assert Path(path).parent == folder and Path(path).read_bytes() == b"weights"
+
+
+def test_a_failed_write_leaves_no_part_file_and_stale_ones_are_cleaned(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from dashboard import uploads
+
+    def full_disk(*_args):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full_disk)
+        with pytest.raises(OSError):
+            uploads.store(b"weights", ".pth", folder=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    stale, fresh = tmp_path / "old.part", tmp_path / "writing.part"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    long_ago = time.time() - uploads.STALE_PART_S - 60
+    os.utime(stale, (long_ago, long_ago))
+    uploads.store(b"weights", ".pth", folder=tmp_path)
+    assert not stale.exists() and fresh.exists()
