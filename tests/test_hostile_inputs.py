@@ -110,6 +110,18 @@ def test_a_pickled_tensor_larger_than_its_storage_is_refused(tmp_path):
         load_model(ARCH, weights=path, **TINY)
 
 
+def test_a_pytorch_checkpoint_with_compressed_records_is_refused_unread(tmp_path):
+    plain = io.BytesIO()
+    torch.save({"head.weight": torch.zeros(1000, 192)}, plain)  # 768 kB of zeros, stored as torch writes it
+    path = tmp_path / "bomb.pth"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as crafted:
+        for member in source.infolist():
+            crafted.writestr(member.filename, source.read(member))
+    assert path.stat().st_size < 100_000  # the same records, deflated: torch would inflate them
+    with pytest.raises(WeightsError, match=r"compressed records that would inflate to"):
+        load_model(ARCH, weights=path, **TINY)
+
+
 def test_an_npz_declaring_a_huge_array_is_refused_from_its_header(tmp_path):
     path = npz_declared_only(tmp_path / "ckpt.npz", (1_000_000_000,))
     with pytest.raises(WeightsError, match=r"embedding/kernel.*1,000,000,000 values"):

@@ -437,12 +437,32 @@ def check_declared_shapes(path: Path, shapes: dict[str, tuple[int, ...]], probe:
         raise WeightsError(f"{path.name} declares {total:,} values in all, far more than the architecture holds: refused.")
 
 
+def check_torch_archive(path: Path) -> None:
+    """A PyTorch checkpoint (a zip since torch 1.6) whose records would inflate beyond the file's own size
+    is refused unread: torch.save stores records uncompressed, so only a crafted file compresses them."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return  # the legacy format: torch reads it as it comes
+    try:
+        with zipfile.ZipFile(path) as archive:
+            inflated = sum(member.file_size for member in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise WeightsError(f"{path.name} could not be read as a PyTorch checkpoint (damaged zip).") from e
+    if inflated > path.stat().st_size:
+        raise WeightsError(f"{path.name} holds compressed records that would inflate to {inflated:,} bytes; "
+                           "torch.save writes none, so it was refused unread.")
+
+
 def check_weights_file(path: Path, probe: torch.nn.Module | None) -> int | None:
     """Check a weights file's declarations before it is read in full: returns the head's class count
     declared by a .safetensors file (None otherwise). `probe`: the architecture on 'meta', or None."""
     suffix = path.suffix.lower()
     if not path.is_file():
         return None  # read_state_dict says so
+    if suffix in (".pth", ".pt", ".bin"):
+        check_torch_archive(path)
+        return None
     if suffix == ".safetensors":
         shapes = safetensors_shapes(path)
         check_declared_shapes(path, shapes, probe)
