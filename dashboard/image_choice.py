@@ -43,6 +43,12 @@ def markdown_literal(text: str) -> str:
     return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in flat)
 
 
+def mathtext_literal(text: str) -> str:
+    """`text` (a class name from an uploaded label file, an image name) for a matplotlib title or label:
+    a `$` would start mathtext, and malformed mathtext makes the figure raise; escaped, it is a dollar sign."""
+    return text.replace("$", r"\$")
+
+
 def check_file_size(data: bytes) -> None:
     """Raise ImageError for a file over MAX_IMAGE_MB (the browser enforces the widget's cap; a script may not)."""
     if len(data) > MAX_IMAGE_MB * 1024 * 1024:

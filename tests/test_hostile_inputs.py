@@ -360,6 +360,27 @@ def test_user_strings_are_shown_literally_not_as_markdown(tiny_app):
     assert r"\*\*big\*\* \[prize\](http\://example.com) \$x^2\$ \:red\[alert\].png" in errors[0], errors
 
 
+def test_user_strings_in_matplotlib_are_not_mathtext():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dashboard.image_choice import mathtext_literal
+
+    hostile = r"cat $\frac{1}{$ dog"
+    fig, ax = plt.subplots()
+    try:
+        ax.set_title(hostile)
+        with pytest.raises(ValueError):  # what an unescaped class name does to a figure
+            fig.canvas.draw()
+        ax.set_title(mathtext_literal(hostile))
+        fig.canvas.draw()
+        assert ax.get_title() == r"cat \$\frac{1}{\$ dog"
+    finally:
+        plt.close(fig)
+
+
 def test_the_start_up_model_stays_when_students_hop_between_models(tiny_app):
     from dashboard import state
     from dashboard.models import TEST_TINY, ModelRequest

@@ -611,7 +611,8 @@ def imagenet_labels(model: torch.nn.Module) -> tuple[str, ...] | None:
 def _load_teaching_model() -> tuple[VisionTransformer, tuple[str, ...]]:
     """The bundled Shapes ViT through its timm registration (vit_core.teaching.model), with its label names."""
     if not teaching_model_available():
-        raise ModelError(f"The bundled teaching model is missing from {TEACHING_MODEL_DIR}; retrain it (see its MODEL_CARD.md).")
+        raise ModelError("The bundled teaching model is missing from this installation (vit_core/assets/shapes_vit); "
+                         "retrain it (see its MODEL_CARD.md).")  # the package's folder, not the server's path
     try:
         model, _ = load_shapes_vit(TEACHING_MODEL_DIR)
     except RuntimeError as e:  # timm's strict load: missing / unexpected keys or a shape mismatch
