@@ -296,6 +296,8 @@ def weights_of_small(num_classes: int, tmp_path: Path) -> bytes:
 
 
 def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app, load_calls):
+    classmate = run_app()  # another session of the class, on the start-up model
+    classmate_header = next(m.value for m in classmate.markdown if m.value.startswith("Model **"))
     at = run_app()
     image_before = shown_image(at)
     choose_weights(at, "tiny.safetensors", huge_head())
@@ -307,6 +309,9 @@ def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app,
     at.run()  # a rerun (any click) does not load the refused file again
     assert_healthy(at)
     assert len([c for c in load_calls if c[1].get("weights")]) == tries
+    classmate.run()  # nothing else in the class is affected
+    assert_healthy(classmate)
+    assert not classmate.error and classmate_header in [m.value for m in classmate.markdown]
 
 
 @pytest.mark.parametrize("name, data, message", LABEL_ATTACKS[:2], ids=[a[0] for a in LABEL_ATTACKS[:2]])
