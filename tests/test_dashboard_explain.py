@@ -91,7 +91,9 @@ def test_the_why_views_render(monkeypatch, model, random_init):
 
 def test_the_target_selection_changes_the_maps(tiny, reference):
     loaded, image = reference
-    at = run_app(view="Why?")
+    at = run_app()
+    at.session_state["view"] = "Why?"  # as a click on the tab does
+    at.run()
     before = images(at)
     box = at.selectbox(key="target")
     assert box.value == int(np.argmax(vit_core.run_with_capture(loaded, image).logits))  # the top-1 by default
@@ -105,6 +107,10 @@ def test_the_target_selection_changes_the_maps(tiny, reference):
     assert after != before
     # the class-independent maps stay, the gradient-based ones change
     assert sum(a != b for a, b in zip(before, after, strict=True)) == 2
+    at.session_state["view"] = "Interventions"  # the same target there (one key, in the URL)
+    at.run()
+    assert at.selectbox(key="target").value == target
+    assert next(m.label for m in at.metric).endswith(f"for {loaded.label(target)}")
 
 
 def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
