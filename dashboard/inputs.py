@@ -4,6 +4,8 @@ that return plain values; every widget has an explicit key.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 import vit_core
@@ -40,10 +42,13 @@ def model_ui() -> models.ModelRequest | None:
         return None
     weights_path, digest = state.save_upload(weights)
     labels_path = ""
+    names = [(Path(weights_path).name, weights.name)]
     if labels is not None:
         labels_path, labels_digest = state.save_upload(labels)
         digest += labels_digest[:16]
-    return models.ModelRequest(arch, weights_path=weights_path, labels_path=labels_path, weights_id=digest)
+        names.append((Path(labels_path).name, labels.name))
+    return models.ModelRequest(arch, weights_path=weights_path, labels_path=labels_path, weights_id=digest,
+                               uploaded_names=tuple(names))
 
 
 def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
@@ -57,7 +62,7 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
     except vit_core.ViTLensError as e:
         fallback, note = models.fallback_request()
         kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
-        st.error(f"{kind}: {markdown_literal(str(e))}\n\n{note}")
+        st.error(f"{kind}: {markdown_literal(request.for_user(str(e)))}\n\n{note}")
         with st.spinner("Loading the fallback model..."):
             return fallback, state.load(fallback)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import vit_core
@@ -74,6 +74,14 @@ class ModelRequest:
     weights_path: str = ""  # a local copy of uploaded weights
     labels_path: str = ""
     weights_id: str = ""  # sha256 of the uploaded weights (+ labels)
+    # (saved file name, name as uploaded) of each uploaded file: messages about a file use the user's name
+    uploaded_names: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def for_user(self, message: str) -> str:
+        """`message` (about this request's files) with each saved file's name replaced by the name it was uploaded as."""
+        for saved, uploaded in self.uploaded_names:
+            message = message.replace(saved, uploaded)
+        return message
 
     @property
     def key(self) -> str:
