@@ -5,12 +5,15 @@ Caches (shared by every browser session, all keyed on strings, never on tensors 
 - one forward pass with its capture per (model, image): `st.cache_resource(max_entries=...)`, keyed
   by the model key and the sha256 of the image bytes, the image itself passed as an underscore argument;
 - small per-model / per-capture analyses (filter PCA, position similarity, attention distance);
-- figures, keyed by what their builder takes (`dashboard.figure_keys`).
+- figures, keyed by what their builder takes (`dashboard.figure_keys`);
+- the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
+  interventions per (model, image, intervention); the deletion / insertion curves, computed on request
+  with a progress bar, in a small bounded store per (model, image, target, steps).
 
 Session state: the image source touched last, the last good image, the session's held capture, its
-attention-distance history, its saved uploads. Selections that matter live in the URL: the widgets
-are created with `bind="query-params"`, so their key is the query parameter
-(`?model=...&view=Attention&layer=3`).
+attention-distance history, its saved uploads, the patches and heads of its intervention. Selections
+that matter live in the URL: the widgets are created with `bind="query-params"`, so their key is the
+query parameter (`?model=...&view=Attention&layer=3`).
 
 Shared by up to a classroom of sessions: every cache has `max_entries`, and what a session keeps
 for itself is capped too (the distance history, the saved weights uploads). A model that can't be
@@ -57,7 +60,7 @@ K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mod
 _HELD_CAPTURE = "_held_capture"  # ((model key, image sha), Capture): see held_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
-_INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_patches_for
+_INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_interventions_for
 _INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
 
 
@@ -423,13 +426,16 @@ def reset_if_out_of_range(key: str, size: int, default: int) -> None:
         st.session_state[key] = default
 
 
-def keep_patches_for(owner: tuple[str, str], num_patches: int) -> None:
-    """Forget the intervention's chosen patches when the model or image changed (call before creating the widget)."""
-    if st.session_state.get(_INT_OWNER) != owner:
-        st.session_state[_INT_OWNER] = owner
-        st.session_state[K_INT_PATCHES] = []
-    elif any(k >= num_patches for k in st.session_state.get(K_INT_PATCHES, [])):
-        st.session_state[K_INT_PATCHES] = []
+def keep_interventions_for(model_key: str, image_sha: str) -> None:
+    """Forget the intervention's chosen patches when the image or model changed, its heads when the model
+    changed (another model has other heads). Call before creating the widgets."""
+    previous = st.session_state.get(_INT_OWNER)
+    if previous == (model_key, image_sha):
+        return
+    st.session_state[_INT_OWNER] = (model_key, image_sha)
+    st.session_state[K_INT_PATCHES] = []
+    if previous is None or previous[0] != model_key:
+        st.session_state[K_INT_HEADS] = []
 
 
 def reset_intervention() -> None:

@@ -210,7 +210,7 @@ def interventions_view(ctx: ViewContext) -> None:
     st.markdown(text.INTERVENE)
     if _no_head(ctx):
         return
-    state.keep_patches_for((ctx.request.key, ctx.image.sha), g.num_patches)  # another model or image: a clean slate
+    state.keep_interventions_for(ctx.request.key, ctx.image.sha)  # another image: no patches; another model: no heads
     c1, c2, c3, c4 = st.columns([2, 1, 3, 1])
     target = _target_ui(ctx, c1)
     mode = c2.radio("Chosen patches are", ["drop", "mask"], key=state.K_INT_MODE, bind="query-params",

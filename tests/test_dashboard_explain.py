@@ -245,3 +245,13 @@ def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(t
     for key, value in expected.items():
         assert arrays[key].dtype == value.dtype and arrays[key].shape == value.shape, key
         np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_another_image_clears_the_patches_and_keeps_the_heads(tiny):
+    at = run_app(view="Interventions")
+    at.multiselect(key="int_patches").set_value([3, 4]).run()
+    at.multiselect(key="int_heads").set_value([(0, 1)]).run()
+    at.selectbox(key="example").set_value(examples.SYNTHETIC_SCENE).run()
+    assert_healthy(at)
+    assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == [(0, 1)]
+    assert "1 head(s) zero-ablated" in after_list(at)
