@@ -578,7 +578,7 @@ def prediction_change_png(labels: Sequence[str], before: Sequence[float], after:
     for yi, b, a in zip(y, before, after, strict=True):
         ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=7, color="#555")
         ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=7)
-    ax.set_yticks(y, [label if len(label) <= 32 else label[:30] + "..." for label in labels], fontsize=9)
+    ax.set_yticks(y, [label if len(label) <= 24 else label[:22] + "..." for label in labels], fontsize=9)
     ax.set_xlim(0, 115)
     ax.set_xlabel("probability (%)")
     ax.legend(fontsize=8, loc="lower right")

@@ -25,6 +25,12 @@ LENS_CLASSES = 5  # the logit lens strip shows every class that is in the top 5 
 MAX_LENS_COLUMNS = 16  # ...up to this many, the final prediction's first
 
 
+def percent(p: float) -> str:
+    """A probability in percent: two decimals, or three significant digits below 1 % (an untrained model's
+    probabilities are all small, and an intervention moves them in the third digit)."""
+    return f"{p:.2%}" if p >= 0.01 else f"{p * 100:.3g}%"
+
+
 def _no_head(ctx: ViewContext) -> bool:
     """True (with a note) for a model without a classifier head: no class to explain."""
     if ctx.loaded.geometry.num_classes:
@@ -248,9 +254,9 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
     before, after = analyses.top_k(ctx.cap.logits, ctx.loaded.labels, TARGET_CHOICES), analyses.top_k(
         logits, ctx.loaded.labels, TARGET_CHOICES)
     p_before, p_after = float(analyses.softmax(ctx.cap.logits)[target]), float(analyses.softmax(logits)[target])
-    change = round((p_after - p_before) * 100, 2)  # percentage points
-    st.metric(f"p(target) for {ctx.loaded.label(target)}", f"{p_after:.2%}", delta=f"{change:+.2f} points",
-              delta_color="normal" if change else "off",
+    change = (p_after - p_before) * 100  # percentage points
+    st.metric(f"p(target) for {ctx.loaded.label(target)}", percent(p_after),
+              delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
               help="the target class's probability after the intervention; the change is against the original image")
     a, b = st.columns(2)
     a.markdown("**Original**\n\n" + "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(before)))

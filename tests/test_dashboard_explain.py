@@ -118,7 +118,7 @@ def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
     logits = vit_core.run_with_capture(loaded, image).logits
     target = int(np.argmax(logits))
     at = run_app(view="Interventions")
-    assert target_metric(at) == f"{analyses.softmax(logits)[target]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(logits)[target])
     assert after_list(at).endswith(top5_lines(loaded, logits))
 
     chosen = [0, 7, 30, 100]
@@ -126,25 +126,25 @@ def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
     assert_healthy(at)
     dropped = explain.predict_intervened(loaded, image, drop=chosen)
     assert not np.allclose(dropped, logits)
-    assert target_metric(at) == f"{analyses.softmax(dropped)[target]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(dropped)[target])
     assert after_list(at).endswith(top5_lines(loaded, dropped))
     assert "4 patch(es) dropped" in after_list(at)
 
     at.radio(key="int_mode").set_value("mask").run()
     masked = explain.predict_intervened(loaded, image, mask=chosen)
-    assert target_metric(at) == f"{analyses.softmax(masked)[target]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(masked)[target])
     assert after_list(at).endswith(top5_lines(loaded, masked))
 
     at.multiselect(key="int_heads").set_value([(1, 0), (0, 2)]).run()
     at.radio(key="int_ablation").set_value("mean").run()
     both = explain.predict_intervened(loaded, image, mask=chosen, ablate=[(0, 2), (1, 0)], ablation="mean")
-    assert target_metric(at) == f"{analyses.softmax(both)[target]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(both)[target])
     assert after_list(at).endswith(top5_lines(loaded, both))
 
     at.button(key="int_reset").click().run()
     assert_healthy(at)
     assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == []
-    assert target_metric(at) == f"{analyses.softmax(logits)[target]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(logits)[target])
     assert after_list(at).startswith("**After: no intervention**")
 
 
@@ -190,7 +190,7 @@ def test_url_parameters_restore_the_selections(tiny, reference):
     assert any("after block 0" in c.value for c in at.caption)
     at = run_app(view="Interventions", int_mode="mask", int_ablation="mean", target=f"{third.index}: {third.label}")
     assert at.radio(key="int_mode").value == "mask" and at.radio(key="int_ablation").value == "mean"
-    assert target_metric(at) == f"{analyses.softmax(logits)[third.index]:.2%}"
+    assert target_metric(at) == why_views.percent(analyses.softmax(logits)[third.index])
 
 
 def test_the_logit_lens_strip_lists_the_classes_on_top_somewhere():
@@ -255,3 +255,8 @@ def test_another_image_clears_the_patches_and_keeps_the_heads(tiny):
     assert_healthy(at)
     assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == [(0, 1)]
     assert "1 head(s) zero-ablated" in after_list(at)
+
+
+def test_probabilities_keep_three_digits_when_small():
+    assert why_views.percent(0.5) == "50.00%" and why_views.percent(0.01) == "1.00%"
+    assert why_views.percent(0.0023125) == "0.231%"
