@@ -216,7 +216,7 @@ def test_cli_refuses_a_huge_head_with_bounded_memory(normal_run):
 
 def test_cli_refuses_an_npz_bomb_with_bounded_memory(normal_run):
     folder, normal_mb = normal_run
-    npz_bomb(folder / "bomb.npz", values=96 * 2**22)  # 1.5 GiB inflated
+    npz_bomb(folder / "bomb.npz", values=48 * 2**22)  # 768 MiB inflated
     assert (folder / "bomb.npz").stat().st_size < 5_000_000
     status, err, peak = cli_peak(["photo.png", "--model", ARCH, "--weights", "bomb.npz", "--out", "out"], folder)
     assert status == 2
