@@ -112,6 +112,15 @@ def corpus() -> list[Case]:
         z.writestr("a.png", drawing)
     add(Case("zip", "photos.jpg", buffer.getvalue(), refused="zip"))
 
+    # Formats Pillow would open if asked to open anything (FITS has had a gzip-bomb CVE; EPS runs Ghostscript):
+    # ViT Lens opens only the formats it offers, whatever the file is called.
+    cards = ["SIMPLE  =                    T", "BITPIX  =                    8", "NAXIS   =                    2",
+             "NAXIS1  =                    4", "NAXIS2  =                    3", "END"]
+    fits = "".join(card.ljust(80) for card in cards).ljust(2880).encode("ascii") + bytes(range(12)).ljust(2880, b"\0")
+    add(Case("fits_named_png", "photo.png", fits, refused="not an image ViT Lens can read"))
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\n%%EOF\n"
+    add(Case("eps_named_png", "poster.png", eps, refused="not an image ViT Lens can read"))
+
     add(Case("cmyk_jpeg", "print.jpg", encode(Image.new("RGB", (64, 64), RED).convert("CMYK"), "JPEG", quality=95),
              crop=close_to(RED, tol=30), note="Converted from CMYK"))
     ramp = np.tile(np.linspace(0, 65535, 256), (256, 1)).astype(np.uint16)  # (256, 256): dark left, bright right
