@@ -341,7 +341,7 @@ def test_label_uploads_are_capped_and_the_cap_is_told(tiny_app):
 def test_weights_uploads_only_where_the_server_allows_them(tiny_app, monkeypatch):
     from dashboard import serve, state
     from dashboard.image_choice import MAX_IMAGE_MB
-    from dashboard.models import MODEL_CHOICES, UPLOAD_WEIGHTS
+    from dashboard.models import MODEL_CHOICES, TEST_TINY, UPLOAD_WEIGHTS
 
     offered = MODEL_CHOICES[UPLOAD_WEIGHTS]  # the selectbox lists the labels
     assert offered in run_app().selectbox(key=state.K_MODEL).options  # on for one user on their own machine
@@ -349,6 +349,8 @@ def test_weights_uploads_only_where_the_server_allows_them(tiny_app, monkeypatch
     monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", "off")
     at = run_app()
     assert offered not in at.selectbox(key=state.K_MODEL).options
+    at = run_app(model=UPLOAD_WEIGHTS)  # a shared link that asks for it: the start-up model, no error
+    assert at.selectbox(key=state.K_MODEL).value == TEST_TINY and not at.error
     # ...and the server's own cap drops to the image size, unless the command sets one
     assert serve.upload_cap_flags(["--server.port", "8501"]) == [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
     assert serve.upload_cap_flags(["--server.maxUploadSize", "50"]) == []
