@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
+from dashboard.image_choice import mathtext_literal
 from vit_core import analyses
 
 ATTENTION_CMAP = "inferno"
@@ -34,6 +35,11 @@ _FONT_CACHE: dict[int, ImageFont.ImageFont] = {}
 
 # ----------------------------------------------------------------------------------------------
 # Small helpers
+
+
+def _shown_label(label: str, length: int) -> str:
+    """A class name for a matplotlib axis or legend: cut to `length` characters, `$` shown as written (not mathtext)."""
+    return mathtext_literal(label if len(label) <= length else label[:length - 2] + "...")
 
 
 def font(size: int = 12) -> ImageFont.ImageFont:
@@ -411,7 +417,7 @@ def top_k_png(labels: Sequence[str], probs: Sequence[float]) -> bytes:
     ax = fig.add_subplot()
     y = np.arange(len(labels))[::-1]
     ax.barh(y, np.asarray(probs) * 100, color="#4c72b0")
-    ax.set_yticks(y, [label if len(label) <= 40 else label[:38] + "..." for label in labels], fontsize=9)
+    ax.set_yticks(y, [_shown_label(label, 40) for label in labels], fontsize=9)
     for yi, p in zip(y, probs, strict=True):
         ax.text(p * 100 + 1, yi, f"{p * 100:.1f}%", va="center", fontsize=8)
     ax.set_xlim(0, 110)
@@ -431,7 +437,7 @@ def logits_png(logits: np.ndarray, marked: Sequence[int], marked_labels: Sequenc
         ax.bar(idx, logits, color="#888")
     for i, label in zip(marked, marked_labels, strict=True):
         ax.plot([i], [logits[i]], "o", color="#d62728", ms=4)
-        ax.annotate(label[:20], (i, logits[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(mathtext_literal(label[:20]), (i, logits[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("class index")
     ax.set_ylabel("logit")
     ax.set_xlim(-0.5, len(logits) - 0.5)
@@ -462,7 +468,7 @@ def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str
         for i, name in enumerate(methods):
             y = curves[name]
             x = (np.arange(len(y)) + first) / len(y)
-            ax.plot(x, y, "o-", ms=3, lw=1.4, color=METHOD_COLOURS[i % len(METHOD_COLOURS)], label=name)
+            ax.plot(x, y, "o-", ms=3, lw=1.4, color=METHOD_COLOURS[i % len(METHOD_COLOURS)], label=mathtext_literal(name))
         if "random" in curves:
             y = curves["random"]
             x = (np.arange(len(y)) + first) / len(y)
@@ -477,7 +483,7 @@ def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str
     axes[1].set_title("insertion: higher is more faithful", fontsize=10)
     axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(mathtext_literal(title), fontsize=10)
     return figure_png(fig)
 
 
@@ -493,10 +499,10 @@ def logit_lens_strip_png(probs: np.ndarray, labels: Sequence[str], title: str = 
             p = probs[r, c]
             ax.text(c, r, f"{p:.0%}" if p >= 0.005 else "", ha="center", va="center", fontsize=7,
                     color="white" if p > 0.6 else "black")
-    ax.set_xticks(np.arange(cols), [label if len(label) <= 18 else label[:16] + "..." for label in labels],
+    ax.set_xticks(np.arange(cols), [_shown_label(label, 18) for label in labels],
                   rotation=30, ha="right", fontsize=8)
     ax.set_yticks(np.arange(rows), ["embeddings"] + [f"after block {layer}" for layer in range(rows - 1)], fontsize=7)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(mathtext_literal(title), fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="probability")
     return figure_png(fig)
 
@@ -531,13 +537,14 @@ def patch_lens_png(crop: np.ndarray, classes: np.ndarray, probs: np.ndarray, lab
                         fontsize=max(4, min(8, 110 // max(gh, gw))), color="black")
     ax.set_xticks([])
     ax.set_yticks([])
-    handles = [matplotlib.patches.Patch(color=palette[i % 10], label=f"{labels.get(c, f'class {c}')[:24]} ({counts[c]})")
+    handles = [matplotlib.patches.Patch(color=palette[i % 10],
+                                        label=f"{_shown_label(labels.get(c, f'class {c}'), 24)} ({counts[c]})")
                for i, c in enumerate(frequent)]
     if int(counts.sum()) > sum(int(counts[c]) for c in frequent):
         handles.append(matplotlib.patches.Patch(color=(0.6, 0.6, 0.6), label="rarer classes"))
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), title="top-1 (patches)",
               title_fontsize=8)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(mathtext_literal(title), fontsize=10)
     return figure_png(fig)
 
 
@@ -578,10 +585,10 @@ def prediction_change_png(labels: Sequence[str], before: Sequence[float], after:
     for yi, b, a in zip(y, before, after, strict=True):
         ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=7, color="#555")
         ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=7)
-    ax.set_yticks(y, [label if len(label) <= 24 else label[:22] + "..." for label in labels], fontsize=9)
+    ax.set_yticks(y, [_shown_label(label, 24) for label in labels], fontsize=9)
     ax.set_xlim(0, 115)
     ax.set_xlabel("probability (%)")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(mathtext_literal(title), fontsize=10)
     return figure_png(fig)

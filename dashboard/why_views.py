@@ -16,6 +16,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard import figures, state, text
+from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
 from dashboard.view_context import ViewContext, cached_figure, shape, show_picture
 from vit_core import analyses, explain, export
 
@@ -47,7 +48,7 @@ def _target_ui(ctx: ViewContext, container) -> int:
     return container.selectbox(
         "Target class (from the top 5)", [p.index for p in preds], key=state.K_TARGET, bind="query-params",
         format_func=lambda i: f"{i}: {ctx.loaded.label(i)}",
-        help="The class whose prediction is explained. " + ", ".join(f"{ctx.loaded.label(i)} {p:.1%}"
+        help="The class whose prediction is explained. " + ", ".join(f"{md(ctx.loaded.label(i))} {p:.1%}"
                                                                    for i, p in probs.items()))
 
 
@@ -123,7 +124,7 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, result: expl
                 st.info(relevance.unsupported.get(method, "Not computed for this model."))
             st.caption(text.METHOD_TEXTS.get(method, ""))
     st.caption(f"maps `{shape(g.grid, batch=False)}` over the {g.num_patches} patches, for class "
-               f"**{ctx.loaded.label(target)}** ({target}); each min-max scaled for display, exported unscaled.")
+               f"**{md(ctx.loaded.label(target))}** ({target}); each min-max scaled for display, exported unscaled.")
 
 
 def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -> explain.Faithfulness | None:
@@ -255,13 +256,13 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
         logits, ctx.loaded.labels, TARGET_CHOICES)
     p_before, p_after = float(analyses.softmax(ctx.cap.logits)[target]), float(analyses.softmax(logits)[target])
     change = (p_after - p_before) * 100  # percentage points
-    st.metric(f"p(target) for {ctx.loaded.label(target)}", percent(p_after),
+    st.metric(f"p(target) for {md(ctx.loaded.label(target))}", percent(p_after),
               delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
               help="the target class's probability after the intervention; the change is against the original image")
     a, b = st.columns(2)
-    a.markdown("**Original**\n\n" + "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(before)))
+    a.markdown("**Original**\n\n" + "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(before)))
     b.markdown(f"**After: {_intervention_name(patches, mode, heads, ablation)}**\n\n"
-               + "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(after)))
+               + "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(after)))
     show_picture(cached_figure(_prediction_change_png, ctx, patches, mode, heads, ablation, target), "int_change",
                  f"{ctx.stem}_intervention")
 
@@ -314,7 +315,7 @@ def logit_lens_view(ctx: ViewContext) -> None:
     settled = next(layer for layer in range(len(tops)) if (tops[layer:] == final).all())
     st.caption(f"logit lens `{shape(lens.shape, batch=False)}` ({g.num_layers} blocks + the embeddings, {lens.shape[1]} "
                f"classes), each row through softmax; max |last row - logits| = {np.abs(lens[-1] - ctx.cap.logits).max():.1e}. "
-               f"The top-1 class is **{ctx.loaded.label(final)}** from "
+               f"The top-1 class is **{md(ctx.loaded.label(final))}** from "
                + ("the embeddings on." if settled == 0 else f"block {settled - 1} on."))
     _patch_lens(ctx)
 

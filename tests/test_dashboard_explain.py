@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 import vit_core
 from conftest import REPO, assert_healthy, run_app
 from dashboard import examples, figures, state, why_views
+from dashboard.image_choice import markdown_literal
 from dashboard.models import TEST_TINY, build_named_model
 from vit_core import analyses, explain
 from vit_core.loading import TEACHING_MODEL
@@ -57,7 +58,8 @@ def after_list(at: AppTest) -> str:
 
 
 def top5_lines(loaded, logits: np.ndarray) -> str:
-    return "\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})" for i, p in enumerate(analyses.top_k(logits, loaded.labels, 5)))
+    return "\n".join(f"{i + 1}. {markdown_literal(p.label)} ({p.prob:.1%})"
+                     for i, p in enumerate(analyses.top_k(logits, loaded.labels, 5)))
 
 
 @pytest.mark.parametrize("model, random_init", [
@@ -110,7 +112,7 @@ def test_the_target_selection_changes_the_maps(tiny, reference):
     at.session_state["view"] = "Interventions"  # the same target there (one key, in the URL)
     at.run()
     assert at.selectbox(key="target").value == target
-    assert next(m.label for m in at.metric).endswith(f"for {loaded.label(target)}")
+    assert next(m.label for m in at.metric).endswith(f"for {markdown_literal(loaded.label(target))}")
 
 
 def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
@@ -260,3 +262,17 @@ def test_another_image_clears_the_patches_and_keeps_the_heads(tiny):
 def test_probabilities_keep_three_digits_when_small():
     assert why_views.percent(0.5) == "50.00%" and why_views.percent(0.01) == "1.00%"
     assert why_views.percent(0.0023125) == "0.231%"
+
+
+def test_class_names_with_markup_are_drawn_as_written():
+    """A label file may hold any text: `$` must not start matplotlib mathtext (malformed mathtext raises)."""
+    name = r"cat $\frac{1}{$ dog"
+    rng = np.random.default_rng(0)
+    for png in (figures.logit_lens_strip_png(rng.random((2, 2)), [name, "b"], title=name),
+                figures.patch_lens_png(np.zeros((16, 16, 3), np.uint8), np.zeros((2, 2), int), rng.random((2, 2)), {0: name},
+                                       (8, 8), title=name),
+                figures.prediction_change_png([name], [0.5], [0.4], title=name),
+                figures.faithfulness_curves_png({name: rng.random(4)}, {name: rng.random(4)}, np.zeros(4), np.zeros(4), name),
+                figures.top_k_png([name], [0.5]),
+                figures.logits_png(rng.random(3), [0], [name])):
+        assert png.startswith(b"\x89PNG")
