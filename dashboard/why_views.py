@@ -133,7 +133,8 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
     slot = st.empty()  # the heading and button: gone once the curves are there (they are drawn in this same run)
     with slot.container():
         st.markdown(f"**Faithfulness.** {text.FAITHFULNESS_HOW}")
-        clicked = st.button(f"Compute the deletion and insertion curves ({n} maps + 8 random orders, {steps} steps)",
+        clicked = st.button(f"Compute the deletion and insertion curves ({n} maps + {explain.RANDOM_ORDERS} random orders, "
+                            f"{steps} steps)",
                             key="why_curves", icon=":material/query_stats:", type="primary")
     if not clicked:
         return None
@@ -153,7 +154,8 @@ def _curves(ctx: ViewContext, result: explain.Faithfulness, target: int, steps: 
     names = [m for m in methods if m in result.deletion_auc]
     rows = [f"| {text.METHOD_TITLES.get(m, m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
             f"{'yes' if result.beats_random[m] else 'no'} |" for m in names]
-    rows.append(f"| random (mean of 8 orders) | {result.deletion_auc['random']:.3g} | {result.insertion_auc['random']:.3g} | |")
+    rows.append(f"| random (mean of {explain.RANDOM_ORDERS} orders) | {result.deletion_auc[explain.RANDOM]:.3g} | "
+                f"{result.insertion_auc[explain.RANDOM]:.3g} | |")
     show_picture(cached_figure(_curves_png, ctx, target, steps, tuple(names)), "why_curves_png",
                  f"{ctx.stem}_faithfulness_class{target}_S{steps}", width=1100)
     left, _ = st.columns([3, 1])
@@ -161,7 +163,7 @@ def _curves(ctx: ViewContext, result: explain.Faithfulness, target: int, steps: 
         st.markdown("| method | deletion AUC (lower is better) | insertion AUC (higher is better) | beats random |\n"
                     "| --- | --- | --- | --- |\n" + "\n".join(rows))
         st.caption(f"curves of `{shape((steps,), batch=False)}` points each; the random band is the mean +- one standard "
-                   "deviation of the 8 orders.")
+                   f"deviation of the {explain.RANDOM_ORDERS} orders.")
 
 
 # ----------------------------------------------------------------------------------------------
