@@ -188,6 +188,18 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
     inputs: no parameter gradient is computed). x: (1, 3, H, W)."""
     model = loaded.model
     live: dict[str, list[torch.Tensor]] = {"pattern": [], "norm1": []}
+
+    def keep_pattern(module: torch.nn.Module, args: tuple, pattern: torch.Tensor) -> None:
+        live["pattern"].append(pattern)
+
+    def first_pattern_as_leaf(module: torch.nn.Module, args: tuple, pattern: torch.Tensor) -> torch.Tensor:
+        # With every parameter frozen, nothing before block 0's pattern is recorded for autograd: the graph
+        # starts at this leaf, the one thing that requires grad. Everything the target logit depends on
+        # through the patterns and norm1 lies downstream of it, so their gradients are exact.
+        leaf = pattern.detach().requires_grad_(True)
+        live["pattern"].append(leaf)
+        return leaf
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(loaded.lock)
         stack.enter_context(torch.inference_mode(False))
@@ -195,12 +207,10 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
         stack.enter_context(eval_mode(model))
         stack.enter_context(parameters_frozen(model))
         stack.enter_context(attention_recorded(model, lambda pattern: None))  # un-fused path, flags restored
-        for blk in model.blocks:
-            _register(stack, model, blk.attn.attn_drop.register_forward_hook(lambda m, i, o: live["pattern"].append(o)))
+        for i, blk in enumerate(model.blocks):
+            _register(stack, model, blk.attn.attn_drop.register_forward_hook(keep_pattern if i else first_pattern_as_leaf))
         _register(stack, model, model.blocks[-1].norm1.register_forward_hook(lambda m, i, o: live["norm1"].append(o)))
-        # The input is the only leaf that requires grad: it puts the activations in the graph; the
-        # backward below stops at the patterns and norm1, so neither it nor the patch embedding is differentiated.
-        logits = model(x.detach().clone().requires_grad_(True))  # (1, C)
+        logits = model(x)  # (1, C)
         if len(live["pattern"]) != len(model.blocks) or len(live["norm1"]) != 1:
             raise CaptureError(f"expected one attention pattern per block ({len(model.blocks)}), got {len(live['pattern'])}: "
                                "this model's attention does not run through timm's standard path.")
