@@ -419,11 +419,18 @@ class Faithfulness:
 
 
 def _target_probs(loaded: LoadedModel, tokens: torch.Tensor, kept: np.ndarray, target: int) -> np.ndarray:
-    """p_c for each row of kept patches (B, K) (every row the same length: one batched forward). -> (B,)"""
-    kept_sorted = torch.from_numpy(np.sort(kept, axis=1))  # the kept patches stay in sequence order
+    """p_c for each row of kept patches (B, K) (every row the same length: one batched forward). -> (B,)
+
+    Rows that keep the same set of patches run once: at deletion step 0 and the last insertion step every
+    order keeps all patches (the two longest forwards of the curves)."""
+    kept_sorted = np.sort(kept, axis=1)  # the kept patches stay in sequence order
+    if kept_sorted.shape[1] == 0:
+        unique, inverse = kept_sorted[:1], np.zeros(len(kept_sorted), dtype=np.int64)
+    else:
+        unique, inverse = np.unique(kept_sorted, axis=0, return_inverse=True)  # (U, K), (B,)
     with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
-        logits = run_from_embedded(loaded.model, keep_tokens(tokens, kept_sorted, loaded.geometry.num_prefix_tokens))
-    return analyses.softmax(logits.to(torch.float32).numpy())[:, target]  # (B, C) -> (B,)
+        logits = run_from_embedded(loaded.model, keep_tokens(tokens, torch.from_numpy(unique), loaded.geometry.num_prefix_tokens))
+    return analyses.softmax(logits.to(torch.float32).numpy())[:, target][inverse.reshape(-1)]  # (U, C) -> (U,) -> (B,)
 
 
 def faithfulness(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
