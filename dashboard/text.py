@@ -82,6 +82,16 @@ PREDICTION = (
     "(or pooled patch tokens) h. Softmax turns them into probabilities: $p_c = e^{z_c} / \\sum_j e^{z_j}$."
 )
 
+OTHER_CLASS = "other"  # the Shapes ViT's class for "none of its shapes"
+OUTSIDE_SHAPES_OTHER = (
+    "This teaching model only knows 8 shapes ({shapes}). To it, this image is none of them "
+    "(`other`, {prob:.0%}). Draw or upload one of the shapes, or pick an ImageNet model for photos."
+)
+OUTSIDE_SHAPES_UNSURE = (
+    "This teaching model only knows 8 shapes ({shapes}), and it is unsure here: its best guess, "
+    "{label}, has only {prob:.0%}. If this is not one of its shapes, the answer means little."
+)
+
 UNTRAINED = (
     "This model has RANDOM weights (untrained): the pipeline and shapes are real, but its attention, "
     "filters and predictions carry no meaning."

@@ -24,7 +24,7 @@ import streamlit as st
 from dashboard import figures, state, text, why_views
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
 from dashboard.view_context import ModelSource, ViewContext, cached_figure, shape, show_picture
-from vit_core import Geometry, ImageError, analyses, export
+from vit_core import TEACHING_MODEL, Geometry, ImageError, analyses, export
 
 
 def default_query_token(g: Geometry) -> int:
@@ -36,6 +36,8 @@ def geometry_at(g: Geometry, grid: tuple[int, int]) -> Geometry:
     """The model's geometry at another input resolution: `grid` patches of the same size."""
     return replace(g, grid=grid, img_size=(grid[0] * g.patch_size[0], grid[1] * g.patch_size[1]))
 
+
+UNSURE_BELOW = 0.5  # the teaching model's top probability under which its answer is called a guess
 
 # ----------------------------------------------------------------------------------------------
 # Header
@@ -51,6 +53,22 @@ def header(ctx: ViewContext) -> None:
         f"{len(g.prefix_names)} prefix + {g.num_patches} patch tokens of width {g.embed_dim}, "
         f"{g.num_layers} layers x {g.num_heads} heads · prediction {prediction}"
     )
+    notice = outside_its_world(ctx.loaded.name, ctx.loaded.labels, top)
+    if notice:
+        st.info(notice, icon=":material/category:")
+
+
+def outside_its_world(model_name: str, labels: tuple[str, ...] | None, top: analyses.Prediction) -> str | None:
+    """For the bundled teaching model: a plain sentence when an image is outside what it knows (its `other`
+    class wins, or no class is likely), so a selfie is never just called "cross (48 %)". None otherwise."""
+    if model_name != TEACHING_MODEL or not labels:
+        return None
+    shapes = ", ".join(label for label in labels if label != text.OTHER_CLASS)
+    if top.label == text.OTHER_CLASS:
+        return text.OUTSIDE_SHAPES_OTHER.format(shapes=shapes, prob=top.prob)
+    if top.prob < UNSURE_BELOW:
+        return text.OUTSIDE_SHAPES_UNSURE.format(shapes=shapes, label=top.label, prob=top.prob)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import REPO as ROOT
 from conftest import assert_healthy, run_app
+from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
 from dashboard.models import TEST_TINY
-from dashboard.views import VIEWS
+from dashboard.views import VIEWS, outside_its_world
+from vit_core import TEACHING_MODEL
+from vit_core.analyses import Prediction
 
 
 @pytest.fixture
@@ -133,6 +136,31 @@ def test_bundled_teaching_model(monkeypatch):
         at.run()
         assert_healthy(at)
         assert at.get("image")
+
+
+@pytest.mark.skipif(not (ROOT / "vit_core" / "assets" / "shapes_vit" / "model.safetensors").is_file(),
+                    reason="the bundled Shapes ViT is not trained yet (vit_core/assets/shapes_vit/model.safetensors)")
+def test_teaching_model_says_plainly_when_a_photo_is_none_of_its_shapes(monkeypatch):
+    """A photograph (Grace Hopper) is outside the Shapes ViT's world: the page says it only knows its shapes.
+    A drawn shape gets no such notice."""
+    monkeypatch.setenv("VIT_LENS_MODEL", "vit-lens/shapes-vit")
+    photo = run_app(example=GRACE_HOPPER)
+    notices = [i.value for i in photo.info if "only knows 8 shapes" in i.value]
+    assert len(notices) == 1, [i.value for i in photo.info]
+    shape = run_app(example=f"{SHAPE_PREFIX}star")
+    assert not [i.value for i in shape.info if "only knows 8 shapes" in i.value]
+
+
+def test_outside_its_world_is_said_for_other_and_for_unsure_answers():
+    labels = ("circle", "square", "triangle", "cross", "star", "ring", "heart", "arrow", "other")
+    other = Prediction(8, "other", 0.91, 3.0)
+    unsure = Prediction(3, "cross", 0.48, 1.0)
+    sure = Prediction(4, "star", 0.93, 5.0)
+    assert "none of them" in outside_its_world(TEACHING_MODEL, labels, other)
+    assert "unsure" in outside_its_world(TEACHING_MODEL, labels, unsure) and "48%" in outside_its_world(
+        TEACHING_MODEL, labels, unsure)
+    assert outside_its_world(TEACHING_MODEL, labels, sure) is None
+    assert outside_its_world("vit_base_patch16_224", labels, unsure) is None  # ImageNet models: not this notice
 
 
 def test_patch_defaults_are_the_centre_patch_on_a_7x7_grid(monkeypatch):
