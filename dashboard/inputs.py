@@ -52,19 +52,25 @@ def model_ui() -> models.ModelRequest | None:
 
 
 def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
-    """Load the requested model with a spinner. A model that can't be had (offline, bad weights):
-    say why, and show the bundled teaching model (or an untrained tiny one) instead."""
+    """Load the requested model with a spinner. A model that can't be had (offline, bad weights): say why,
+    and keep showing the session's previous model (at first: the bundled teaching model, or an untrained tiny one)."""
     if request is None:
-        request, _ = models.fallback_request()
+        request = state.last_good_model() or models.fallback_request()[0]
     try:
         with st.spinner(f"Loading {request.name} (downloading its weights the first time)...", show_time=True):
-            return request, state.load(request)
+            loaded = state.load(request)
     except vit_core.ViTLensError as e:
-        fallback, note = models.fallback_request()
+        previous = state.last_good_model()
+        if previous is not None and previous != request:
+            fallback, note = previous, f"Still showing {markdown_literal(previous.name)}."
+        else:
+            fallback, note = models.fallback_request()
         kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
         st.error(f"{kind}: {markdown_literal(request.for_user(str(e)))}\n\n{note}")
-        with st.spinner("Loading the fallback model..."):
+        with st.spinner("Loading the previous model..."):
             return fallback, state.load(fallback)
+    state.remember_good_model(request)
+    return request, loaded
 
 
 # ----------------------------------------------------------------------------------------------

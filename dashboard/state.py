@@ -59,6 +59,7 @@ K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mod
 # Session-state keys that are not widgets.
 _HELD_CAPTURE = "_held_capture"  # ((model key, image sha), Capture): see held_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
+_LAST_GOOD_MODEL = "_last_good_model"  # the ModelRequest this session last loaded: kept after a refused model
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
 _INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_interventions_for
 _INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
@@ -157,6 +158,14 @@ def clear_canvas(key: str) -> None:
     """on_click callback of the canvas's Clear button."""
     generations = st.session_state.setdefault(_CANVAS_GENERATION, {})
     generations[key] = generations.get(key, 0) + 1
+
+
+def last_good_model() -> ModelRequest | None:
+    return st.session_state.get(_LAST_GOOD_MODEL)
+
+
+def remember_good_model(request: ModelRequest) -> None:
+    st.session_state[_LAST_GOOD_MODEL] = request
 
 
 def last_good_image() -> ImageChoice | None:

@@ -22,7 +22,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard import figures, state, text, why_views
-from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, markdown_literal
 from dashboard.view_context import ModelSource, ViewContext, cached_figure, shape, show_picture
 from vit_core import TEACHING_MODEL, Geometry, ImageError, analyses, export
 
@@ -49,7 +49,7 @@ def header(ctx: ViewContext) -> None:
     top = analyses.top_k(cap.logits, ctx.loaded.labels, 1)[0]
     prediction = f"**{top.label}** ({top.prob:.1%})" if g.num_classes else "no classifier head"
     st.markdown(
-        f"Model **{ctx.loaded.name}** ({ctx.loaded.weights}) · image **{ctx.image.name}** · "
+        f"Model **{ctx.loaded.name}** ({ctx.loaded.weights}) · image **{markdown_literal(ctx.image.name)}** · "
         f"{len(g.prefix_names)} prefix + {g.num_patches} patch tokens of width {g.embed_dim}, "
         f"{g.num_layers} layers x {g.num_heads} heads · prediction {prediction}"
     )
@@ -458,7 +458,7 @@ def distance_view(ctx: ViewContext) -> None:
                 try:
                     image = state.decode(upload.name, upload.getvalue())
                 except ImageError as e:
-                    st.warning(f"{upload.name}: {e}")
+                    st.warning(f"{markdown_literal(upload.name)}: {markdown_literal(str(e))}")
                     continue
                 if image.sha not in state.distance_history(ctx.request):  # each forward once, not on every rerun
                     state.record_attention_distances(ctx.request, image, state.shared_capture(ctx.request, ctx.loaded, image))

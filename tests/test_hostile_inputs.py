@@ -271,6 +271,12 @@ def shown_image(at) -> str:
     return header.split("image **")[1].split("**")[0]
 
 
+def shown_model(at) -> str:
+    """The name of the model the session shows, from the header line "Model **name** (weights) · ..."."""
+    header = next(m.value for m in at.markdown if m.value.startswith("Model **"))
+    return header.split("Model **")[1].split("**")[0]
+
+
 def choose_weights(at, name: str, data: bytes, labels: tuple[str, bytes] | None = None):
     from dashboard import state
     from dashboard.models import UPLOAD_WEIGHTS
@@ -299,12 +305,14 @@ def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app,
     classmate = run_app()  # another session of the class, on the start-up model
     classmate_header = next(m.value for m in classmate.markdown if m.value.startswith("Model **"))
     at = run_app()
-    image_before = shown_image(at)
+    image_before, model_before = shown_image(at), shown_model(at)
     choose_weights(at, "tiny.safetensors", huge_head())
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "Traceback" not in errors[0], errors
     assert "tiny.safetensors declares a head of 4,000,000 classes" in errors[0], errors  # the name as uploaded
     assert shown_image(at) == image_before  # the session's image stays
+    assert shown_model(at) == model_before  # and so does its model (not the bundled fallback)
+    assert any("Still showing" in e for e in errors), errors
     tries = len([c for c in load_calls if c[1].get("weights")])
     assert tries == 1
     at.run()  # a rerun (any click) does not load the refused file again
