@@ -1,82 +1,125 @@
-"""The procedural Shapes dataset: determinism, class coverage, masks that match the drawing."""
+"""The procedural Shapes dataset: determinism, class coverage, styles, masks and silhouettes that match the drawing."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vit_core.teaching.data import CLASS_NAMES, Sample, draw_sample, make_dataset, sample_image
+from vit_core.teaching import data
+from vit_core.teaching.data import (
+    BACKGROUNDS,
+    CLASS_NAMES,
+    FILLS,
+    IMAGE_SIZE,
+    LABELS,
+    OTHER,
+    Sample,
+    Style,
+    draw_sample,
+    draw_set,
+    make_dataset,
+    sample_image,
+)
 
-N = 96  # 12 per class
+N = 108  # 12 per class, "other" included
+OTHER_LABEL = LABELS.index(OTHER)
 
 
 @pytest.fixture(scope="module")
 def dataset():
-    return make_dataset(N, seed=3)
+    return draw_set(N, seed=3)
+
+
+def clean(fill: str, background: str = "plain", extent: float = 0.55, clutter: bool = False) -> Style:
+    """A style without photo effects or tremor, so that pixels can be checked against the mask."""
+    return Style(fill=fill, wobbly=False, background=background, clutter=clutter, photo=False, extent=extent)
 
 
 def test_class_names():
-    assert len(CLASS_NAMES) >= 8
-    assert len(set(CLASS_NAMES)) == len(CLASS_NAMES)
-    for required in ("circle", "square", "triangle", "cross", "star", "ring"):
+    assert len(CLASS_NAMES) == 8 and len(set(CLASS_NAMES)) == 8
+    for required in ("circle", "square", "triangle", "cross", "star", "ring", "heart", "arrow"):
         assert required in CLASS_NAMES
+    assert LABELS == (*CLASS_NAMES, "other") and OTHER == "other"  # "other" is the LAST label
 
 
 def test_shapes_and_dtypes(dataset):
-    images, masks, labels = dataset
-    assert images.shape == (N, 64, 64, 3) and images.dtype == np.uint8
-    assert masks.shape == (N, 64, 64) and masks.dtype == np.bool_
-    assert labels.shape == (N,) and labels.dtype == np.int64
+    assert dataset.images.shape == (N, IMAGE_SIZE, IMAGE_SIZE, 3) and dataset.images.dtype == np.uint8
+    assert dataset.masks.shape == dataset.regions.shape == (N, IMAGE_SIZE, IMAGE_SIZE)
+    assert dataset.masks.dtype == dataset.regions.dtype == np.bool_
+    assert dataset.labels.shape == (N,) and dataset.labels.dtype == np.int64
+    assert len(dataset.styles) == N and all(isinstance(s, Style) for s in dataset.styles)
     s = draw_sample(np.random.default_rng(0), size=48)
     assert isinstance(s, Sample)
     assert s.image.shape == (48, 48, 3) and s.image.dtype == np.uint8
     assert s.mask.shape == (48, 48) and s.mask.dtype == np.bool_
     assert isinstance(s.label, int)
+    images, masks, labels = make_dataset(9, seed=1, size=64)
+    assert images.shape == (9, 64, 64, 3) and masks.shape == (9, 64, 64) and labels.shape == (9,)
 
 
 def test_deterministic_under_seed(dataset):
-    again = make_dataset(N, seed=3)
-    for a, b in zip(dataset, again, strict=True):
+    again = draw_set(N, seed=3)
+    for a, b in zip((dataset.images, dataset.masks, dataset.regions, dataset.labels),
+                    (again.images, again.masks, again.regions, again.labels), strict=True):
         assert a.tobytes() == b.tobytes()
-    other = make_dataset(N, seed=4)
-    assert not np.array_equal(dataset[0], other[0])
-    assert not np.array_equal(dataset[2], other[2])
+    assert dataset.styles == again.styles
+    other = draw_set(N, seed=4)
+    assert not np.array_equal(dataset.images, other.images)
+    assert not np.array_equal(dataset.labels, other.labels)
     s1 = draw_sample(np.random.default_rng(11), label=2)
     s2 = draw_sample(np.random.default_rng(11), label=2)
     assert s1.image.tobytes() == s2.image.tobytes() and s1.mask.tobytes() == s2.mask.tobytes()
 
 
 def test_all_classes_appear_balanced(dataset):
-    counts = np.bincount(dataset[2], minlength=len(CLASS_NAMES))
-    assert counts.tolist() == [N // len(CLASS_NAMES)] * len(CLASS_NAMES)
+    counts = np.bincount(dataset.labels, minlength=len(LABELS))
+    assert counts.tolist() == [N // len(LABELS)] * len(LABELS)
     rng = np.random.default_rng(0)
     seen = {draw_sample(rng, size=32).label for _ in range(200)}  # label=None draws every class
-    assert seen == set(range(len(CLASS_NAMES)))
+    assert seen == set(range(len(LABELS)))
+
+
+def test_styles_cover_how_people_draw():
+    styles = [data.random_style(np.random.default_rng(i)) for i in range(400)]
+    assert {s.fill for s in styles} == set(FILLS)
+    assert {s.wobbly for s in styles} == {True, False}
+    assert {s.background for s in styles} == set(BACKGROUNDS)
+    assert {s.clutter for s in styles} == {True, False} and {s.photo for s in styles} == {True, False}
+    extents = np.array([s.extent for s in styles])
+    assert extents.min() < 0.22 and extents.max() > 0.88  # 20-90 % of the side
+    assert {s.size_band for s in styles} == set(data.SIZE_BANDS)
 
 
 def test_requested_label_is_drawn():
     rng = np.random.default_rng(5)
-    for label in range(len(CLASS_NAMES)):
+    for label in range(len(LABELS)):
         assert draw_sample(rng, label=label).label == label
 
 
+def test_other_has_no_object(dataset):
+    other = dataset.labels == OTHER_LABEL
+    assert other.sum() == N // len(LABELS)
+    assert not dataset.masks[other].any() and not dataset.regions[other].any()
+
+
 def test_mask_size_reasonable(dataset):
-    _, masks, _ = dataset
-    frac = masks.mean(axis=(1, 2))
-    assert (frac > 0.01).all(), "every object is visible"
-    assert (frac < 0.6).all(), "the object never fills the image"  # a square at 75 % of the side covers 56 %
-    # the object's extent: typically a quarter to two thirds of the side
-    for m in masks:
-        ys, xs = np.nonzero(m)
-        extent = max(xs.max() - xs.min() + 1, ys.max() - ys.min() + 1) / m.shape[0]
-        assert 0.2 <= extent <= 1.0
+    shapes = dataset.labels != OTHER_LABEL
+    for mask, region, style in zip(dataset.masks[shapes], dataset.regions[shapes],
+                                   [s for s, keep in zip(dataset.styles, shapes, strict=True) if keep], strict=True):
+        assert mask.mean() > 0.001, "every object's ink is visible"
+        assert (region >= mask).all(), "the silhouette holds the ink"
+        assert region.mean() < 0.85, "the object never fills the image"
+        ys, xs = np.nonzero(region)
+        extent = max(xs.max() - xs.min() + 1, ys.max() - ys.min() + 1) / region.shape[0]
+        # the drawn extent is the asked one, plus the pen's width (up to 13 % of the extent) and rounding
+        assert style.extent - 0.03 <= extent <= style.extent * 1.2 + 0.04, (extent, style)
 
 
 def test_mask_bbox_is_where_the_object_was_placed():
     rng = np.random.default_rng(7)
     for i in range(40):
-        s = draw_sample(rng, label=i % len(CLASS_NAMES))
+        s = draw_sample(rng, label=i % len(CLASS_NAMES), style=clean("filled", extent=rng.uniform(0.2, 0.9)))
         x0, y0, x1, y1 = s.bbox
-        assert 0 <= x0 < x1 <= 64 and 0 <= y0 < y1 <= 64
+        assert 0 <= x0 < x1 <= IMAGE_SIZE and 0 <= y0 < y1 <= IMAGE_SIZE
         ys, xs = np.nonzero(s.mask)
         # pixel (x, y) covers [x, x+1): mask pixels lie inside the placed box, and reach its edges
         assert xs.min() >= np.floor(x0) - 1 and xs.max() + 1 <= np.ceil(x1) + 1
@@ -98,50 +141,74 @@ def _ring_around(mask: np.ndarray, width: int = 2) -> np.ndarray:
     return grown & ~mask
 
 
-def test_mask_matches_drawing(dataset):
-    images, masks, labels = dataset
-    for img, m, label in zip(images.astype(np.float32), masks, labels, strict=True):
+def test_mask_matches_drawing():
+    rng = np.random.default_rng(3)
+    for i in range(64):
+        label = i % len(CLASS_NAMES)
+        style = clean("filled", background=BACKGROUNDS[i % len(BACKGROUNDS)], clutter=bool(i % 2))
+        s = draw_sample(rng, label=label, style=style)
+        img, m = s.image.astype(np.float32), s.mask
         inside = img[m]  # (k, 3)
         # the object is one flat colour: small spread inside the mask (noise + antialiased rim)
         assert np.median(inside.std(axis=0)) < 30
         # and it differs from the background right around it
         around = img[_ring_around(m, 2)]
         dist = np.linalg.norm(inside.mean(axis=0) - around.mean(axis=0))
-        assert dist > 40, (CLASS_NAMES[label], dist)
+        assert dist > 40, (CLASS_NAMES[label], style, dist)
 
 
-def test_ring_has_a_hole():
-    label = CLASS_NAMES.index("ring")
-    rng = np.random.default_rng(1)
-    for _ in range(5):
-        s = draw_sample(rng, label=label)
-        ys, xs = np.nonzero(s.mask)
-        cy, cx = int(round((ys.min() + ys.max()) / 2)), int(round((xs.min() + xs.max()) / 2))
-        assert not s.mask[cy, cx], "the centre of a ring is background"
-        circle = draw_sample(np.random.default_rng(1), label=CLASS_NAMES.index("circle"))
-        ys, xs = np.nonzero(circle.mask)
-        assert circle.mask[(ys.min() + ys.max()) // 2, (xs.min() + xs.max()) // 2]
+def _centre(mask: np.ndarray) -> tuple[int, int]:
+    ys, xs = np.nonzero(mask)
+    return int(round((ys.min() + ys.max()) / 2)), int(round((xs.min() + xs.max()) / 2))
+
+
+def test_ring_has_a_hole_and_an_outline_encloses_its_inside():
+    ring, circle = CLASS_NAMES.index("ring"), CLASS_NAMES.index("circle")
+    for seed in range(6):
+        for fill in FILLS:
+            s = draw_sample(np.random.default_rng(seed), label=ring, style=clean(fill))
+            assert not s.mask[_centre(s.mask)] and not s.region[_centre(s.mask)], "the centre of a ring is background"
+            c = draw_sample(np.random.default_rng(seed), label=circle, style=clean(fill))
+            assert c.region[_centre(c.mask)], "the inside of a circle is part of its silhouette"
+            assert c.mask[_centre(c.mask)] == (fill == "filled"), "an outline has no ink inside"
+
+
+def test_a_circle_outline_is_thin_and_a_ring_band_thick():
+    """The rule that tells them apart: a circle's pen stays under 8 % of its radius, a ring's band is 18-45 %."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        extent_px = rng.uniform(0.18, 0.92) * IMAGE_SIZE
+        assert data._stroke_width("circle", extent_px, rng) <= max(data.MIN_STROKE_PX, 0.04 * extent_px)
+
+
+def test_photographs_are_blurred_and_compressed():
+    rng_a, rng_b = np.random.default_rng(9), np.random.default_rng(9)
+    sharp = draw_sample(rng_a, label=0, style=clean("filled"))
+    photo = draw_sample(rng_b, label=0, style=Style("filled", False, "plain", False, True, 0.55))
+    assert sharp.mask.tobytes() == photo.mask.tobytes()  # the same drawing
+    assert not np.array_equal(sharp.image, photo.image)
 
 
 def test_sample_image():
     for name in CLASS_NAMES:
         im = sample_image(name, seed=0)
-        assert isinstance(im, Image.Image) and im.size == (64, 64) and im.mode == "RGB"
+        assert isinstance(im, Image.Image) and im.size == (IMAGE_SIZE, IMAGE_SIZE) and im.mode == "RGB"
+    assert sample_image("star", seed=0, size=64).size == (64, 64)
     a, b = sample_image("star", seed=1), sample_image("star", seed=1)
     assert a.tobytes() == b.tobytes()
     assert a.tobytes() != sample_image("star", seed=2).tobytes()
     with pytest.raises(KeyError):
         sample_image("dodecahedron")
+    with pytest.raises(KeyError):
+        sample_image(OTHER)  # the examples are shapes
 
 
-def test_a_shape_shrunk_to_fit_is_still_placed(monkeypatch):
-    """A rotated shape larger than the image is shrunk to fit exactly; rounding must not leave an empty
+def test_a_shape_as_large_as_the_image_is_still_placed():
+    """A rotated shape asked at the full side is shrunk to fit exactly; rounding must not leave an empty
     interval for its position (numpy raised "high - low < 0" for about one image in ten thousand)."""
-    from vit_core.teaching import data
-
-    monkeypatch.setattr(data, "OBJECT_FRACTION", (0.98, 1.0))  # every rotated shape needs shrinking
     for seed in range(300):
         rng = np.random.default_rng(seed)
         for name in CLASS_NAMES:
-            polys, (x0, y0, x1, y1) = data._place(rng, name, 64)
+            parts = data._shape_parts(name, "filled", False, rng)
+            _, (x0, y0, x1, y1) = data._place(rng, name, parts, 64, rng.uniform(0.98, 1.0))
             assert 0 < x0 <= x1 < 64 and 0 < y0 <= y1 < 64

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_core.teaching import evaluate as ev
-from vit_core.teaching.data import CLASS_NAMES, make_dataset
+from vit_core.teaching.data import CLASS_NAMES, LABELS, OTHER, make_dataset
 from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, batch_transform, load_shapes_vit
 from vit_core.teaching.train import (
     TrainConfig,
@@ -45,9 +45,9 @@ def test_files_and_config(shipped):
     assert config["name"] == "vit-lens/shapes-vit"
     assert (ASSET / "MODEL_CARD.md").is_file()
     assert (ASSET / "model.safetensors").stat().st_size <= 10 * 1024 * 1024
-    assert (ASSET / "labels.txt").read_text().splitlines() == list(CLASS_NAMES)
+    assert (ASSET / "labels.txt").read_text().splitlines() == list(LABELS)  # the 8 shapes, then "other"
     args = config["model_args"]
-    assert args["num_classes"] == len(CLASS_NAMES) and args["class_token"] and args["global_pool"] == "token"
+    assert args["num_classes"] == len(LABELS) and args["class_token"] and args["global_pool"] == "token"
     assert args["depth"] >= 4 and args["num_heads"] >= 4
     assert type(model) is VisionTransformer
     state = load_file(str(ASSET / "model.safetensors"))
@@ -69,7 +69,7 @@ def test_registered_with_timm(shipped):
     assert data_config["input_size"] == tuple(pre["input_size"])
     assert data_config["mean"] == tuple(pre["mean"]) and data_config["std"] == tuple(pre["std"])
     assert data_config["crop_pct"] == pre["crop_pct"] and data_config["interpolation"] == pre["interpolation"]
-    assert via_timm.pretrained_cfg["label_names"] == tuple(CLASS_NAMES)
+    assert via_timm.pretrained_cfg["label_names"] == LABELS
     assert via_timm.pretrained_cfg["num_classes"] == config["model_args"]["num_classes"]
 
 
@@ -105,12 +105,40 @@ def test_reproduces_reported_accuracy(shipped):
     images, _, labels = make_dataset(metrics["test_size"], seed=metrics["test_seed"])
     accuracy = (ev.predict(model, images) == labels).mean()
     assert accuracy >= metrics["test_accuracy"] - 0.01
-    assert metrics["accuracy"] >= 0.5  # the card's 2,000-image figure: far above chance (1/8)
+    assert accuracy >= 0.97  # measured: 99.3 % (450 images, 50 per class)
+    assert metrics["accuracy"] >= 0.98  # the card's 2,250-image figure (measured 98.8 %)
+
+
+def test_second_drawer_shapes_are_recognised(shipped):
+    """The independent drawer (never trained on): a fixed set of 256 images, 2 per class x size band x style."""
+    import second_drawer
+
+    model, _, metrics = shipped
+    images, labels, meta = second_drawer.make_set(256, seed=ev.SECOND_SEED, size=model.patch_embed.img_size[0])
+    correct = ev.predict(model, images) == labels
+    assert correct.mean() >= 0.96  # measured on these 256: 99.2 % (99.3 % on the card's 1,024)
+    for key in ("size_band", "style"):
+        for group, accuracy in ev.accuracy_by([m[key] for m in meta], correct).items():
+            assert accuracy >= 0.85, (key, group, accuracy)  # measured: worst 96.9 % (20-35 %)
+    assert metrics["second_drawer_accuracy"] >= 0.92 and metrics["second_drawer_worst_group"] >= 0.85
+
+
+def test_other_is_what_is_not_a_shape(shipped):
+    """Outside its world: "other" images of the generator are called other, and a real photograph is never
+    a confident shape."""
+    model, _, metrics = shipped
+    images, _, labels = make_dataset(90, seed=12)
+    other = labels == LABELS.index(OTHER)
+    assert (ev.predict(model, images[other]) == LABELS.index(OTHER)).mean() >= 0.9
+    photo = ev.outside_world(model)
+    assert photo["photo_top_label"] == OTHER or photo["photo_top_probability"] < 0.5, photo
+    assert photo["photo_top_label"] == metrics["photo_top_label"]
+    assert photo["photo_top_probability"] == pytest.approx(metrics["photo_top_probability"], abs=1e-5)
 
 
 def test_attention_capture_restores_model(shipped):
     model, _, _ = shipped
-    images, masks, _ = make_dataset(8, seed=5)
+    images, masks, _ = make_dataset(8, seed=5, size=model.patch_embed.img_size[0])
     before = [blk.attn.fused_attn for blk in model.blocks]
     logits, patterns = ev.predict_with_attention(model, images)
     assert [blk.attn.fused_attn for blk in model.blocks] == before
@@ -143,20 +171,26 @@ def test_metric_glue():
 def test_learned_structure_reported(shipped):
     model, _, metrics = shipped
     assert ev.pos_embed_grid_spearman(model) == pytest.approx(metrics["pos_embed_spearman"], abs=1e-6)
-    assert metrics["rollout_object_mass"] > metrics["object_patch_fraction"]
+    assert metrics["rollout_object_mass"] > 1.8 * metrics["object_patch_fraction"]  # measured 0.552 vs chance 0.273
+    assert metrics["last_layer_cls_object_mass"] >= 0.6
     mad = np.array(metrics["mean_attention_distance_px"])
     assert mad.shape == (len(model.blocks), model.blocks[0].attn.num_heads)
+    # the paper's picture: a local and a global head in a first-half layer, every last-layer head global
+    picture = ev.mad_picture(mad, metrics["uniform_attention_distance_px"])
+    assert picture["mad_picture"] == 1.0 and picture["mad_mixed_layers_first_half"]
+    assert picture == {k: metrics[k] for k in picture}
 
 
 def test_card_targets_come_from_one_place(shipped):
     """The metrics table and the "not reached" statement both read ev.TARGETS."""
     _, config, metrics = shipped
-    assert "Targets not reached" not in ev.model_card(config, {**metrics, "accuracy": 0.98})
-    card = ev.model_card(config, {**metrics, "accuracy": 0.5, "pos_embed_spearman": 0.1})
-    assert "**Targets not reached by this model: accuracy, Spearman(position-embedding cosine similarity, -grid " \
-           "distance), all patch pairs.**" in card
-    assert "| accuracy | 50.00% | >= 97 % | **no** |" in card
-    assert f"| {ev.TARGETS['pos_embed_spearman'].label} | 0.100 | >= 0.5 | **no** |" in card
+    all_met = {**metrics, **{key: t.minimum for key, t in ev.TARGETS.items()}}
+    assert "Targets not reached" not in ev.model_card(config, all_met)
+    card = ev.model_card(config, {**all_met, "accuracy": 0.5, "last_layer_cls_object_mass": 0.1})
+    missed = f"{ev.TARGETS['accuracy'].label}; {ev.TARGETS['last_layer_cls_object_mass'].label}"
+    assert f"**Targets not reached by this model: {missed}.**" in card
+    assert f"| {ev.TARGETS['accuracy'].label} | 50.00% | >= 98 % | **no** |" in card
+    assert f"| {ev.TARGETS['last_layer_cls_object_mass'].label} | 10.0% | >= 60 % | **no** |" in card
 
 
 def test_sincos_start_is_a_grid_and_stays_trainable():

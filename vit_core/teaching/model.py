@@ -24,7 +24,7 @@ import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-SHAPES_VIT_TIMM_NAME = "vit_shapes_patch8_64"  # timm's name; users see "vit-lens/shapes-vit"
+SHAPES_VIT_TIMM_NAME = "vit_shapes_patch8_96"  # timm's name; users see "vit-lens/shapes-vit"
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"  # package data
 WEIGHTS_FILE = "model.safetensors"
 
@@ -71,13 +71,13 @@ default_cfgs = generate_default_cfgs({SHAPES_VIT_TIMM_NAME: _bundled_pretrained_
 
 
 @register_model
-def vit_shapes_patch8_64(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+def vit_shapes_patch8_96(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """The Shapes ViT: the bundled config.json's architecture; keyword arguments override it."""
     model_args = {**_bundled_model_args(), **kwargs}
     return build_model_with_cfg(VisionTransformer, SHAPES_VIT_TIMM_NAME, pretrained, **model_args)
 
 
-assert vit_shapes_patch8_64.__name__ == SHAPES_VIT_TIMM_NAME  # register_model registers the function's name
+assert vit_shapes_patch8_96.__name__ == SHAPES_VIT_TIMM_NAME  # register_model registers the function's name
 
 
 def load_shapes_vit(model_dir: str | Path = BUNDLED_DIR) -> tuple[VisionTransformer, dict[str, Any]]:
