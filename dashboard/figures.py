@@ -140,9 +140,9 @@ def tint(base: np.ndarray, colours: np.ndarray, alpha: float = OVERLAY_ALPHA) ->
 # The crop with its patch grid
 
 
-def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
-                     highlight: int | None = None, show_indices: bool = True) -> np.ndarray:
-    """The crop enlarged, with grid lines, patch indices and an optional highlighted patch: uint8."""
+def _enlarged_with_grid(crop: np.ndarray, grid: tuple[int, int],
+                        patch_size: tuple[int, int]) -> tuple[Image.Image, ImageDraw.ImageDraw, int]:
+    """The crop enlarged for display (by its display scale s) with white lines between the patches, ready to draw on."""
     gh, gw = grid
     ph, pw = patch_size
     s = display_scale(crop.shape[1])
@@ -152,6 +152,15 @@ def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[
         draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=(255, 255, 255), width=1)
     for c in range(1, gw):
         draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=(255, 255, 255), width=1)
+    return im, draw, s
+
+
+def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
+                     highlight: int | None = None, show_indices: bool = True) -> np.ndarray:
+    """The crop enlarged, with grid lines, patch indices and an optional highlighted patch: uint8."""
+    gh, gw = grid
+    ph, pw = patch_size
+    im, draw, s = _enlarged_with_grid(crop, grid, patch_size)
     if show_indices:
         size = max(7, min(12, int(pw * s * 0.3)))
         f = font(size)
@@ -555,13 +564,7 @@ def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: t
     uint8 (H*s, W*s, 3)."""
     gh, gw = grid
     ph, pw = patch_size
-    s = display_scale(crop.shape[1])
-    im = Image.fromarray(enlarge(crop, s))
-    draw = ImageDraw.Draw(im)
-    for r in range(1, gh):
-        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=(255, 255, 255), width=1)
-    for c in range(1, gw):
-        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=(255, 255, 255), width=1)
+    im, draw, s = _enlarged_with_grid(crop, grid, patch_size)
     for k in patches:
         r, c = divmod(int(k), gw)
         box = [c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1]
