@@ -366,11 +366,19 @@ def faithfulness_result(request: ModelRequest, image: ImageChoice, target: int, 
 
 
 def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, relevance: explain.Relevance,
-                         steps: int, progress: Callable[[float, str], None] | None = None) -> explain.Faithfulness:
+                         steps: int, progress: Callable[[float, str], None] | None = None,
+                         on_partial: Callable[[explain.Faithfulness], None] | None = None) -> explain.Faithfulness:
     """Deletion and insertion curves of every supported method's map and of the random baseline
-    (explain.faithfulness), computed now and kept for every session; `progress(fraction, message)` as methods finish."""
-    result = explain.faithfulness(loaded, full_image(image), relevance.maps, relevance.target, steps=steps,
-                                  progress=progress)
+    (explain.faithfulness_by_method), computed now and kept for every session once all are done;
+    `progress(fraction, message)` after each unit, `on_partial(result so far)` with the random baseline and
+    the methods finished so far, as each finishes (the random baseline first)."""
+    finished: list[explain.MethodCurves] = []
+    for unit in explain.faithfulness_by_method(loaded, full_image(image), relevance.maps, relevance.target, steps=steps,
+                                               progress=progress):
+        finished.append(unit)
+        if on_partial is not None:
+            on_partial(explain.faithfulness_of(relevance.target, steps, finished))
+    result = explain.faithfulness_of(relevance.target, steps, finished)
     key = _faithfulness_key(request, image, relevance.target, steps)
     _faithfulness.put(key, result)
     _latest_faithfulness.put(repr((request.key, image.sha)), key)

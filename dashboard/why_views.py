@@ -65,13 +65,17 @@ def _relevance_overlay(ctx: ViewContext, target: int, method: str, encoding: str
 
 
 def _curves_png(ctx: ViewContext, target: int, steps: int, methods: tuple[str, ...]) -> bytes:
-    result = state.faithfulness_result(ctx.request, ctx.image, target, steps)
-    shown = [m for m in methods if m in result.deletion] + ["random"]
-    title = {m: text.METHOD_TITLES.get(m, m) for m in methods} | {"random": "random"}
+    return _curves_figure(ctx, state.faithfulness_result(ctx.request, ctx.image, target, steps), steps, methods)
+
+
+def _curves_figure(ctx: ViewContext, result: explain.Faithfulness, steps: int, methods: tuple[str, ...]) -> bytes:
+    """The curves of `methods` that `result` holds (all, or those finished so far) and the random baseline's."""
+    shown = [m for m in methods if m in result.deletion] + [explain.RANDOM]
+    title = {m: text.METHOD_TITLES.get(m, m) for m in methods} | {explain.RANDOM: explain.RANDOM}
     return figures.faithfulness_curves_png(
         {title[m]: result.deletion[m] for m in shown}, {title[m]: result.insertion[m] for m in shown},
         result.random_deletion_std, result.random_insertion_std,
-        title=f"target {ctx.loaded.label(target)}: {steps} steps over {ctx.loaded.geometry.num_patches} patches")
+        title=f"target {ctx.loaded.label(result.target)}: {steps} steps over {ctx.loaded.geometry.num_patches} patches")
 
 
 def why_view(ctx: ViewContext) -> None:
@@ -128,7 +132,8 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, result: expl
 
 
 def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -> explain.Faithfulness | None:
-    """The button that computes the curves, with a progress bar fed after each batched step: the curves, once clicked."""
+    """The button that computes the curves: once clicked, a progress bar advanced as each unit finishes (the random
+    baseline first, then method by method), and each finished method's AUCs and curves shown at once. -> the curves."""
     n = len(relevance.maps)
     slot = st.empty()  # the heading and button: gone once the curves are there (they are drawn in this same run)
     with slot.container():
@@ -138,30 +143,46 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
                             key="why_curves", icon=":material/query_stats:", type="primary")
     if not clicked:
         return None
-    bar = st.progress(0.0, text="dropping patches...")
+    bar = st.progress(0.0, text=f"random baseline ({explain.RANDOM_ORDERS} orders), then {n} maps one by one...")
+    live = st.empty()  # the finished methods so far: replaced by the full table and figure (with downloads) at the end
+    methods = tuple(m for m in explain.METHODS if m in relevance.maps)
 
-    def progress(fraction: float, message: str) -> None:  # after each batched step (all maps and random orders at once)
+    def progress(fraction: float, message: str) -> None:  # after each unit: the random baseline, then each method
         bar.progress(min(1.0, max(0.0, float(fraction))), text=message)
 
-    result = state.compute_faithfulness(ctx.request, ctx.loaded, ctx.image, relevance, steps, progress)
+    def show_partial(partial: explain.Faithfulness) -> None:
+        with live.container():
+            st.image(_curves_figure(ctx, partial, steps, methods), width=1100)
+            pending = [text.METHOD_TITLES.get(m, m) for m in methods if m not in partial.deletion]
+            st.markdown(_auc_table(partial, [m for m in methods if m in partial.deletion]))
+            if pending:
+                st.caption("still running: " + ", ".join(pending))
+
+    result = state.compute_faithfulness(ctx.request, ctx.loaded, ctx.image, relevance, steps, progress, show_partial)
     bar.empty()
+    live.empty()
     slot.empty()
     return result
+
+
+def _auc_table(result: explain.Faithfulness, names: list[str]) -> str:
+    """The AUCs of the methods `names` (all finished) and of the random baseline, as a Markdown table."""
+    rows = [f"| {text.METHOD_TITLES.get(m, m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
+            f"{'yes' if result.beats_random[m] else 'no'} |" for m in names]
+    rows.append(f"| random (mean of {explain.RANDOM_ORDERS} orders) | {result.deletion_auc[explain.RANDOM]:.3g} | "
+                f"{result.insertion_auc[explain.RANDOM]:.3g} | |")
+    return ("| method | deletion AUC (lower is better) | insertion AUC (higher is better) | beats random |\n"
+            "| --- | --- | --- | --- |\n" + "\n".join(rows))
 
 
 def _curves(ctx: ViewContext, result: explain.Faithfulness, target: int, steps: int, methods: list[str]) -> None:
     st.markdown(f"**Faithfulness.** {text.FAITHFULNESS_HOW}")
     names = [m for m in methods if m in result.deletion_auc]
-    rows = [f"| {text.METHOD_TITLES.get(m, m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
-            f"{'yes' if result.beats_random[m] else 'no'} |" for m in names]
-    rows.append(f"| random (mean of {explain.RANDOM_ORDERS} orders) | {result.deletion_auc[explain.RANDOM]:.3g} | "
-                f"{result.insertion_auc[explain.RANDOM]:.3g} | |")
     show_picture(cached_figure(_curves_png, ctx, target, steps, tuple(names)), "why_curves_png",
                  f"{ctx.stem}_faithfulness_class{target}_S{steps}", width=1100)
     left, _ = st.columns([3, 1])
     with left:
-        st.markdown("| method | deletion AUC (lower is better) | insertion AUC (higher is better) | beats random |\n"
-                    "| --- | --- | --- | --- |\n" + "\n".join(rows))
+        st.markdown(_auc_table(result, names))
         st.caption(f"curves of `{shape((steps,), batch=False)}` points each; the random band is the mean +- one standard "
                    f"deviation of the {explain.RANDOM_ORDERS} orders.")
 

@@ -177,6 +177,45 @@ def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny, refere
     assert any(m.value.startswith("| method | deletion AUC") for m in again.markdown)
 
 
+def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny, reference, monkeypatch):
+    """After the click, the random baseline first, then each method's AUC row and curve as it finishes (the
+    progress bar saying which), every row with explain.faithfulness's numbers; the full table at the end."""
+    loaded, image = reference
+    shown_tables, messages, figures_drawn = [], [], []
+    table, curves_figure, compute = why_views._auc_table, why_views._curves_figure, state.compute_faithfulness
+    monkeypatch.setattr(why_views, "_auc_table", lambda result, names: shown_tables.append(list(names)) or table(result, names))
+    monkeypatch.setattr(why_views, "_curves_figure", lambda ctx, result, steps, methods: figures_drawn.append(
+        list(result.deletion)) or curves_figure(ctx, result, steps, methods))
+
+    def recorded_compute(request, loaded, image, relevance, steps, progress=None, on_partial=None):
+        return compute(request, loaded, image, relevance, steps,
+                       lambda fraction, message: messages.append((fraction, message)) or progress(fraction, message),
+                       on_partial)
+
+    monkeypatch.setattr(state, "compute_faithfulness", recorded_compute)
+    second = analyses.top_k(vit_core.run_with_capture(loaded, image).logits, loaded.labels, 5)[1]
+    at = run_app(view="Why?", steps="10", target=f"{second.index}: {second.label}")
+    at.button(key="why_curves").click().run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    assert target == second.index
+    relevance = explain.relevance_maps(loaded, image, target=target, cap=vit_core.run_with_capture(loaded, image))
+    expected = explain.faithfulness(loaded, image, relevance.maps, target, steps=10)
+    methods = [m for m in explain.METHODS if m in relevance.maps]
+    units = len(methods) + 1
+    assert messages == [(1 / units, f"random done, 1 of {units}")] + [
+        ((i + 2) / units, f"{m} done, {i + 2} of {units}") for i, m in enumerate(methods)]
+    # one partial table and figure per finished unit (the random baseline alone first), then the final table
+    assert shown_tables[:units] == [methods[:i] for i in range(units)] and shown_tables[units:] == [methods]
+    assert figures_drawn[:units] == [methods[:i] + ["random"] for i in range(units)]
+    final = next(m.value for m in at.markdown if m.value.startswith("| method | deletion AUC"))
+    for method in methods:
+        row = (f"| {why_views.text.METHOD_TITLES[method]} | {expected.deletion_auc[method]:.3g} | "
+               f"{expected.insertion_auc[method]:.3g} | {'yes' if expected.beats_random[method] else 'no'} |")
+        assert row in final, (row, final)
+    assert f"| {expected.deletion_auc['random']:.3g} | {expected.insertion_auc['random']:.3g} |" in final
+
+
 def test_url_parameters_restore_the_selections(tiny, reference):
     loaded, image = reference
     logits = vit_core.run_with_capture(loaded, image).logits

@@ -422,6 +422,80 @@ def test_faithfulness_curves_equal_per_step_forwards(family, kind):
     assert set(result.beats_random) == {"a", "b"}
 
 
+def batched_per_step_reference(loaded, image, maps, target, steps, random_orders, seed):
+    """The previous implementation of explain.faithfulness: every order (the methods', then the random ones) batched
+    per step, one forward per step (identical kept sets once). -> (deletion (M + R, S), insertion (M + R, S))"""
+    n = loaded.geometry.num_patches
+    orders = np.concatenate([np.stack([explain.patch_order(maps[m]) for m in maps]).reshape(len(maps), n),
+                             explain.random_patch_orders(n, random_orders, seed)])  # (M + R, N)
+    _, x = preprocess(loaded, image)
+    with torch.inference_mode(), explain.eval_mode(loaded.model):
+        tokens = explain.embedded_tokens(loaded.model, x)  # (1, T, D)
+
+    def probs(kept):  # (B, K) -> (B,)
+        unique, inverse = np.unique(np.sort(kept, axis=1), axis=0, return_inverse=True)
+        with torch.inference_mode(), explain.eval_mode(loaded.model):
+            logits = explain.run_from_embedded(loaded.model, explain.keep_tokens(
+                tokens, torch.from_numpy(unique), loaded.geometry.num_prefix_tokens))
+        return analyses.softmax(logits.to(torch.float32).numpy())[:, target][inverse.reshape(-1)]
+
+    deletion = np.stack([probs(orders[:, d:]) for d in explain.deletion_counts(n, steps)], axis=1).astype(np.float64)
+    insertion = np.stack([probs(orders[:, :k]) for k in explain.insertion_counts(n, steps)], axis=1).astype(np.float64)
+    return deletion, insertion
+
+
+@pytest.mark.parametrize("kind", BRANCHES)
+def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
+    """faithfulness_by_method gives the random baseline first, then each method as it finishes, with the numbers
+    of the previous all-orders-per-step batching; faithfulness assembles the same, methods first, then random."""
+    loaded = family[kind]
+    image = drawn_image(2)
+    target = int(np.argmax(run_with_capture(loaded, image).logits))
+    rng = np.random.default_rng(7)
+    maps = {"c": rng.random(loaded.geometry.grid), "a": np.round(rng.random(loaded.geometry.grid), 1),
+            "b": np.zeros(loaded.geometry.grid)}  # ties, and every patch tied
+    steps, random_orders, seed = 10, explain.RANDOM_ORDERS, 0
+    deletion, insertion = batched_per_step_reference(loaded, image, maps, target, steps, random_orders, seed)
+    seen = []
+    units = list(explain.faithfulness_by_method(loaded, image, maps, target, steps=steps,
+                                                progress=lambda fraction, message: seen.append((fraction, message))))
+    assert [u.name for u in units] == ["random", "c", "a", "b"]
+    assert seen == [(1 / 4, "random done, 1 of 4"), (2 / 4, "c done, 2 of 4"), (3 / 4, "a done, 3 of 4"),
+                    (1.0, "b done, 4 of 4")]
+    for i, unit in enumerate(units[1:]):
+        np.testing.assert_allclose(unit.deletion, deletion[i].astype(np.float32), atol=1e-6)
+        np.testing.assert_allclose(unit.insertion, insertion[i].astype(np.float32), atol=1e-6)
+        assert unit.deletion_std is None and unit.insertion_std is None
+    baseline = units[0]
+    np.testing.assert_allclose(baseline.deletion, deletion[len(maps):].mean(0), atol=1e-6)
+    np.testing.assert_allclose(baseline.insertion, insertion[len(maps):].mean(0), atol=1e-6)
+    np.testing.assert_allclose(baseline.deletion_std, deletion[len(maps):].std(0), atol=1e-6)
+    np.testing.assert_allclose(baseline.insertion_std, insertion[len(maps):].std(0), atol=1e-6)
+    result = explain.faithfulness(loaded, image, maps, target, steps=steps)
+    assert list(result.deletion) == ["c", "a", "b", "random"]
+    for unit in units:
+        np.testing.assert_array_equal(result.deletion[unit.name], unit.deletion)
+        np.testing.assert_array_equal(result.insertion[unit.name], unit.insertion)
+        assert result.deletion_auc[unit.name] == unit.deletion_auc == pytest.approx(
+            explain.auc(unit.deletion, explain.deletion_x(steps)))
+        assert result.insertion_auc[unit.name] == unit.insertion_auc
+    partial = explain.faithfulness_of(target, steps, units[:2])  # what the dashboard shows after the first method
+    assert list(partial.deletion) == ["c", "random"] and set(partial.beats_random) == {"c"}
+    assert partial.beats_random["c"] == result.beats_random["c"]
+
+
+def test_the_full_patch_set_runs_once_per_call(tiny, image, monkeypatch):
+    """Deletion step 0 and the last insertion step keep every patch for every order: one forward of N patches."""
+    lengths = []
+    forward = explain.run_from_embedded
+    monkeypatch.setattr(explain, "run_from_embedded",
+                        lambda model, tokens: lengths.append(tokens.shape) or forward(model, tokens))
+    n, p = tiny.geometry.num_patches, tiny.geometry.num_prefix_tokens
+    explain.faithfulness(tiny, image, {"a": np.zeros(tiny.geometry.grid), "b": np.ones(tiny.geometry.grid)}, 0, steps=5)
+    assert sum(shape[1] == p + n for shape in lengths) == 1
+    assert all(shape[0] == 1 for shape in lengths if shape[1] == p + n)
+
+
 # ---------------------------------------------------------------------------------- threads
 
 

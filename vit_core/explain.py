@@ -418,19 +418,103 @@ class Faithfulness:
     beats_random: dict[str, bool]  # method -> deletion AUC below random's and insertion AUC above random's
 
 
-def _target_probs(loaded: LoadedModel, tokens: torch.Tensor, kept: np.ndarray, target: int) -> np.ndarray:
-    """p_c for each row of kept patches (B, K) (every row the same length: one batched forward). -> (B,)
+@dataclass(frozen=True)
+class MethodCurves:
+    """One finished unit of the faithfulness test: a method's curves, or the random baseline's (the mean of its orders)."""
 
-    Rows that keep the same set of patches run once: at deletion step 0 and the last insertion step every
-    order keeps all patches (the two longest forwards of the curves)."""
-    kept_sorted = np.sort(kept, axis=1)  # the kept patches stay in sequence order
-    if kept_sorted.shape[1] == 0:
-        unique, inverse = kept_sorted[:1], np.zeros(len(kept_sorted), dtype=np.int64)
-    else:
-        unique, inverse = np.unique(kept_sorted, axis=0, return_inverse=True)  # (U, K), (B,)
+    name: str  # a method, or RANDOM
+    deletion: np.ndarray  # float32 (S,)
+    insertion: np.ndarray  # float32 (S,)
+    deletion_auc: float
+    insertion_auc: float
+    deletion_std: np.ndarray | None = None  # float32 (S,): the random orders' spread (ddof 0); None for a method
+    insertion_std: np.ndarray | None = None
+
+
+def faithfulness_of(target: int, steps: int, finished: Iterable[MethodCurves]) -> Faithfulness:
+    """The result of the finished units (the random baseline among them): the methods in the order given, then
+    "random". Also for a partial result, while the other methods are still running."""
+    units = list(finished)
+    baseline = next(u for u in units if u.name == RANDOM)
+    methods = [u for u in units if u.name != RANDOM] + [baseline]
+    return Faithfulness(
+        target=int(target),
+        steps=steps,
+        deletion={u.name: u.deletion for u in methods},
+        insertion={u.name: u.insertion for u in methods},
+        deletion_auc={u.name: u.deletion_auc for u in methods},
+        insertion_auc={u.name: u.insertion_auc for u in methods},
+        random_deletion_std=baseline.deletion_std,
+        random_insertion_std=baseline.insertion_std,
+        beats_random={u.name: u.deletion_auc < baseline.deletion_auc and u.insertion_auc > baseline.insertion_auc
+                      for u in methods[:-1]},
+    )
+
+
+class _KeptSetProbs:
+    """p_c of kept-patch sets, each distinct set run once over one call (every order keeps all patches at deletion
+    step 0 and the last insertion step: the two longest forwards, shared by every method and the random orders)."""
+
+    def __init__(self, loaded: LoadedModel, tokens: torch.Tensor, target: int):
+        self.loaded, self.tokens, self.target = loaded, tokens, target  # tokens (1, T, D)
+        self.known: dict[bytes, float] = {}  # sorted kept patches -> p_c
+
+    def __call__(self, rows: list[np.ndarray]) -> np.ndarray:
+        """p_c for each kept set (K_i,) of `rows`; the new sets batched by length (one forward per length). -> (B,)"""
+        kept_sorted = [np.sort(r).astype(np.int64) for r in rows]  # the kept patches stay in sequence order
+        by_length: dict[int, dict[bytes, np.ndarray]] = {}
+        for r in kept_sorted:
+            if r.tobytes() not in self.known:
+                by_length.setdefault(len(r), {})[r.tobytes()] = r
+        for length in sorted(by_length, reverse=True):
+            keys, kept = list(by_length[length]), np.stack(list(by_length[length].values())).reshape(-1, length)  # (U, K)
+            with self.loaded.lock, torch.inference_mode(), eval_mode(self.loaded.model):
+                logits = run_from_embedded(self.loaded.model, keep_tokens(
+                    self.tokens, torch.from_numpy(kept), self.loaded.geometry.num_prefix_tokens))
+            probs = analyses.softmax(logits.to(torch.float32).numpy())[:, self.target]  # (U, C) -> (U,)
+            self.known.update(zip(keys, probs.tolist(), strict=True))
+        return np.array([self.known[r.tobytes()] for r in kept_sorted], dtype=np.float32)  # (B,)
+
+
+def _unit_curves(probs: _KeptSetProbs, name: str, orders: np.ndarray, steps: int) -> MethodCurves:
+    """Deletion and insertion curves of one unit: a method's order (1, N) or the random orders (R, N), all of its
+    2 S perturbed inputs batched by kept length (deletion step k and insertion step S - k keep about as many)."""
+    n = orders.shape[1]
+    deleted, inserted = deletion_counts(n, steps), insertion_counts(n, steps)
+    rows = [o[d:] for d in deleted for o in orders] + [o[:k] for k in inserted for o in orders]  # (2 S R) kept sets
+    p = probs(rows).reshape(2, steps, len(orders)).astype(np.float64)  # (2, S, R): deletion, insertion
+    del_curves, ins_curves = p[0].T, p[1].T  # (R, S) each
+    deletion, insertion = del_curves.mean(axis=0).astype(np.float32), ins_curves.mean(axis=0).astype(np.float32)  # (S,)
+    spread = name == RANDOM
+    return MethodCurves(name=name, deletion=deletion, insertion=insertion,
+                        deletion_auc=auc(deletion, deletion_x(steps)), insertion_auc=auc(insertion, insertion_x(steps)),
+                        deletion_std=del_curves.std(axis=0).astype(np.float32) if spread else None,
+                        insertion_std=ins_curves.std(axis=0).astype(np.float32) if spread else None)
+
+
+def faithfulness_by_method(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
+                           steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
+                           progress: Callable[[float, str], None] | None = None) -> Iterator[MethodCurves]:
+    """The deletion and insertion curves of p_c (analyses.md), one unit at a time as each finishes: first the
+    random baseline (the mean of `random_orders` seeded orders, with their std; every method is compared with
+    it), then each map (gh, gw) in the order given. `progress(done_fraction, message)` after each unit.
+
+    A unit's 2 S perturbed inputs run batched by length; a kept-patch set already run (the full set) is not
+    run again. Same curves as all orders batched per step (one forward per step), but the first methods'
+    results come before the last one is run."""
+    geometry = loaded.geometry
+    n = geometry.num_patches
+    _, x = preprocess(loaded, image)
     with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
-        logits = run_from_embedded(loaded.model, keep_tokens(tokens, torch.from_numpy(unique), loaded.geometry.num_prefix_tokens))
-    return analyses.softmax(logits.to(torch.float32).numpy())[:, target][inverse.reshape(-1)]  # (U, C) -> (U,) -> (B,)
+        tokens = embedded_tokens(loaded.model, x)  # (1, T, D), computed once
+    probs = _KeptSetProbs(loaded, tokens, target)
+    units = [(RANDOM, random_patch_orders(n, random_orders, seed))] + [
+        (m, patch_order(maps[m]).reshape(1, n)) for m in maps]  # name -> orders (R or 1, N)
+    report = progress or (lambda fraction, message: None)
+    for i, (name, orders) in enumerate(units):
+        unit = _unit_curves(probs, name, orders, steps)
+        report((i + 1) / len(units), f"{name} done, {i + 1} of {len(units)}")
+        yield unit
 
 
 def faithfulness(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
@@ -438,49 +522,7 @@ def faithfulness(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.
                  progress: Callable[[float, str], None] | None = None) -> Faithfulness:
     """Deletion and insertion curves of p_c (analyses.md) for each map (gh, gw), in the order given,
     then for "random": the mean of `random_orders` (default 8) seeded orders, with their std.
-
-    Batched: at each step every order drops (or keeps) the same number of patches, so all orders of
-    one step run as one forward (2 S forwards in all). `progress(done_fraction, message)` is called
-    after each batched step (the methods' curves finish together, batched, at the last step).
-    Returns curves and AUCs keyed by method name and "random".
-    """
-    geometry = loaded.geometry
-    n = geometry.num_patches
-    names = list(maps)
-    orders = np.concatenate([np.stack([patch_order(maps[m]) for m in names]).reshape(len(names), n),
-                             random_patch_orders(n, random_orders, seed)])  # (M + R, N)
-    _, x = preprocess(loaded, image)
-    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
-        tokens = embedded_tokens(loaded.model, x)  # (1, T, D), computed once
-    report = progress or (lambda fraction, message: None)
-
-    deletion, insertion = [], []  # per step: (M + R,)
-    for k, dropped in enumerate(deletion_counts(n, steps)):
-        deletion.append(_target_probs(loaded, tokens, orders[:, dropped:], target))
-        report((k + 1) / (2 * steps), f"deletion step {k + 1}/{steps}")
-    for k, kept in enumerate(insertion_counts(n, steps)):
-        insertion.append(_target_probs(loaded, tokens, orders[:, :kept], target))
-        report((steps + k + 1) / (2 * steps), f"insertion step {k + 1}/{steps}")
-    del_curves = np.stack(deletion, axis=1).astype(np.float64)  # (M + R, S)
-    ins_curves = np.stack(insertion, axis=1).astype(np.float64)
-
-    def curves(all_curves: np.ndarray) -> dict[str, np.ndarray]:
-        named = {m: all_curves[i].astype(np.float32) for i, m in enumerate(names)}
-        named[RANDOM] = all_curves[len(names):].mean(axis=0).astype(np.float32)
-        return named
-
-    del_named, ins_named = curves(del_curves), curves(ins_curves)
-    del_auc = {m: auc(c, deletion_x(steps)) for m, c in del_named.items()}
-    ins_auc = {m: auc(c, insertion_x(steps)) for m, c in ins_named.items()}
-    return Faithfulness(
-        target=int(target),
-        steps=steps,
-        deletion=del_named,
-        insertion=ins_named,
-        deletion_auc=del_auc,
-        insertion_auc=ins_auc,
-        random_deletion_std=del_curves[len(names):].std(axis=0).astype(np.float32),
-        random_insertion_std=ins_curves[len(names):].std(axis=0).astype(np.float32),
-        beats_random={m: del_auc[m] < del_auc[RANDOM] and ins_auc[m] > ins_auc[RANDOM] for m in names},
-    )
-
+    All of `faithfulness_by_method` (which see) at once. Returns curves and AUCs keyed by method name and "random"."""
+    finished = faithfulness_by_method(loaded, image, maps, target, steps=steps, random_orders=random_orders, seed=seed,
+                                      progress=progress)
+    return faithfulness_of(target, steps, finished)
