@@ -338,7 +338,8 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
                 result.control_kinds.append(move.kind)
                 await check_no_exception(page, result, f"control change {change} ({move.expected})")
 
-            button = page.locator('[data-testid="stSidebar"]').get_by_role("button", name=re.compile(r"\.npz"))
+            # the export of the capture (widget key dl_npz), not the one with explanations beside it
+            button = page.locator('[data-testid="stSidebar"] .st-key-dl_npz').get_by_role("button")
             async with page.expect_download(timeout=step_timeout_ms) as info:
                 await button.click()
             download = await info.value

@@ -95,7 +95,9 @@ def test_installed_vit_lens_analyze_runs_the_bundled_model_from_anywhere(install
     _run(installed / "vit-lens", "analyze", "scene.png", "--model", "vit-lens/shapes-vit", "--out", "results",
          cwd=elsewhere, env=env)
     arrays = np.load(elsewhere / "results" / "scene.npz")
-    assert arrays["input_image"].shape == (64, 64, 3) and arrays["grid"].tolist() == [8, 8]
+    bundled = json.loads((REPO / "vit_core" / "assets" / "shapes_vit" / "config.json").read_text())["model_args"]
+    side, grid = bundled["img_size"], bundled["img_size"] // bundled["patch_size"]
+    assert arrays["input_image"].shape == (side, side, 3) and arrays["grid"].tolist() == [grid, grid]
     summary = json.loads((elsewhere / "results" / "scene.json").read_text())
     assert summary["model"] == "vit-lens/shapes-vit" and summary["weights"].startswith("bundled")
     assert len(summary["topk"]) == 5 and summary["topk"][0]["index"] == int(np.argmax(arrays["probs"]))
