@@ -56,8 +56,8 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
                        height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
                        key=f"{key}_canvas_{state.canvas_generation(key)}",
                        on_change=(lambda: on_change(*args)) if on_change is not None else None)
-    st.button("Clear", key=f"{key}_clear", on_click=state.clear_canvas, args=(key,), icon=":material/ink_eraser:",
-              help="Start again on an empty canvas")
+    # No tooltip on Clear: it would float over the canvas's bottom edge and swallow the next stroke.
+    st.button("Clear", key=f"{key}_clear", on_click=state.clear_canvas, args=(key,), icon=":material/ink_eraser:")
     if not has_strokes(result.json_data) or result.image_data is None:
         return None
     return png_on_white(np.asarray(result.image_data))

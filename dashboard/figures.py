@@ -140,18 +140,21 @@ def tint(base: np.ndarray, colours: np.ndarray, alpha: float = OVERLAY_ALPHA) ->
 # The crop with its patch grid
 
 
+GRID_LINE = (150, 150, 150)  # mid grey: visible on white paper (a drawing) and on dark photos alike
+
+
 def _enlarged_with_grid(crop: np.ndarray, grid: tuple[int, int],
                         patch_size: tuple[int, int]) -> tuple[Image.Image, ImageDraw.ImageDraw, int]:
-    """The crop enlarged for display (by its display scale s) with white lines between the patches, ready to draw on."""
+    """The crop enlarged for display (by its display scale s) with grey lines between the patches, ready to draw on."""
     gh, gw = grid
     ph, pw = patch_size
     s = display_scale(crop.shape[1])
     im = Image.fromarray(enlarge(crop, s))
     draw = ImageDraw.Draw(im)
     for r in range(1, gh):
-        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=(255, 255, 255), width=1)
+        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=GRID_LINE, width=1)
     for c in range(1, gw):
-        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=(255, 255, 255), width=1)
+        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=GRID_LINE, width=1)
     return im, draw, s
 
 

@@ -85,7 +85,9 @@ PREDICTION = (
 OTHER_CLASS = "other"  # the Shapes ViT's class for "none of its shapes"
 OUTSIDE_SHAPES_OTHER = (
     "This teaching model only knows 8 shapes ({shapes}). To it, this image is none of them "
-    "(`other`, {prob:.0%}). Draw or upload one of the shapes, or pick an ImageNet model for photos."
+    "(`other`, {prob:.0%}). If it is one of them, draw it larger and clearer, or photograph it closer, "
+    "straight on and evenly lit. For photos of the world, choose an ImageNet model (it needs a network "
+    "connection the first time)."
 )
 OUTSIDE_SHAPES_UNSURE = (
     "This teaching model only knows 8 shapes ({shapes}), and it is unsure here: its best guess, "
