@@ -84,3 +84,20 @@ def run_app(default_timeout: int = 120, **query: str):
 
 def assert_healthy(at) -> None:
     assert not at.exception, [e.value for e in at.exception]
+
+
+def choose_weights(at, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None):
+    """In an AppTest session: choose "your own weights file", the architecture `arch`, upload `data` as `name`
+    (and a label file (name, bytes)), and run."""
+    from dashboard import state
+    from dashboard.models import UPLOAD_WEIGHTS
+
+    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
+    assert_healthy(at)
+    at.selectbox(key=state.K_ARCH).set_value(arch)
+    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
+    if labels:
+        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
+    at.run()
+    assert_healthy(at)
+    return at

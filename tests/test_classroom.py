@@ -34,10 +34,10 @@ from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
 import loadtest
-from conftest import REPO, assert_healthy, run_app
+from conftest import REPO, assert_healthy, choose_weights, run_app
 from dashboard import state
 from dashboard.image_choice import MAX_IMAGE_MB
-from dashboard.models import MAX_WEIGHTS_MB, TEST_TINY, UPLOAD_WEIGHTS
+from dashboard.models import MAX_WEIGHTS_MB, TEST_TINY
 from hostile_corpus import corpus
 from shared_runtime import download as _download
 from shared_runtime import shared_runtime
@@ -313,18 +313,6 @@ def tiny_weights(num_classes: int = 1000, arch: str = "vit_tiny_patch16_224", **
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **kwargs)
     return {k: v.contiguous() for k, v in model.state_dict().items()}
-
-
-def choose_weights(at: AppTest, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None) -> AppTest:
-    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
-    assert_healthy(at)
-    at.selectbox(key=state.K_ARCH).set_value(arch)
-    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
-    if labels:
-        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
-    at.run()
-    assert_healthy(at)
-    return at
 
 
 def fallback_name() -> str:

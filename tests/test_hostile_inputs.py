@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import assert_healthy, drawn_image, run_app
+from conftest import assert_healthy, choose_weights, drawn_image, run_app
 from vit_core import WeightsError, load_model
 from vit_core.loading import MAX_CLASSES, MAX_LABEL_FILE_BYTES
 
@@ -277,21 +277,6 @@ def shown_model(at) -> str:
     return header.split("Model **")[1].split("**")[0]
 
 
-def choose_weights(at, name: str, data: bytes, labels: tuple[str, bytes] | None = None):
-    from dashboard import state
-    from dashboard.models import UPLOAD_WEIGHTS
-
-    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
-    assert_healthy(at)
-    at.selectbox(key=state.K_ARCH).set_value("vit_small_patch16_224")
-    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
-    if labels:
-        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
-    at.run()
-    assert_healthy(at)
-    return at
-
-
 def weights_of_small(num_classes: int, tmp_path: Path) -> bytes:
     import timm
 
@@ -306,7 +291,7 @@ def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app,
     classmate_header = next(m.value for m in classmate.markdown if m.value.startswith("Model **"))
     at = run_app()
     image_before, model_before = shown_image(at), shown_model(at)
-    choose_weights(at, "tiny.safetensors", huge_head())
+    choose_weights(at, "vit_small_patch16_224", "tiny.safetensors", huge_head())
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "Traceback" not in errors[0], errors
     assert "tiny.safetensors declares a head of 4,000,000 classes" in errors[0], errors  # the name as uploaded
@@ -326,7 +311,7 @@ def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app,
 @pytest.mark.parametrize("name, data, message", LABEL_ATTACKS[:2], ids=[a[0] for a in LABEL_ATTACKS[:2]])
 def test_app_refuses_malformed_label_files_in_one_sentence(tiny_app, load_calls, tmp_path, name, data, message):
     at = run_app()
-    choose_weights(at, "ft.safetensors", weights_of_small(3, tmp_path), labels=(name, data))
+    choose_weights(at, "vit_small_patch16_224", "ft.safetensors", weights_of_small(3, tmp_path), labels=(name, data))
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and re.search(message, errors[0]), errors
     tries = len(load_calls)
