@@ -267,7 +267,9 @@ def interventions_view(ctx: ViewContext) -> None:
                            file_name=f"{ctx.stem}_{mode}_{len(patches)}_patches.png", mime="image/png", key="dl_int_image",
                            icon=":material/download:", on_click="ignore", type="tertiary")
         st.caption(f"{len(patches)} of {g.num_patches} patches {'dropped' if mode == 'drop' else 'masked'}"
-                   + (f"; the blocks see {g.num_tokens - len(patches)} tokens" if mode == "drop" and patches else ""))
+                   + (f"; the blocks see {g.num_tokens - len(patches)} tokens ({g.num_patches - len(patches)} patches"
+                      f"{f' + {g.num_prefix_tokens} prefix' if g.num_prefix_tokens else ''})"
+                      if mode == "drop" and patches else ""))
     with right:
         _prediction_change(ctx, logits, target, patches, mode, heads, ablation)
 
