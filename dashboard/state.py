@@ -465,17 +465,23 @@ def reset_intervention() -> None:
 # Clicks on a patch image
 
 
-def patch_click_callback(chart_key: str, target_key: str, offset: int = 0) -> None:
-    """on_select callback: a click on patch k of a chart sets widget `target_key` to offset + k."""
+def _clicked_patch(chart_key: str) -> int | None:
+    """The patch k clicked on the clickable image chart `chart_key` (its marker's customdata), or None."""
     points = st.session_state[chart_key].selection.points
     if not points:
-        return
+        return None
     point = points[0]
     k = point.get("customdata", point.get("point_index"))
     if isinstance(k, list):
         k = k[0]
+    return None if k is None else int(k)
+
+
+def patch_click_callback(chart_key: str, target_key: str, offset: int = 0) -> None:
+    """on_select callback: a click on patch k of a chart sets widget `target_key` to offset + k."""
+    k = _clicked_patch(chart_key)
     if k is not None:
-        st.session_state[target_key] = offset + int(k)
+        st.session_state[target_key] = offset + k
 
 
 def toggled(selection: list[int], k: int) -> list[int]:
@@ -491,13 +497,7 @@ def patch_clicks() -> int:
 
 def patch_toggle_callback(chart_key: str) -> None:
     """on_select callback: a click on patch k of chart `chart_key` adds k to the intervention's patches or removes it."""
-    points = st.session_state[chart_key].selection.points
-    if not points:
-        return
-    point = points[0]
-    k = point.get("customdata", point.get("point_index"))
-    if isinstance(k, list):
-        k = k[0]
+    k = _clicked_patch(chart_key)
     if k is not None:
-        st.session_state[K_INT_PATCHES] = toggled(st.session_state.get(K_INT_PATCHES, []), int(k))
+        st.session_state[K_INT_PATCHES] = toggled(st.session_state.get(K_INT_PATCHES, []), k)
         st.session_state[_INT_CLICKS] = patch_clicks() + 1

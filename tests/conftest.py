@@ -68,6 +68,16 @@ def image():
     return drawn_image(0)
 
 
+@pytest.fixture
+def tiny_env(monkeypatch):
+    """The dashboard opens with the tiny random-init test model (dashboard.models.TEST_TINY): fast and offline."""
+    from dashboard.models import TEST_TINY
+
+    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
+    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
+    monkeypatch.delenv("VIT_LENS_WEIGHTS_UPLOADS", raising=False)
+
+
 APP = str(REPO / "dashboard" / "app.py")
 
 

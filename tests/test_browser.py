@@ -6,10 +6,12 @@ tests/artifacts/ (gitignored). Skipped only when no `chromium` is installed (CI 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,16 +52,25 @@ def server():
         log.close()
 
 
-@pytest.fixture(scope="module")
-def page(server):
+@contextlib.contextmanager
+def chromium_page(url: str) -> Iterator:
+    """A headless chromium page (Debian's binary, the load test's flags) on `url`, 1600 x 1800."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1800})
-        page.goto(server)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1800})
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with chromium_page(server) as page:
         yield page
-        browser.close()
 
 
 def settle(page, timeout: float = 90_000) -> None:

@@ -50,12 +50,6 @@ CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 
 
-@pytest.fixture
-def tiny_env(monkeypatch):
-    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
-    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
-
-
 @pytest.fixture(scope="module")
 def reference():
     """The test-tiny model as the app builds it, loaded here to analyse images alone."""

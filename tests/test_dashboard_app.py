@@ -17,16 +17,9 @@ from streamlit.testing.v1 import AppTest
 from conftest import REPO as ROOT
 from conftest import assert_healthy, run_app
 from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
-from dashboard.models import TEST_TINY
 from dashboard.views import VIEWS, outside_its_world
 from vit_core import TEACHING_MODEL
 from vit_core.analyses import Prediction
-
-
-@pytest.fixture
-def tiny(monkeypatch):
-    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
-    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
 
 
 def shown(at: AppTest) -> tuple:
@@ -43,7 +36,7 @@ def png(rgb: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def test_every_view_renders_on_a_tiny_model(tiny):
+def test_every_view_renders_on_a_tiny_model(tiny_env):
     at = run_app()
     assert at.tabs and [t.label for t in at.tabs] == list(VIEWS)
     assert "vit_tiny_patch16_224" in "".join(m.value for m in at.markdown)
@@ -78,7 +71,7 @@ def test_every_view_renders_on_a_tiny_model(tiny):
         ("Pipeline", "slider", "pipe_block", 0),
     ],
 )
-def test_each_control_changes_what_is_shown(tiny, view, widget, key, value):
+def test_each_control_changes_what_is_shown(tiny_env, view, widget, key, value):
     at = run_app(view=view)
     before = shown(at)
     getattr(at, widget)(key=key).set_value(value).run()
@@ -86,7 +79,7 @@ def test_each_control_changes_what_is_shown(tiny, view, widget, key, value):
     assert shown(at) != before, f"{key} -> {value} changed nothing in {view}"
 
 
-def test_query_parameters_open_the_shared_view(tiny):
+def test_query_parameters_open_the_shared_view(tiny_env):
     at = run_app(view="Attention", layer="1", head="head 2", query="patch 5 (row 0, col 5)")
     assert at.slider(key="layer").value == 1
     assert at.selectbox(key="head").value == 2
@@ -94,7 +87,7 @@ def test_query_parameters_open_the_shared_view(tiny):
     assert any("layer 1" in m.value for m in at.markdown)
 
 
-def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny):
+def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny_env):
     at = run_app(view="Attention")
     before = shown(at)[0]
     at.file_uploader(key="upload").set_value(("holiday.png", b"this is not an image", "image/png")).run()
@@ -115,7 +108,7 @@ def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny):
     assert any("noise.png" in m.value for m in at.markdown)
 
 
-def test_examples_and_export(tiny):
+def test_examples_and_export(tiny_env):
     at = run_app(view="Prediction")
     at.selectbox(key="example").set_value("Synthetic scene (drawn by the app)").run()
     assert_healthy(at)

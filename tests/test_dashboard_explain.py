@@ -23,12 +23,6 @@ WHY_VIEWS = ("Why?", "Interventions", "Logit lens")
 SHAPES_VIT = REPO / "vit_core" / "assets" / "shapes_vit" / "model.safetensors"
 
 
-@pytest.fixture
-def tiny(monkeypatch):
-    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
-    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
-
-
 @pytest.fixture(scope="module")
 def reference():
     """The test model and its default example, as the app builds and decodes them."""
@@ -91,7 +85,7 @@ def test_the_why_views_render(monkeypatch, model, random_init):
         assert explain.ATTNLRP_UNSUPPORTED in reasons
 
 
-def test_the_target_selection_changes_the_maps(tiny, reference):
+def test_the_target_selection_changes_the_maps(tiny_env, reference):
     loaded, image = reference
     at = run_app()
     at.session_state["view"] = "Why?"  # as a click on the tab does
@@ -115,7 +109,7 @@ def test_the_target_selection_changes_the_maps(tiny, reference):
     assert next(m.label for m in at.metric).endswith(f"for {markdown_literal(loaded.label(target))}")
 
 
-def test_dropping_masking_and_ablating_show_what_explain_gives(tiny, reference):
+def test_dropping_masking_and_ablating_show_what_explain_gives(tiny_env, reference):
     loaded, image = reference
     logits = vit_core.run_with_capture(loaded, image).logits
     target = int(np.argmax(logits))
@@ -156,7 +150,7 @@ def test_a_click_toggles_a_patch():
     assert state.toggled([5, 7, 9], 7) == [5, 9]
 
 
-def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny, reference):
+def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny_env, reference):
     loaded, image = reference
     at = run_app(view="Why?", steps="5")
     assert "deletion AUC" not in markdown(at)  # computed on request only
@@ -177,7 +171,7 @@ def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny, refere
     assert any(m.value.startswith("| method | deletion AUC") for m in again.markdown)
 
 
-def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny, reference, monkeypatch):
+def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny_env, reference, monkeypatch):
     """After the click, the random baseline first, then each method's AUC row and curve as it finishes (the
     progress bar saying which), every row with explain.faithfulness's numbers; the full table at the end."""
     loaded, image = reference
@@ -216,7 +210,7 @@ def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny, reference
     assert f"| {expected.deletion_auc['random']:.3g} | {expected.insertion_auc['random']:.3g} |" in final
 
 
-def test_url_parameters_restore_the_selections(tiny, reference):
+def test_url_parameters_restore_the_selections(tiny_env, reference):
     loaded, image = reference
     logits = vit_core.run_with_capture(loaded, image).logits
     third = analyses.top_k(logits, loaded.labels, 5)[2]
@@ -262,7 +256,7 @@ def test_the_new_figures_are_pngs():
     assert (block.max(axis=-1) < 255).all() and (dropped[:8 * s - 2, :8 * s - 2] == 200).all()
 
 
-def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(tiny):
+def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(tiny_env):
     """state.explanation_arrays (the sidebar's download) has the keys and values `vit_core.export` writes
     for `analyze --explain`, from what the views computed: the curves once computed, for their target."""
     from dashboard.models import ModelRequest
@@ -288,7 +282,7 @@ def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(t
         np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-def test_another_image_clears_the_patches_and_keeps_the_heads(tiny):
+def test_another_image_clears_the_patches_and_keeps_the_heads(tiny_env):
     at = run_app(view="Interventions")
     at.multiselect(key="int_patches").set_value([3, 4]).run()
     at.multiselect(key="int_heads").set_value([(0, 1)]).run()

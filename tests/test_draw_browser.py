@@ -24,7 +24,7 @@ import pytest
 import loadtest
 import vit_core
 from dashboard.draw import has_strokes, png_on_white
-from test_browser import ARTIFACTS, CHROMIUM, VIEWS, no_exception, open_tab, settle
+from test_browser import ARTIFACTS, CHROMIUM, VIEWS, chromium_page, no_exception, open_tab, settle
 from vit_core.loading import TEACHING_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,17 +57,11 @@ def test_an_empty_or_cleared_canvas_has_no_strokes():
 
 @pytest.fixture(scope="module")
 def page():
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
     proc, url = loadtest.start_server(TEACHING_MODEL, random_init=False, log_path=ARTIFACTS / "streamlit_draw.log")
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1600, "height": 1800})
-            page.goto(url)
+        with chromium_page(url) as page:
             yield page
-            browser.close()
     finally:
         loadtest.stop_server(proc)
 

@@ -241,15 +241,6 @@ def test_cli_refuses_malformed_label_files_in_one_line(tmp_path, capsys, name, d
 
 
 @pytest.fixture
-def tiny_app(monkeypatch):
-    from dashboard.models import TEST_TINY
-
-    monkeypatch.setenv("VIT_LENS_MODEL", TEST_TINY)
-    monkeypatch.delenv("VIT_LENS_RANDOM_INIT", raising=False)
-    monkeypatch.delenv("VIT_LENS_WEIGHTS_UPLOADS", raising=False)
-
-
-@pytest.fixture
 def load_calls(monkeypatch):
     """Every vit_core.load_model call the app makes (the models the dashboard builds go through it)."""
     import vit_core
@@ -286,7 +277,7 @@ def weights_of_small(num_classes: int, tmp_path: Path) -> bytes:
     return (tmp_path / "w.safetensors").read_bytes()
 
 
-def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app, load_calls):
+def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_env, load_calls):
     classmate = run_app()  # another session of the class, on the start-up model
     classmate_header = next(m.value for m in classmate.markdown if m.value.startswith("Model **"))
     at = run_app()
@@ -309,7 +300,7 @@ def test_app_refuses_a_huge_head_in_one_sentence_and_does_not_retry_it(tiny_app,
 
 
 @pytest.mark.parametrize("name, data, message", LABEL_ATTACKS[:2], ids=[a[0] for a in LABEL_ATTACKS[:2]])
-def test_app_refuses_malformed_label_files_in_one_sentence(tiny_app, load_calls, tmp_path, name, data, message):
+def test_app_refuses_malformed_label_files_in_one_sentence(tiny_env, load_calls, tmp_path, name, data, message):
     at = run_app()
     choose_weights(at, "vit_small_patch16_224", "ft.safetensors", weights_of_small(3, tmp_path), labels=(name, data))
     errors = [e.value for e in at.error]
@@ -320,7 +311,7 @@ def test_app_refuses_malformed_label_files_in_one_sentence(tiny_app, load_calls,
     assert len(load_calls) == tries  # remembered, not retried on every rerun
 
 
-def test_label_uploads_are_capped_and_the_cap_is_told(tiny_app):
+def test_label_uploads_are_capped_and_the_cap_is_told(tiny_env):
     from dashboard import state
     from dashboard.models import MAX_LABELS_MB, UPLOAD_WEIGHTS
 
@@ -331,7 +322,7 @@ def test_label_uploads_are_capped_and_the_cap_is_told(tiny_app):
     assert uploader.proto.max_upload_size_mb == MAX_LABELS_MB and f"{MAX_LABELS_MB} MB" in uploader.proto.label
 
 
-def test_weights_uploads_only_where_the_server_allows_them(tiny_app, monkeypatch):
+def test_weights_uploads_only_where_the_server_allows_them(tiny_env, monkeypatch):
     from dashboard import serve, state
     from dashboard.image_choice import MAX_IMAGE_MB
     from dashboard.models import MODEL_CHOICES, TEST_TINY, UPLOAD_WEIGHTS
@@ -349,7 +340,7 @@ def test_weights_uploads_only_where_the_server_allows_them(tiny_app, monkeypatch
     assert serve.upload_cap_flags(["--server.maxUploadSize", "50"]) == []
 
 
-def test_user_strings_are_shown_literally_not_as_markdown(tiny_app):
+def test_user_strings_are_shown_literally_not_as_markdown(tiny_env):
     from dashboard import state
 
     at = run_app()
@@ -382,7 +373,7 @@ def test_user_strings_in_matplotlib_are_not_mathtext():
         plt.close(fig)
 
 
-def test_the_start_up_model_stays_when_students_hop_between_models(tiny_app):
+def test_the_start_up_model_stays_when_students_hop_between_models(tiny_env):
     from dashboard import state
     from dashboard.models import TEST_TINY, ModelRequest
 

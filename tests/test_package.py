@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import requests
 
+import loadtest
 from conftest import REPO, drawn_image
 
 SOURCES = ("pyproject.toml", "README.md", "vit_core", "dashboard")  # what the build reads
@@ -158,12 +159,7 @@ def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anyw
         assert config.gather_usage_stats is False
         assert config.toolbar_mode == Config.ToolbarMode.MINIMAL
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        loadtest.stop_server(server)
         log.close()
     output = (tmp_path / "server.log").read_text()
     assert "Traceback" not in output, output
