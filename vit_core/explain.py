@@ -33,7 +33,6 @@ from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
 
 METHODS = ("raw_attention", "rollout", "chefer", "gradcam", "attnlrp")  # display order
-ATTENTION_METHODS = ("raw_attention", "rollout")  # computed from the attention pattern alone
 RANDOM = "random"  # the name of the random baseline in the faithfulness curves
 RANDOM_ORDERS = 8
 DEFAULT_STEPS = 10
