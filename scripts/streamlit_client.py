@@ -1,6 +1,6 @@
 """A Streamlit session without a browser: the messages a page sends and the files it fetches, nothing drawn.
 
-`StreamlitSession` speaks Streamlit's own protocol (the version requirements.txt pins, 1.67) to a
+`StreamlitSession` speaks Streamlit's own protocol (the version pyproject.toml pins, 1.67) to a
 running app, as the browser's page does:
   * one websocket to ``/_stcore/stream``; every rerun is a ``BackMsg.rerun_script`` carrying the
     widget states the page would send (and the fragment id when the widget lives in a fragment);
