@@ -36,13 +36,16 @@ import asyncio
 import io
 import statistics
 import time
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
+from PIL import Image
 
 from dashboard.views import VIEWS
-from vit_core import TEACHING_MODEL, explain, load_model, preprocess, run_with_capture
+from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model, preprocess, run_with_capture
 from vit_core.export import analysis_arrays, model_arrays
 from vit_core.runtime import configure_threads
 
@@ -51,10 +54,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sample_image():
     import matplotlib.cbook
-    from PIL import Image
 
     with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
         return Image.open(f).convert("RGB")
+
+
+def plain_forward(loaded: LoadedModel, image: Image.Image) -> None:
+    """timm's own forward (fused attention, no hooks): the baseline every variant is compared with."""
+    _, x = preprocess(loaded, image)  # (1, 3, H, W)
+    with torch.inference_mode():
+        loaded.model(x)
+
+
+def interleaved_times(variants: dict[str, Callable[[], object]], repeats: int, warmups: int) -> dict[str, list[float]]:
+    """Seconds of each variant per round, `repeats` rounds that run every variant once (so machine noise hits
+    each alike), after `warmups` untimed rounds (allocator, oneDNN kernels, the VM's clock)."""
+    for _ in range(warmups):
+        for fn in variants.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 def core(model: str, repeats: int) -> dict[str, float]:
@@ -65,28 +89,15 @@ def core(model: str, repeats: int) -> dict[str, float]:
     model_arrays(loaded)  # filter PCA + position similarity: once per model, cached
     per_model_seconds = time.perf_counter() - started
 
-    def plain():
-        _, x = preprocess(loaded, image)
-        with torch.inference_mode():
-            loaded.model(x)
-
     def capture():
         run_with_capture(loaded, image)
 
     def capture_and_analyses():
         analysis_arrays(loaded, run_with_capture(loaded, image))
 
-    variants = {"plain timm forward (fused attention)": plain, "run_with_capture": capture,
+    variants = {"plain timm forward (fused attention)": partial(plain_forward, loaded, image), "run_with_capture": capture,
                 "run_with_capture + all analyses": capture_and_analyses}
-    for _ in range(3):  # warm-up: allocator, oneDNN kernels, the VM's clock
-        for fn in variants.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
+    times = interleaved_times(variants, repeats, warmups=3)
 
     # Ratios per round, then their median: this VM's speed drifts (identical runs differ by 10-30 %), and a
     # ratio of two medians taken at different moments carries that drift; each round runs every variant once.
@@ -119,27 +130,15 @@ def explanations(model: str, repeats: int) -> dict[str, float]:
     drop = list(range(0, g.num_patches, max(1, g.num_patches // 10)))[:10]  # 10 patches spread over the grid
     ablate = [(0, 0), (g.num_layers - 1, g.num_heads - 1)]
 
-    def plain():
-        _, x = preprocess(loaded, image)
-        with torch.inference_mode():
-            loaded.model(x)
-
     def relevance():
         explain.relevance_maps(loaded, image, cap=cap)
 
     def intervention():
         explain.predict_intervened(loaded, image, drop=drop, ablate=ablate)
 
-    variants = {"plain timm forward": plain, "relevance pass (all maps)": relevance, "intervention": intervention}
-    for _ in range(2):
-        for fn in variants.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
+    variants = {"plain timm forward": partial(plain_forward, loaded, image), "relevance pass (all maps)": relevance,
+                "intervention": intervention}
+    times = interleaved_times(variants, repeats, warmups=2)
     ratio = statistics.median(r / p for r, p in zip(times["relevance pass (all maps)"], times["plain timm forward"], strict=True))
     maps = explain.relevance_maps(loaded, image, cap=cap)
     curve_times, first_method_times = [], []
