@@ -59,6 +59,11 @@ def sample_image():
         return Image.open(f).convert("RGB")
 
 
+def weights_of(model: str) -> str:
+    """What `load_model(model, pretrained=False)` runs: the bundled weights for the teaching model, else a random init."""
+    return "bundled" if model == TEACHING_MODEL else "random init"
+
+
 def plain_forward(loaded: LoadedModel, image: Image.Image) -> None:
     """timm's own forward (fused attention, no hooks): the baseline every variant is compared with."""
     _, x = preprocess(loaded, image)  # (1, 3, H, W)
@@ -104,7 +109,7 @@ def core(model: str, repeats: int) -> dict[str, float]:
     plain = times["plain timm forward (fused attention)"]
     ratios = {name: statistics.median(t / p for t, p in zip(samples, plain, strict=True)) for name, samples in times.items()}
     g = loaded.geometry
-    print(f"\n== 1. core: {model} (random init), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
+    print(f"\n== 1. core: {model} ({weights_of(model)}), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
           f"CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} interleaved rounds")
     print(f"{'':40s} {'median ms':>10s} {'p90 ms':>8s} {'ratio':>6s}  (ratio: median over rounds of variant / plain)")
     for name, samples in times.items():
@@ -150,7 +155,7 @@ def explanations(model: str, repeats: int) -> dict[str, float]:
                 first_method_times.append(time.perf_counter() - started)
         faith = explain.faithfulness_of(maps.target, explain.DEFAULT_STEPS, finished)
         curve_times.append(time.perf_counter() - started)
-    print(f"\n== 2b. explanations: {model} ({'bundled' if model == TEACHING_MODEL else 'random init'}), "
+    print(f"\n== 2b. explanations: {model} ({weights_of(model)}), "
           f"{g.num_tokens} tokens, median of {repeats} interleaved rounds")
     for name, samples in times.items():
         print(f"{name:40s} {statistics.median(samples) * 1e3:10.1f} ms")
