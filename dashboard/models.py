@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import vit_core
-from vit_core.loading import TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
+from vit_core.loading import MAX_LABEL_FILE_BYTES, TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
 
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
 MAX_WEIGHTS_MB = 400  # the largest listed architecture (ViT-B/16 at 384) is about 350 MB; = server.maxUploadSize
-MAX_LABELS_MB = 8  # = vit_core.loading.MAX_LABEL_FILE_BYTES: 100,000 class names
+MAX_LABELS_MB = MAX_LABEL_FILE_BYTES // 2**20  # the label uploader's cap: vit_core's own limit on a label file
 FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
 
 MODEL_CHOICES: dict[str, str] = {
