@@ -32,6 +32,16 @@ def percent(p: float) -> str:
     return f"{p:.2%}" if p >= 0.01 else f"{p * 100:.3g}%"
 
 
+def _method_title(method: str) -> str:
+    """A method's name as the tabs show it (its key where text.py has no title)."""
+    return text.METHOD_TITLES.get(method, method)
+
+
+def _ranked(predictions: list[analyses.Prediction]) -> str:
+    """A numbered Markdown list of predictions, best first: `1. cat (42.0%)`."""
+    return "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(predictions))
+
+
 def _no_head(ctx: ViewContext) -> bool:
     """True (with a note) for a model without a classifier head: no class to explain."""
     if ctx.loaded.geometry.num_classes:
@@ -71,7 +81,7 @@ def _curves_png(ctx: ViewContext, target: int, steps: int, methods: tuple[str, .
 def _curves_figure(ctx: ViewContext, result: explain.Faithfulness, steps: int, methods: tuple[str, ...]) -> bytes:
     """The curves of `methods` that `result` holds (all, or those finished so far) and the random baseline's."""
     shown = [m for m in methods if m in result.deletion] + [explain.RANDOM]
-    title = {m: text.METHOD_TITLES.get(m, m) for m in methods} | {explain.RANDOM: explain.RANDOM}
+    title = {m: _method_title(m) for m in methods} | {explain.RANDOM: explain.RANDOM}
     return figures.faithfulness_curves_png(
         {title[m]: result.deletion[m] for m in shown}, {title[m]: result.insertion[m] for m in shown},
         result.random_deletion_std, result.random_insertion_std,
@@ -91,7 +101,7 @@ def _explanations(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns([2, 3, 1])
     target = _target_ui(ctx, c1)
     methods = c2.pills("Methods", list(explain.METHODS), selection_mode="multi", default=list(explain.METHODS),
-                       key=state.K_METHODS, bind="query-params", format_func=lambda m: text.METHOD_TITLES.get(m, m))
+                       key=state.K_METHODS, bind="query-params", format_func=_method_title)
     steps = c3.selectbox("Curve steps S", STEP_CHOICES, index=STEP_CHOICES.index(10), key=state.K_STEPS,
                          bind="query-params", help=text.FAITHFULNESS_HOW)
     methods = [m for m in explain.METHODS if m in methods]  # display order, whatever order they were picked in
@@ -116,7 +126,7 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, result: expl
     g, target = ctx.loaded.geometry, relevance.target
     for method, col in zip(methods, st.columns(len(methods)), strict=True):
         with col:
-            st.markdown(f"**{text.METHOD_TITLES.get(method, method)}**")
+            st.markdown(f"**{_method_title(method)}**")
             if method in relevance.maps:
                 show_picture(cached_figure(_relevance_overlay, ctx, target, method, "jpeg"), f"why_{method}",
                              f"{ctx.stem}_{method}_class{target}", png=partial(_relevance_overlay, ctx, target, method, "png"))
@@ -153,7 +163,7 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
     def show_partial(partial: explain.Faithfulness) -> None:
         with live.container():
             st.image(_curves_figure(ctx, partial, steps, methods), width=1100)
-            pending = [text.METHOD_TITLES.get(m, m) for m in methods if m not in partial.deletion]
+            pending = [_method_title(m) for m in methods if m not in partial.deletion]
             st.markdown(_auc_table(partial, [m for m in methods if m in partial.deletion]))
             if pending:
                 st.caption("still running: " + ", ".join(pending))
@@ -167,7 +177,7 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
 
 def _auc_table(result: explain.Faithfulness, names: list[str]) -> str:
     """The AUCs of the methods `names` (all finished) and of the random baseline, as a Markdown table."""
-    rows = [f"| {text.METHOD_TITLES.get(m, m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
+    rows = [f"| {_method_title(m)} | {result.deletion_auc[m]:.3g} | {result.insertion_auc[m]:.3g} | "
             f"{'yes' if result.beats_random[m] else 'no'} |" for m in names]
     rows.append(f"| random (mean of {explain.RANDOM_ORDERS} orders) | {result.deletion_auc[explain.RANDOM]:.3g} | "
                 f"{result.insertion_auc[explain.RANDOM]:.3g} | |")
@@ -285,9 +295,8 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
               delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
               help="the target class's probability after the intervention; the change is against the original image")
     a, b = st.columns(2)
-    a.markdown("**Original**\n\n" + "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(before)))
-    b.markdown(f"**After: {_intervention_name(patches, mode, heads, ablation)}**\n\n"
-               + "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(after)))
+    a.markdown("**Original**\n\n" + _ranked(before))
+    b.markdown(f"**After: {_intervention_name(patches, mode, heads, ablation)}**\n\n" + _ranked(after))
     show_picture(cached_figure(_prediction_change_png, ctx, patches, mode, heads, ablation, target), "int_change",
                  f"{ctx.stem}_intervention")
 
