@@ -10,8 +10,9 @@ Caches (shared by every browser session, all keyed on strings, never on tensors 
   interventions per (model, image, intervention); the deletion / insertion curves, computed on request
   with a progress bar, in a small bounded store per (model, image, target, steps).
 
-Session state: the image source touched last, the last good image, the session's held capture, its
-attention-distance history, its saved uploads, the patches and heads of its intervention. Selections
+Session state: the image source touched last, the last good image and model, the session's held
+capture, its attention-distance history, its saved uploads, the canvases' clear counters, the patches
+and heads of its intervention (with the model and image they belong to, and a patch-click count). Selections
 that matter live in the URL: the widgets are created with `bind="query-params"`, so their key is the
 query parameter (`?model=...&view=Attention&layer=3`).
 
