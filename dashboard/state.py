@@ -395,23 +395,14 @@ def latest_faithfulness(request: ModelRequest, image: ImageChoice) -> explain.Fa
 def explanation_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
                        cap: vit_core.Capture) -> dict[str, np.ndarray]:
     """The explanation keys of the export (interface.md, "Explanations in the export", as
-    `vit_core.export.explanation_export` writes them) from what the dashboard computed, without running
+    `vit_core.export.explanation_arrays` builds them) from what the dashboard computed, without running
     the curves again: target, relevance_<method>, logit_lens, token_norms, and deletion_<name> /
     insertion_<name> when the curves of this image were computed (for the target they were computed for;
     else the top-1). A function of plain arguments: called from a download button's thread."""
     faith = latest_faithfulness(request, image)
     target = faith.target if faith is not None else explain.resolve_target(loaded, cap.logits)
-    explained = relevance(request, loaded, image, cap, target)
-    arrays: dict[str, np.ndarray] = {"target": np.asarray(explained.target, dtype=np.int64)}
-    for method, relevance_map in explained.maps.items():
-        arrays[f"relevance_{method}"] = np.asarray(relevance_map, dtype=np.float32)  # (gh, gw)
-    arrays["logit_lens"] = logit_lens(request.key, image.sha, loaded, cap)  # (L+1, C)
-    arrays["token_norms"] = explain.token_norms(cap)  # (L+1, T)
-    if faith is not None:
-        for name in faith.deletion:  # the methods, then "random"
-            arrays[f"deletion_{name}"] = np.asarray(faith.deletion[name], dtype=np.float32)  # (S,)
-            arrays[f"insertion_{name}"] = np.asarray(faith.insertion[name], dtype=np.float32)  # (S,)
-    return arrays
+    return export.explanation_arrays(relevance(request, loaded, image, cap, target),
+                                     logit_lens(request.key, image.sha, loaded, cap), explain.token_norms(cap), faith)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -94,6 +94,23 @@ def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:
     }
 
 
+def explanation_arrays(relevance: explain.Relevance, lens: np.ndarray, token_norms: np.ndarray,
+                       faith: explain.Faithfulness | None) -> dict[str, np.ndarray]:
+    """The arrays of interface.md's "Explanations in the export" from results already computed: target,
+    relevance_<method> (gh, gw), logit_lens (L+1, C), token_norms (L+1, T), and deletion_<name> /
+    insertion_<name> (S,) of every method and "random" when `faith` is given."""
+    arrays: dict[str, np.ndarray] = {"target": np.asarray(relevance.target, dtype=np.int64)}
+    for method, relevance_map in relevance.maps.items():
+        arrays[f"relevance_{method}"] = np.asarray(relevance_map, dtype=np.float32)  # (gh, gw)
+    arrays["logit_lens"] = lens  # (L+1, C)
+    arrays["token_norms"] = token_norms  # (L+1, T)
+    if faith is not None:
+        for name in faith.deletion:  # the methods, then "random"
+            arrays[f"deletion_{name}"] = np.asarray(faith.deletion[name], dtype=np.float32)  # (S,)
+            arrays[f"insertion_{name}"] = np.asarray(faith.insertion[name], dtype=np.float32)  # (S,)
+    return arrays
+
+
 def explanation_export(
     loaded: LoadedModel, cap: Capture, image: Image.Image, target: int | str | None = None, steps: int = explain.DEFAULT_STEPS
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -103,14 +120,7 @@ def explanation_export(
     "unsupported": method -> why it has no map). Target None: top-1. Raises explain.TargetError."""
     relevance = explain.relevance_maps(loaded, image, target, cap=cap)
     faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=steps)
-    arrays: dict[str, np.ndarray] = {"target": np.asarray(relevance.target, dtype=np.int64)}
-    for method, relevance_map in relevance.maps.items():
-        arrays[f"relevance_{method}"] = np.asarray(relevance_map, dtype=np.float32)  # (gh, gw)
-    arrays["logit_lens"] = explain.logit_lens(loaded, cap)  # (L+1, C)
-    arrays["token_norms"] = explain.token_norms(cap)  # (L+1, T)
-    for name in faith.deletion:  # the methods, then "random"
-        arrays[f"deletion_{name}"] = np.asarray(faith.deletion[name], dtype=np.float32)  # (S,)
-        arrays[f"insertion_{name}"] = np.asarray(faith.insertion[name], dtype=np.float32)  # (S,)
+    arrays = explanation_arrays(relevance, explain.logit_lens(loaded, cap), explain.token_norms(cap), faith)
     summary_part = {
         "target": relevance.target,
         "faithfulness": {
