@@ -77,7 +77,7 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
 # Image
 
 
-def image_ui(model_name: str) -> ImageChoice | None:
+def image_ui(model_name: str) -> ImageChoice:
     """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image."""
     names = examples.example_names()
     default = examples.default_example(model_name)
