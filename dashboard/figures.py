@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from dashboard.image_choice import mathtext_literal
-from vit_core import analyses
+from vit_core import analyses, explain
 
 ATTENTION_CMAP = "inferno"
 OVERLAY_ALPHA = 0.65  # weight of the map's colour over the crop in every overlay
@@ -470,20 +470,21 @@ def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str
 
     deletion, insertion: name -> (S,) probabilities, one entry per method plus "random" (the mean of the
     random orders, drawn grey with a band of +- one standard deviation `random_*_std` (S,)). The x positions
-    are the spec's: deletion k / S for k = 0..S-1, insertion k / S for k = 1..S.
+    are the spec's (explain.deletion_x, insertion_x): deletion k / S for k = 0..S-1, insertion k / S for k = 1..S.
     """
     fig = Figure(figsize=(10, 3.4))
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, curves, std, first, what in ((axes[0], deletion, random_deletion_std, 0, "dropped (most relevant first)"),
-                                         (axes[1], insertion, random_insertion_std, 1, "kept (most relevant first)")):
-        methods = [name for name in curves if name != "random"]
+    panels = ((axes[0], deletion, random_deletion_std, explain.deletion_x, "dropped (most relevant first)"),
+              (axes[1], insertion, random_insertion_std, explain.insertion_x, "kept (most relevant first)"))
+    for ax, curves, std, x_of, what in panels:
+        methods = [name for name in curves if name != explain.RANDOM]
         for i, name in enumerate(methods):
             y = curves[name]
-            x = (np.arange(len(y)) + first) / len(y)
+            x = x_of(len(y))  # (S,)
             ax.plot(x, y, "o-", ms=3, lw=1.4, color=METHOD_COLOURS[i % len(METHOD_COLOURS)], label=mathtext_literal(name))
-        if "random" in curves:
-            y = curves["random"]
-            x = (np.arange(len(y)) + first) / len(y)
+        if explain.RANDOM in curves:
+            y = curves[explain.RANDOM]
+            x = x_of(len(y))  # (S,)
             ax.fill_between(x, y - std, y + std, color=RANDOM_COLOUR, alpha=0.25, lw=0)
             ax.plot(x, y, "--", lw=1.4, color=RANDOM_COLOUR, label="random (mean ± std)")
         ax.set_xlabel(f"share of patches {what}", fontsize=9)
