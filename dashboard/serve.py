@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
-    from vit_core.runtime import configure_threads
+    from dashboard import process
 
-    configure_threads()
+    process.configure_torch_threads()  # once per process: the app's own call is then a no-op
     threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
     from streamlit.web import cli
 
