@@ -19,7 +19,7 @@ from dashboard import state
 CANVAS_PX = 232  # fits the sidebar's default width (240 px of content); the model resizes what it gets anyway
 PAPER = "#ffffff"
 DEFAULT_INK = "#000000"
-DEFAULT_STROKE_PX = 12  # about 3 px at the teaching model's 64 px input: a felt pen, not a hairline
+DEFAULT_STROKE_PX = 12  # about 5 px at the teaching model's 96 px input (12 x 96 / 232): a felt pen, not a hairline
 
 
 def png_on_white(rgba: np.ndarray) -> bytes:
