@@ -47,7 +47,7 @@ def header(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
     st.markdown(text.INTRO)
     top = analyses.top_k(cap.logits, ctx.loaded.labels, 1)[0]
-    prediction = f"**{top.label}** ({top.prob:.1%})" if g.num_classes else "no classifier head"
+    prediction = f"**{markdown_literal(top.label)}** ({top.prob:.1%})" if g.num_classes else "no classifier head"
     st.markdown(
         f"Model **{ctx.loaded.name}** ({ctx.loaded.weights}) · image **{markdown_literal(ctx.image.name)}** · "
         f"{len(g.prefix_names)} prefix + {g.num_patches} patch tokens of width {g.embed_dim}, "
@@ -63,11 +63,12 @@ def outside_its_world(model_name: str, labels: tuple[str, ...] | None, top: anal
     class wins, or no class is likely), so a selfie is never just called "cross (48 %)". None otherwise."""
     if model_name != TEACHING_MODEL or not labels:
         return None
-    shapes = ", ".join(label for label in labels if label != text.OTHER_CLASS)
+    shapes = [label for label in labels if label != text.OTHER_CLASS]
+    known = {"count": len(shapes), "shapes": ", ".join(shapes)}
     if top.label == text.OTHER_CLASS:
-        return text.OUTSIDE_SHAPES_OTHER.format(shapes=shapes, prob=top.prob)
+        return text.OUTSIDE_SHAPES_OTHER.format(**known, prob=top.prob)
     if top.prob < UNSURE_BELOW:
-        return text.OUTSIDE_SHAPES_UNSURE.format(shapes=shapes, label=top.label, prob=top.prob)
+        return text.OUTSIDE_SHAPES_UNSURE.format(**known, label=top.label, prob=top.prob)
     return None
 
 
@@ -139,7 +140,7 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     with cols[3]:
         if g.num_classes:
             st.markdown(f"**8. Top 5 of {g.num_classes} classes**")
-            st.markdown("\n".join(f"{i + 1}. {p.label} ({p.prob:.1%})"
+            st.markdown("\n".join(f"{i + 1}. {markdown_literal(p.label)} ({p.prob:.1%})"
                                    for i, p in enumerate(analyses.top_k(cap.logits, ctx.loaded.labels, 5))))
             st.caption("details in the Prediction tab")
         else:
@@ -509,7 +510,7 @@ def prediction_view(ctx: ViewContext) -> None:
         show_picture(cached_figure(_top_k_png, ctx, k), "topk", f"{ctx.stem}_top{k}")
     with right:
         st.markdown("| # | class | index | probability | logit |\n| --- | --- | --- | --- | --- |\n" + "\n".join(
-            f"| {i + 1} | {p.label} | {p.index} | {p.prob:.2%} | {p.logit:.2f} |" for i, p in enumerate(preds)))
+            f"| {i + 1} | {markdown_literal(p.label)} | {p.index} | {p.prob:.2%} | {p.logit:.2f} |" for i, p in enumerate(preds)))
         if ctx.loaded.labels is None:
             st.caption("No label names for this head: class indices are shown. Upload a label file with your weights.")
     show_picture(cached_figure(_logits_png, ctx, k), "logits", f"{ctx.stem}_logits",
