@@ -197,7 +197,7 @@ def test_sincos_start_is_a_grid_and_stays_trainable():
     model = create_untrained(TrainConfig(pos_embed_init="random"))
     assert ev.pos_embed_grid_spearman(model) < 0.2  # timm's random start has no grid
     init_sincos_pos_embed(model)
-    assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.90 for the 8 x 8 grid at dim 128
+    assert ev.pos_embed_grid_spearman(model) > 0.8  # 0.851 for the 12 x 12 grid at dim 256 (metrics.json)
     assert model.pos_embed.requires_grad
     assert torch.count_nonzero(model.pos_embed[0, 0]) == 0  # the class-token row starts at zero
 
