@@ -289,16 +289,16 @@ def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: 
 
 
 @st.cache_resource(max_entries=24, show_spinner=False)
-def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel, _image: _Lazy,
+def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel,
                _cap: vit_core.Capture) -> explain.Relevance:
-    return explain.relevance_maps(_loaded, full_image(_image.image), target=target, cap=_cap)
+    return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap)
 
 
 def relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
               target: int) -> explain.Relevance:
     """Every method's relevance map (gh, gw) for class `target`: one forward + backward pass per
     (model, image, target), cached and shared by every session."""
-    return _relevance(request.key, image.sha, int(target), loaded, _Lazy(image), cap)
+    return _relevance(request.key, image.sha, int(target), loaded, cap)
 
 
 @st.cache_resource(max_entries=24, show_spinner=False)
@@ -316,18 +316,18 @@ def patch_logit_lens(model_key: str, image_sha: str, layer: int, _loaded: Loaded
 
 @st.cache_resource(max_entries=128, show_spinner=False)
 def _intervened(model_key: str, image_sha: str, drop: tuple[int, ...], mask: tuple[int, ...],
-                ablate: tuple[tuple[int, int], ...], ablation: str, _loaded: LoadedModel, _image: _Lazy) -> np.ndarray:
-    return explain.predict_intervened(_loaded, full_image(_image.image), drop=drop, mask=mask, ablate=ablate,
-                                      ablation=ablation)
+                ablate: tuple[tuple[int, int], ...], ablation: str, _loaded: LoadedModel,
+                _cap: vit_core.Capture) -> np.ndarray:
+    return explain.predict_intervened(_loaded, _cap, drop=drop, mask=mask, ablate=ablate, ablation=ablation)
 
 
-def intervened_logits(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, *, drop: tuple[int, ...] = (),
-                      mask: tuple[int, ...] = (), ablate: tuple[tuple[int, int], ...] = (),
+def intervened_logits(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, *,
+                      drop: tuple[int, ...] = (), mask: tuple[int, ...] = (), ablate: tuple[tuple[int, int], ...] = (),
                       ablation: str = "zero") -> np.ndarray:
     """The logits (C,) after dropping / masking patches and ablating heads (explain.predict_intervened), cached
     per (model, image, intervention): clicking a patch back and forth costs one forward each way, once."""
     return _intervened(request.key, image.sha, tuple(sorted(drop)), tuple(sorted(mask)), tuple(sorted(ablate)), ablation,
-                       loaded, _Lazy(image))
+                       loaded, cap)
 
 
 class _BoundedStore:
@@ -366,15 +366,15 @@ def faithfulness_result(request: ModelRequest, image: ImageChoice, target: int, 
     return _faithfulness.get(_faithfulness_key(request, image, target, steps))
 
 
-def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, relevance: explain.Relevance,
-                         steps: int, progress: Callable[[float, str], None] | None = None,
+def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                         relevance: explain.Relevance, steps: int, progress: Callable[[float, str], None] | None = None,
                          on_partial: Callable[[explain.Faithfulness], None] | None = None) -> explain.Faithfulness:
     """Deletion and insertion curves of every supported method's map and of the random baseline
     (explain.faithfulness_by_method), computed now and kept for every session once all are done;
     `progress(fraction, message)` after each unit, `on_partial(result so far)` with the random baseline and
     the methods finished so far, as each finishes (the random baseline first)."""
     finished: list[explain.MethodCurves] = []
-    for unit in explain.faithfulness_by_method(loaded, full_image(image), relevance.maps, relevance.target, steps=steps,
+    for unit in explain.faithfulness_by_method(loaded, cap, relevance.maps, relevance.target, steps=steps,
                                                progress=progress):
         finished.append(unit)
         if on_partial is not None:

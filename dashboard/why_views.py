@@ -168,7 +168,7 @@ def _curves_button(ctx: ViewContext, relevance: explain.Relevance, steps: int) -
             if pending:
                 st.caption("still running: " + ", ".join(pending))
 
-    result = state.compute_faithfulness(ctx.request, ctx.loaded, ctx.image, relevance, steps, progress, show_partial)
+    result = state.compute_faithfulness(ctx.request, ctx.loaded, ctx.image, ctx.cap, relevance, steps, progress, show_partial)
     bar.empty()
     live.empty()
     slot.empty()
@@ -220,7 +220,7 @@ def _intervened_logits(ctx: ViewContext, patches: tuple[int, ...], mode: str, he
     """The logits (C,) after the intervention; the capture's own when nothing is changed."""
     if not patches and not heads:
         return ctx.cap.logits
-    return state.intervened_logits(ctx.request, ctx.loaded, ctx.image, drop=patches if mode == "drop" else (),
+    return state.intervened_logits(ctx.request, ctx.loaded, ctx.image, ctx.cap, drop=patches if mode == "drop" else (),
                                    mask=patches if mode == "mask" else (), ablate=heads, ablation=ablation)
 
 

@@ -181,8 +181,8 @@ def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny_env, refer
     monkeypatch.setattr(why_views, "_curves_figure", lambda ctx, result, steps, methods: figures_drawn.append(
         list(result.deletion)) or curves_figure(ctx, result, steps, methods))
 
-    def recorded_compute(request, loaded, image, relevance, steps, progress=None, on_partial=None):
-        return compute(request, loaded, image, relevance, steps,
+    def recorded_compute(request, loaded, image, cap, relevance, steps, progress=None, on_partial=None):
+        return compute(request, loaded, image, cap, relevance, steps,
                        lambda fraction, message: messages.append((fraction, message)) or progress(fraction, message),
                        on_partial)
 
@@ -274,7 +274,7 @@ def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(t
     assert int(before["target"]) == int(np.argmax(cap.logits))
     assert set(before) == {k for k in expected if not k.startswith(("deletion_", "insertion_"))}
 
-    state.compute_faithfulness(request, loaded, image, state.relevance(request, loaded, image, cap, second), steps=5)
+    state.compute_faithfulness(request, loaded, image, cap, state.relevance(request, loaded, image, cap, second), steps=5)
     arrays = state.explanation_arrays(request, loaded, image, cap)
     assert set(arrays) == set(expected)
     for key, value in expected.items():

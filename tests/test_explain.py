@@ -176,6 +176,23 @@ def assert_clean(loaded, before):
     assert not loaded.lock.locked()
 
 
+def test_a_capture_stands_for_its_image(tiny, image):
+    """Every entry point given the Capture of an image (its input_tensor: no second decode) gives what it gives
+    for the image itself, bit for bit."""
+    cap = run_with_capture(tiny, image)
+    from_image, from_cap = explain.relevance_maps(tiny, image, cap=cap), explain.relevance_maps(tiny, cap, cap=cap)
+    for method in from_image.maps:
+        np.testing.assert_array_equal(from_image.maps[method], from_cap.maps[method])
+    intervention = dict(drop=(3, 40), mask=(7,), ablate=((1, 2),), ablation="mean")
+    np.testing.assert_array_equal(explain.predict_intervened(tiny, image, **intervention),
+                                  explain.predict_intervened(tiny, cap, **intervention))
+    target = from_image.target
+    a = explain.faithfulness(tiny, image, from_image.maps, target, steps=4, random_orders=2)
+    b = explain.faithfulness(tiny, cap, from_image.maps, target, steps=4, random_orders=2)
+    assert a.deletion_auc == b.deletion_auc and a.insertion_auc == b.insertion_auc
+    assert cap.input_tensor.flags.writeable is False  # the shared capture was not made writable or changed
+
+
 def test_relevance_pass_leaves_the_model_as_it_was(tiny, image):
     model = tiny.model
     blocks = list(model.blocks)

@@ -225,7 +225,15 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
     )
 
 
-def relevance_maps(loaded: LoadedModel, image: Image.Image, target: int | str | None = None,
+def model_input(loaded: LoadedModel, image: Image.Image | Capture) -> torch.Tensor:
+    """The normalised model input (1, 3, H, W) of `image`: a picture preprocessed as the capture does, or a
+    Capture of it, whose `input_tensor` is exactly that input (no second decode and preprocessing)."""
+    if isinstance(image, Capture):
+        return torch.tensor(image.input_tensor).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W), a writable copy
+    return preprocess(loaded, image)[1]
+
+
+def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: int | str | None = None,
                    cap: Capture | None = None) -> Relevance:
     """Relevance maps (gh, gw) of every method in METHODS for the target class (None: top-1).
 
@@ -235,7 +243,7 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image, target: int | str | 
     """
     geometry = loaded.geometry
     p = geometry.num_prefix_tokens
-    _, x = preprocess(loaded, image)  # (1, 3, H, W)
+    x = model_input(loaded, image)  # (1, 3, H, W)
     passed = _gradient_pass(loaded, x, target)
     pattern = cap.pattern if cap is not None else passed.pattern
     maps = {
@@ -344,7 +352,7 @@ def heads_ablated(model: torch.nn.Module, heads: Iterable[tuple[int, int]], abla
         yield
 
 
-def predict_intervened(loaded: LoadedModel, image: Image.Image, *, drop: Iterable[int] = (), mask: Iterable[int] = (),
+def predict_intervened(loaded: LoadedModel, image: Image.Image | Capture, *, drop: Iterable[int] = (), mask: Iterable[int] = (),
                        ablate: Iterable[tuple[int, int]] = (), ablation: Ablation = "zero") -> np.ndarray:
     """The logits (C,) float32 after an intervention, any combination of: `drop` patch tokens (indices
     0..N-1) after the position embedding; `mask` patches in pixel space (normalised input 0); `ablate`
@@ -357,7 +365,7 @@ def predict_intervened(loaded: LoadedModel, image: Image.Image, *, drop: Iterabl
     if len(dropped) == geometry.num_patches and not geometry.has_class_token:
         raise InterventionError("keep at least one patch: this model pools its patch tokens (it has no class token)")
     kept = torch.tensor([k for k in range(geometry.num_patches) if k not in dropped], dtype=torch.long)[None]  # (1, K)
-    _, x = preprocess(loaded, image)
+    x = model_input(loaded, image)  # (1, 3, H, W)
     x = mask_patches(x, masked, geometry)
     with loaded.lock, torch.inference_mode(), eval_mode(model), heads_ablated(model, ablate, ablation):
         tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
@@ -491,7 +499,7 @@ def _unit_curves(probs: _KeptSetProbs, name: str, orders: np.ndarray, steps: int
                         insertion_std=ins_curves.std(axis=0).astype(np.float32) if spread else None)
 
 
-def faithfulness_by_method(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
+def faithfulness_by_method(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
                            steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
                            progress: Callable[[float, str], None] | None = None) -> Iterator[MethodCurves]:
     """The deletion and insertion curves of p_c (analyses.md), one unit at a time as each finishes: first the
@@ -503,7 +511,7 @@ def faithfulness_by_method(loaded: LoadedModel, image: Image.Image, maps: Mappin
     results come before the last one is run."""
     geometry = loaded.geometry
     n = geometry.num_patches
-    _, x = preprocess(loaded, image)
+    x = model_input(loaded, image)  # (1, 3, H, W)
     with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
         tokens = embedded_tokens(loaded.model, x)  # (1, T, D), computed once
     probs = _KeptSetProbs(loaded, tokens, target)
@@ -516,7 +524,7 @@ def faithfulness_by_method(loaded: LoadedModel, image: Image.Image, maps: Mappin
         yield unit
 
 
-def faithfulness(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int, *,
+def faithfulness(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
                  steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
                  progress: Callable[[float, str], None] | None = None) -> Faithfulness:
     """Deletion and insertion curves of p_c (analyses.md) for each map (gh, gw), in the order given,
