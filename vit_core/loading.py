@@ -35,6 +35,7 @@ DEFAULT_MODEL = "vit_base_patch16_224"
 TEACHING_MODEL = "vit-lens/shapes-vit"
 TEACHING_MODEL_DIR = BUNDLED_DIR  # package data: vit_core/assets/shapes_vit
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin")  # torch.save checkpoints: their tensors are checked once read
 HUB_PROBE_TIMEOUT_S = 3.0
 # Limits on what a weights or label file may make us build, checked before anything is built: a file
 # declares its shapes, and a tiny file declaring a 4M-class head would otherwise cost gigabytes.
@@ -454,30 +455,28 @@ def check_torch_archive(path: Path) -> None:
                            "torch.save writes none, so it was refused unread.")
 
 
-def check_weights_file(path: Path, probe: torch.nn.Module | None) -> int | None:
-    """Check a weights file's declarations before it is read in full: returns the head's class count
-    declared by a .safetensors file (None otherwise). `probe`: the architecture on 'meta', or None."""
+def check_weights_file(path: Path, probe: torch.nn.Module | None) -> None:
+    """Check a weights file's declarations before it is read in full (a pickled checkpoint: its archive only;
+    `check_state_dict` checks its tensors once read). `probe`: the architecture on 'meta', or None."""
     suffix = path.suffix.lower()
     if not path.is_file():
-        return None  # read_state_dict says so
-    if suffix in (".pth", ".pt", ".bin"):
+        return  # read_state_dict says so
+    if suffix in PICKLE_SUFFIXES:
         check_torch_archive(path)
-        return None
+        return
     if suffix == ".safetensors":
         shapes = safetensors_shapes(path)
         check_declared_shapes(path, shapes, probe)
         head = shapes.get("head.weight")
         if head is not None and len(head) == 2:
             check_head_classes(path, head[0])
-            return head[0]
-        return None
+        return
     if suffix == ".npz":
         shapes = npz_shapes(path)
         check_declared_shapes(path, shapes, probe)
         kernel = next((s for k, s in shapes.items() if k.endswith("head/kernel") and len(s) == 2), None)
         if kernel is not None:
             check_head_classes(path, kernel[1])  # JAX: (D, C)
-    return None
 
 
 def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn.Module | None) -> None:
@@ -660,9 +659,9 @@ def load_model(
             weights = Path(weights)
             # Declared shapes first (headers only), then read once (a file can be 350 MB): the head
             # size comes from it, then its tensors go in.
-            declared_classes = check_weights_file(weights, probe)
+            check_weights_file(weights, probe)
             state = None if weights.suffix.lower() == ".npz" else read_state_dict(weights)
-            if state is not None and declared_classes is None:
+            if weights.suffix.lower() in PICKLE_SUFFIXES:
                 check_state_dict(weights, state, probe)
             classes = _head_classes(state) if state is not None else None
             if classes is not None:
