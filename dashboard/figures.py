@@ -500,6 +500,11 @@ def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str
     return figure_png(fig)
 
 
+def lens_row_name(row: int) -> str:
+    """Row l of the logit lens (0..L): the embeddings entering block 0, then the tokens after block l - 1."""
+    return "the embeddings" if row == 0 else f"after block {row - 1}"
+
+
 def logit_lens_strip_png(probs: np.ndarray, labels: Sequence[str], title: str = "") -> bytes:
     """The logit lens as a layer x class strip: probs (L+1, K), row l = the probabilities if the model
     stopped after block l (row 0: the embeddings), for K chosen classes; every cell is written out."""
@@ -514,7 +519,7 @@ def logit_lens_strip_png(probs: np.ndarray, labels: Sequence[str], title: str = 
                     color="white" if p > 0.6 else "black")
     ax.set_xticks(np.arange(cols), [_shown_label(label, 18) for label in labels],
                   rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(np.arange(rows), ["embeddings"] + [f"after block {layer}" for layer in range(rows - 1)], fontsize=7)
+    ax.set_yticks(np.arange(rows), [lens_row_name(row).removeprefix("the ") for row in range(rows)], fontsize=7)
     ax.set_title(mathtext_literal(title), fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="probability")
     return figure_png(fig)

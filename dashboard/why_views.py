@@ -314,11 +314,6 @@ def lens_classes(probs: np.ndarray, k: int = LENS_CLASSES, limit: int = MAX_LENS
     return (final + others)[:limit]
 
 
-def lens_row_name(row: int) -> str:
-    """Row l of the logit lens (0..L): the embeddings entering block 0, then the tokens after block l - 1."""
-    return "the embeddings" if row == 0 else f"after block {row - 1}"
-
-
 def _lens_strip_png(ctx: ViewContext) -> bytes:
     lens = state.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap)  # (L+1, C)
     probs = analyses.softmax(lens)  # (L+1, C)
@@ -332,7 +327,7 @@ def _patch_lens_png(ctx: ViewContext, layer: int) -> bytes:
     probs = analyses.softmax(state.patch_logit_lens(ctx.request.key, ctx.image.sha, layer, ctx.loaded, ctx.cap))  # (N, C)
     top = probs.argmax(axis=1)  # (N,)
     classes, best = top.reshape(g.grid), probs[np.arange(len(top)), top].reshape(g.grid)  # (gh, gw) each
-    where = "the embeddings entering block 0" if layer == 0 else lens_row_name(layer)
+    where = "the embeddings entering block 0" if layer == 0 else figures.lens_row_name(layer)
     return figures.patch_lens_png(ctx.cap.input_image, classes, best, {int(c): ctx.loaded.label(int(c)) for c in set(top)},
                                   g.patch_size, title=f"each patch's top-1 class, {where}")
 
@@ -358,10 +353,10 @@ def logit_lens_view(ctx: ViewContext) -> None:
 def _patch_lens(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
     layer = st.select_slider("Patch tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=state.K_LENS_LAYER,
-                             format_func=lens_row_name, bind="query-params",
+                             format_func=figures.lens_row_name, bind="query-params",
                              help="the logit lens's rows: the embeddings entering block 0, then the tokens after each block")
     show_picture(cached_figure(_patch_lens_png, ctx, layer), "lens_patches", f"{ctx.stem}_patch_lens_{layer}", width=640)
-    st.caption(f"patch tokens {lens_row_name(layer)} `{shape((g.num_patches, g.embed_dim))}` -> norm, fc_norm, head, one "
+    st.caption(f"patch tokens {figures.lens_row_name(layer)} `{shape((g.num_patches, g.embed_dim))}` -> norm, fc_norm, head, one "
                "at a time: the colour is each patch's top-1 class, pale when it is unsure; the number its probability in %.")
 
 
