@@ -208,7 +208,7 @@ def _removed_patches_image(ctx: ViewContext, patches: tuple[int, ...], mode: str
 
 def _prediction_change_png(ctx: ViewContext, patches: tuple[int, ...], mode: str, heads: tuple[tuple[int, int], ...],
                            ablation: str, target: int) -> bytes:
-    before = analyses.softmax(ctx.cap.logits)  # (C,)
+    before = ctx.cap.probs  # (C,)
     after = analyses.softmax(_intervened_logits(ctx, patches, mode, heads, ablation))  # (C,)
     classes = _compared_classes(before, after, target)
     return figures.prediction_change_png([ctx.loaded.label(c) for c in classes], before[classes].tolist(),
@@ -289,7 +289,7 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
     """The prediction after the intervention beside the original: p_c with its change, both top-5 lists, one figure."""
     before, after = analyses.top_k(ctx.cap.logits, ctx.loaded.labels, TARGET_CHOICES), analyses.top_k(
         logits, ctx.loaded.labels, TARGET_CHOICES)
-    p_before, p_after = float(analyses.softmax(ctx.cap.logits)[target]), float(analyses.softmax(logits)[target])
+    p_before, p_after = float(ctx.cap.probs[target]), float(analyses.softmax(logits)[target])
     change = (p_after - p_before) * 100  # percentage points
     st.metric(f"p(target) for {md(ctx.loaded.label(target))}", percent(p_after),
               delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
