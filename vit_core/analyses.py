@@ -353,6 +353,43 @@ def average_over_images(per_image: Sequence[np.ndarray]) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
+# Token norms and high-norm tokens (Darcet et al., ICLR 2024, "Vision Transformers Need Registers")
+
+HIGH_NORM_IQR_FACTOR = 3.0  # Tukey's far-out fence: Q3 + 3 IQR
+
+
+def high_norm_fence(patch_norms: np.ndarray) -> np.ndarray:
+    """Q3 + 3 IQR of the patch-token norms, per layer: (..., N) -> (...,).
+
+    Quartiles by linear interpolation (numpy's and torch.quantile's default), so a device-side
+    version with torch.quantile gives the same fence.
+    """
+    q1, q3 = np.quantile(patch_norms.astype(np.float64), [0.25, 0.75], axis=-1)
+    return (q3 + HIGH_NORM_IQR_FACTOR * (q3 - q1)).astype(np.float32)
+
+
+def high_norm_patches(norms: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
+    """Which patch tokens are high-norm, per layer: norms (L+1, T) -> bool (L+1, N).
+
+    A patch token of layer l is high-norm when its norm exceeds the fence of that layer's patch
+    norms (`high_norm_fence`); prefix tokens (class, registers) are never counted.
+    """
+    patch_norms = norms[..., num_prefix_tokens:]  # (L+1, N)
+    return patch_norms > high_norm_fence(patch_norms)[..., None]
+
+
+def high_norm_rate(norms: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
+    """Share of patch tokens that are high-norm, per layer: (L+1, T) -> float32 (L+1,)."""
+    return high_norm_patches(norms, num_prefix_tokens).mean(axis=-1).astype(np.float32)
+
+
+def attention_share_to(pattern_layer: np.ndarray, keys: np.ndarray) -> float:
+    """Share of one layer's attention that goes to the chosen keys, averaged over heads and all
+    queries: pattern_layer (H, T, T), keys bool (T,) -> a number in [0, 1]."""
+    return float(pattern_layer[:, :, keys].sum(axis=-1, dtype=np.float64).mean())
+
+
+# ----------------------------------------------------------------------------------------------
 # Prediction
 
 
