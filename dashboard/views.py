@@ -21,7 +21,7 @@ from functools import partial
 import numpy as np
 import streamlit as st
 
-from dashboard import figures, state, text, why_views
+from dashboard import figures, register_views, state, text, why_views
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, markdown_literal
 from dashboard.view_context import ModelSource, ViewContext, cached_figure, shape, show_picture
 from vit_core import TEACHING_MODEL, Geometry, ImageError, analyses, export
@@ -528,4 +528,5 @@ VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Why?": why_views.why_view,
     "Interventions": why_views.interventions_view,
     "Logit lens": why_views.logit_lens_view,
+    "Registers & norms": register_views.registers_view,
 }
