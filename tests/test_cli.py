@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from conftest import drawn_image
 from vit_core import analyses, load_model, run_with_capture
@@ -140,3 +142,109 @@ def test_analyze_explain_with_a_target_the_model_lacks_is_one_line_and_exit_2(tm
     assert result.stderr.count("\n") == 1 and "outside 0..999" in result.stderr
     result = run_cli(tmp_path / "a.png", "--model", "vit_tiny_patch16_224", "--random-init", "--target", "3", cwd=tmp_path)
     assert result.returncode == 2 and "--target and --steps need --explain" in result.stderr
+
+
+# Issue 12, CLI: same stems, atomic writes, an OSError on one image.
+
+def _analyze_in_process(capsys, *args) -> tuple[int, list[str]]:
+    """`python -m vit_core analyze ...` run in this process (monkeypatches reach it); exit status and stderr lines."""
+    from vit_core import __main__ as core_cli
+
+    status = core_cli.main(["analyze", *map(str, args), "--model", "vit_tiny_patch16_224", "--random-init"])
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+def _mean_colour(npz_path) -> list[int]:
+    return np.load(npz_path)["input_image"].reshape(-1, 3).mean(axis=0).round().astype(int).tolist()
+
+
+def test_inputs_that_share_a_stem_keep_their_own_results_under_the_documented_names(tmp_path, capsys):
+    import hashlib
+    import os
+
+    colours = {"a/photo.jpg": (200, 30, 30), "b/photo.png": (30, 200, 30), "c/photo.jpg": (30, 30, 200),
+               "c/Photo.png": (200, 200, 30), "c/alone.png": (90, 90, 90)}
+    for name, colour in colours.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        Image.new("RGB", (64, 48), colour).save(tmp_path / name, quality=100)
+    status, errors = _analyze_in_process(capsys, *(tmp_path / n for n in colours), "--out", tmp_path / "out")
+    assert status == 0 and errors == []
+
+    def expected_name(name):  # the module docstring's rule, written again: stem, or stem-<sha256(abspath)[:8]>
+        stem = Path(name).stem
+        if stem.lower() != "photo":
+            return stem
+        return f"{stem}-{hashlib.sha256(os.path.abspath(tmp_path / name).encode()).hexdigest()[:8]}"
+
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == sorted(f"{expected_name(n)}{ext}" for n in colours for ext in (".npz", ".json"))
+    for name, colour in colours.items():
+        assert np.abs(np.subtract(_mean_colour(tmp_path / "out" / f"{expected_name(name)}.npz"), colour)).max() <= 2, name
+        assert json.loads((tmp_path / "out" / f"{expected_name(name)}.json").read_text())["image"] == str(tmp_path / name)
+
+
+def test_output_names_are_deterministic_and_the_same_file_twice_is_one_name(tmp_path, monkeypatch):
+    from vit_core.__main__ import output_names
+
+    monkeypatch.chdir(tmp_path)
+    inputs = [Path("x/photo.jpg"), Path("y/photo.jpg"), Path("x/../x/photo.jpg"), Path("scene.png")]
+    names = output_names(inputs)
+    assert names == output_names(inputs) and names[0] == names[2] != names[1] and names[3] == "scene"
+    assert all(n.startswith("photo-") and len(n) == len("photo-") + 8 for n in names[:3])
+    assert output_names([Path("x/photo.jpg")]) == ["photo"]
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_the_batch_carries_on(tmp_path, capsys):
+    for name in ("a", "b", "c"):
+        drawn_image(len(name)).save(tmp_path / f"{name}.png")
+    (tmp_path / "folder.png").mkdir()  # a folder given as an image
+    (tmp_path / "out" / "b.npz").mkdir(parents=True)  # b's result can't be written under its name
+    status, errors = _analyze_in_process(capsys, tmp_path / "a.png", tmp_path / "b.png", tmp_path / "folder.png",
+                                         tmp_path / "c.png", "--out", tmp_path / "out")
+    assert status == 2
+    assert len(errors) == 2 and "b.png" in errors[0] and "b.npz" in errors[0] and "Is a directory" in errors[0]
+    assert "folder.png" in errors[1]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.json", "a.npz", "b.npz", "c.json", "c.npz"]
+    assert (tmp_path / "out" / "b.npz").is_dir() and not list((tmp_path / "out" / "b.npz").iterdir())
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):
+    drawn_image(0).save(tmp_path / "a.png")
+    (tmp_path / "taken").write_text("a file where the output folder should be")
+    status, errors = _analyze_in_process(capsys, tmp_path / "a.png", "--out", tmp_path / "taken" / "out")
+    assert status == 2 and len(errors) == 1 and "--out" in errors[0] and "taken" in errors[0]
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_result_whole(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vit_core import files
+
+    drawn_image(1).save(tmp_path / "scene.png")
+    assert _analyze_in_process(capsys, tmp_path / "scene.png", "--out", tmp_path / "out")[0] == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    drawn_image(2).save(tmp_path / "scene.png")  # a new image under the same name: its results would replace the old
+
+    def disk_full_after_half(fd, *args):  # the data is half written when the disk fills up
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", disk_full_after_half)
+    status, errors = _analyze_in_process(capsys, tmp_path / "scene.png", "--out", tmp_path / "out")
+    assert status == 2 and len(errors) == 1 and "No space left on device" in errors[0] and "scene.npz" in errors[0]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before  # no .part left, old files whole
+    np.load(tmp_path / "out" / "scene.npz")["logits"]
+
+
+def test_write_atomically_replaces_whole_files_with_a_plain_files_permissions(tmp_path):
+    from vit_core.files import write_atomically
+
+    target = tmp_path / "r.bin"
+    assert write_atomically(target, b"first") == target and target.read_bytes() == b"first"
+    write_atomically(target, b"second, longer")
+    assert target.read_bytes() == b"second, longer"
+    (tmp_path / "plain.bin").write_bytes(b"x")
+    assert target.stat().st_mode == (tmp_path / "plain.bin").stat().st_mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.bin", "r.bin"]
+    with pytest.raises(FileNotFoundError) as error:
+        write_atomically(tmp_path / "missing" / "r.bin", b"x")
+    assert error.value.filename == str(tmp_path / "missing" / "r.bin")
