@@ -260,3 +260,79 @@ def test_prefix_token_shares_against_a_loop():
         amap = A.attention_map(pattern, 1, head, 5, p, (2, 2))
         assert shares.sum() == pytest.approx(amap.prefix_share)  # the map's share is their sum
         assert shares.sum() + amap.map.sum() == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------- high-norm tokens
+
+
+def naive_quantile(values, q):
+    """The q-quantile by linear interpolation between order statistics (numpy's default), by hand."""
+    ordered = sorted(float(v) for v in values)
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (position - below) * (ordered[above] - ordered[below])
+
+
+def test_high_norm_fence_is_q3_plus_3_iqr_per_layer_against_a_loop():
+    rng = np.random.default_rng(7)
+    patch_norms = rng.gamma(4.0, size=(5, 37)).astype(np.float32)  # (L+1, N), an odd N: interpolated quartiles
+    fence = A.high_norm_fence(patch_norms)
+    assert fence.shape == (5,) and fence.dtype == np.float32
+    for layer in range(5):
+        q1, q3 = naive_quantile(patch_norms[layer], 0.25), naive_quantile(patch_norms[layer], 0.75)
+        assert fence[layer] == pytest.approx(q3 + 3 * (q3 - q1), rel=1e-6)
+
+
+def test_high_norm_patches_and_rate_against_a_loop_prefix_tokens_never_counted():
+    rng = np.random.default_rng(8)
+    prefix, n = 5, 64  # CLS + 4 registers
+    norms = rng.normal(10, 1, size=(4, prefix + n)).astype(np.float32)  # (L+1, T)
+    norms[:, :prefix] = 1000.0  # huge prefix norms: never marked, and not part of the patches' quartiles
+    norms[1, prefix + 3] = norms[2, prefix + 3] = 60.0  # a planted outlier in layers 1 and 2
+    norms[3, prefix + 10:prefix + 13] = 80.0  # three in layer 3
+    high = A.high_norm_patches(norms, prefix)
+    assert high.shape == (4, n) and high.dtype == bool
+    for layer in range(4):
+        patch = norms[layer, prefix:]
+        q1, q3 = naive_quantile(patch, 0.25), naive_quantile(patch, 0.75)
+        expected = [bool(v > q3 + 3 * (q3 - q1)) for v in patch]
+        assert high[layer].tolist() == expected
+    assert np.flatnonzero(high[1]).tolist() == [3] and np.flatnonzero(high[2]).tolist() == [3]
+    assert np.flatnonzero(high[3]).tolist() == [10, 11, 12]
+    np.testing.assert_allclose(A.high_norm_rate(norms, prefix), [sum(row) / n for row in high.tolist()])
+    assert A.high_norm_rate(norms, prefix).dtype == np.float32
+
+
+def test_high_norm_known_values():
+    equal = np.full((2, 1 + 16), 3.0, dtype=np.float32)  # every norm the same: IQR 0, fence = the norm, nothing above it
+    np.testing.assert_allclose(A.high_norm_fence(equal[:, 1:]), [3.0, 3.0])
+    assert not A.high_norm_patches(equal, 1).any()
+    assert A.high_norm_rate(equal, 1).tolist() == [0.0, 0.0]
+    steps = np.arange(1, 9, dtype=np.float32)  # 1..8: Q1 = 2.75, Q3 = 6.25, fence = 6.25 + 3 * 3.5 = 16.75
+    assert float(A.high_norm_fence(steps)) == pytest.approx(16.75)
+    with_outlier = np.array([[50.0, *range(1, 9), 100.0]], dtype=np.float32)  # (1, T): a prefix token, then 1..8 and 100
+    assert float(A.high_norm_fence(with_outlier[0, 1:])) == pytest.approx(19.0)  # Q1 = 3, Q3 = 7 (9 values): 7 + 3 * 4
+    assert A.high_norm_patches(with_outlier, 1).tolist() == [[False] * 8 + [True]]  # only the 100; the prefix 50 not counted
+    assert A.high_norm_patches(steps[None], 0).sum() == 0  # no patch of 1..8 is far out
+
+
+def test_attention_share_to_against_a_loop_and_known_values():
+    rng = np.random.default_rng(9)
+    pattern = random_pattern(rng, layers=1, heads=3, tokens=5 + 12)[0]  # (H, T, T)
+    keys = np.zeros(17, dtype=bool)
+    keys[[1, 2, 3, 4, 9]] = True  # four registers and one patch
+    total = 0.0
+    for h in range(3):
+        for q in range(17):
+            total += sum(float(pattern[h, q, k]) for k in range(17) if keys[k])
+    assert A.attention_share_to(pattern, keys) == pytest.approx(total / (3 * 17), abs=1e-6)
+    assert A.attention_share_to(pattern, np.zeros(17, dtype=bool)) == 0.0
+    assert A.attention_share_to(pattern, np.ones(17, dtype=bool)) == pytest.approx(1.0, abs=1e-6)  # rows sum to 1
+    uniform = np.full((2, 17, 17), 1 / 17, dtype=np.float32)
+    assert A.attention_share_to(uniform, keys) == pytest.approx(5 / 17, abs=1e-6)
+    identity = np.broadcast_to(np.eye(17, dtype=np.float32), (2, 17, 17))  # each query attends to itself
+    assert A.attention_share_to(identity, keys) == pytest.approx(5 / 17, abs=1e-6)  # the share of queries that are keys
+    to_first = np.zeros((2, 17, 17), dtype=np.float32)
+    to_first[:, :, 0] = 1.0  # everything goes to the class token
+    assert A.attention_share_to(to_first, np.arange(17) == 0) == 1.0 and A.attention_share_to(to_first, keys) == 0.0
