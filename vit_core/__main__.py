@@ -77,14 +77,14 @@ def output_names(paths: list[Path]) -> list[str]:
     """
     absolute = [os.path.abspath(p) for p in paths]
     holders: dict[str, set[str]] = {}  # case-folded stem -> the absolute paths that have it
-    for path, where in zip(paths, absolute):
+    for path, where in zip(paths, absolute, strict=True):
         holders.setdefault(path.stem.casefold(), set()).add(where)
     for digits in (8, 16, 64):
         names = [path.stem if len(holders[path.stem.casefold()]) == 1
                  else f"{path.stem}-{hashlib.sha256(where.encode()).hexdigest()[:digits]}"
-                 for path, where in zip(paths, absolute)]
+                 for path, where in zip(paths, absolute, strict=True)]
         owner = {}  # case-folded name -> the absolute path it names
-        if all(owner.setdefault(name.casefold(), where) == where for name, where in zip(names, absolute)):
+        if all(owner.setdefault(name.casefold(), where) == where for name, where in zip(names, absolute, strict=True)):
             return names
     raise AssertionError("SHA-256 prefixes of 64 digits collided")  # pragma: no cover
 
@@ -108,7 +108,7 @@ def analyze(args: argparse.Namespace) -> int:
         _fail(f"--out: {_os_reason(e)}")
         return EXIT_FAILURES
     failures = 0
-    for path, name in zip(args.images, output_names(args.images)):
+    for path, name in zip(args.images, output_names(args.images), strict=True):
         try:
             image = load_image(path)
             cap = run_with_capture(loaded, image)
