@@ -1,11 +1,170 @@
-"""The "Registers & norms" tab: token norms, high-norm patches and register tokens (Darcet et al., ICLR 2024)."""
+"""The "Registers & norms" tab: token norms, high-norm patches and register tokens (shared/spec/analyses.md,
+"Token norms and high-norm tokens"; Darcet et al., ICLR 2024, "Vision Transformers Need Registers").
+
+For one row of the residual stream (the embeddings entering block 0, or the tokens after a block) the tab
+shows each patch token's norm over the crop with the high-norm patches framed, the histogram of the patch
+norms with the fence that decides "high-norm" and the prefix tokens' norms, the share of the last
+block's attention that goes to the marked patches and to the registers, and the high-norm rate of every
+row. Like the other views it never runs the model: everything comes from the one cached capture.
+"""
 
 from __future__ import annotations
 
+from functools import partial
+
+import numpy as np
 import streamlit as st
 
-from dashboard.view_context import ViewContext
+from dashboard import figures
+from dashboard.view_context import ViewContext, cached_figure, shape, show_picture
+from vit_core import analyses, explain
+
+# The teaching texts of this tab (the others live in dashboard/text.py).
+REGISTERS = (
+    "Every token is a vector of D numbers; its **norm** $\\|x\\| = \\sqrt{\\sum_i x_i^2}$ says how large it is. "
+    "In large ViTs trained for a long time (DINOv2, OpenCLIP, DeiT-III), a few patch tokens grow norms far above "
+    "all the others, from the middle layers on. Here a patch token is **high-norm** when its norm exceeds "
+    "$Q_3 + 3\\,\\mathrm{IQR}$ of the patch norms of the same layer (Tukey's far-out fence, a purely statistical "
+    "rule): the map frames them in green, and the histogram beside it shows why each one is marked."
+)
+REGISTERS_WHY = (
+    "**Why do such tokens appear?** Darcet et al. found that large, long-trained ViTs recycle patches whose own "
+    "content is redundant, mostly uniform background, as **global scratch space**: the token stops describing "
+    "its patch and stores information about the whole image instead. These tokens have a high norm, keep "
+    "little local information (their position and pixels are hard to read back from them), and absorb a large "
+    "share of the attention, which shows up as bright spots on the background of attention maps. "
+    "**Registers** are the fix: a few extra learnable tokens put in front of the patches like the class token, "
+    "and dropped at the output. The model uses them as its scratch space instead, so the high-norm patches and "
+    "the artefacts in the attention maps go away (and dense tasks such as object discovery improve). "
+    "Small or briefly trained models, and untrained ones, usually show no such tokens: a few patches may "
+    "still cross the fence by chance.\n\n"
+    "Reference: T. Darcet, M. Oquab, J. Mairal, P. Bojanowski, *Vision Transformers Need Registers*, "
+    "ICLR 2024 ([arXiv:2309.16588](https://arxiv.org/abs/2309.16588))."
+)
+NO_REGISTERS = (
+    "**This model has no registers** ({prefix}). High-norm patches may still appear: they are the tokens that "
+    "registers were invented to take over."
+)
+HAS_REGISTERS = (
+    "**This model has {count} register token(s)** ({names}). In a trained register model the registers carry the "
+    "high norms and few or no patches are marked; compare their norms with the patches' in the histogram."
+)
+
+K_NORM_LAYER = "norm_layer"  # the slider's key (and URL parameter)
+MAX_LISTED = 12  # high-norm patches named one by one in the text; the rest are counted
+
+
+def register_keys(prefix_names: tuple[str, ...], num_patches: int) -> np.ndarray:
+    """Which tokens are registers: bool (T,), true for the prefix tokens named REG1, REG2, ..."""
+    keys = np.zeros(len(prefix_names) + num_patches, dtype=bool)
+    keys[:len(prefix_names)] = [name.startswith("REG") for name in prefix_names]
+    return keys
+
+
+def patch_keys(high_norm_row: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
+    """The chosen patches as keys of the attention: high_norm_row bool (N,) -> bool (T,), prefix tokens false."""
+    return np.concatenate([np.zeros(num_prefix_tokens, dtype=bool), high_norm_row])
+
+
+def _norms(ctx: ViewContext) -> np.ndarray:
+    return explain.token_norms(ctx.cap)  # (L+1, T)
+
+
+def _norm_map_image(ctx: ViewContext, row: int, encoding: str) -> bytes:
+    """Row `row`'s patch-token norms over the crop, high-norm patches framed."""
+    g, cap = ctx.loaded.geometry, ctx.cap
+    norms = _norms(ctx)  # (L+1, T)
+    high = analyses.high_norm_patches(norms, g.num_prefix_tokens)[row]  # (N,)
+    norm_map = norms[row, g.num_prefix_tokens:].reshape(g.grid)  # (N,) -> (gh, gw)
+    return figures.encode(figures.norm_map_image(cap.input_image, norm_map, high.reshape(g.grid), g.patch_size), encoding)
+
+
+def _token_norms_png(ctx: ViewContext, row: int) -> bytes:
+    g = ctx.loaded.geometry
+    norms = _norms(ctx)[row]  # (T,)
+    patch_norms = norms[g.num_prefix_tokens:]  # (N,)
+    return figures.token_norms_png(patch_norms, float(analyses.high_norm_fence(patch_norms)),
+                                   norms[:g.num_prefix_tokens], g.prefix_names,
+                                   title=f"token norms {figures.lens_row_name(row)}")
+
+
+def _rate_png(ctx: ViewContext, row: int) -> bytes:
+    rate = analyses.high_norm_rate(_norms(ctx), ctx.loaded.geometry.num_prefix_tokens)  # (L+1,)
+    return figures.high_norm_rate_png(rate, row, title=f"high-norm patch tokens per layer {shape(rate.shape, batch=False)}")
 
 
 def registers_view(ctx: ViewContext) -> None:
-    st.markdown("**Registers and high-norm tokens**")
+    g = ctx.loaded.geometry
+    st.markdown(REGISTERS)
+    registers = [name for name in g.prefix_names if name.startswith("REG")]
+    if registers:
+        st.markdown(HAS_REGISTERS.format(count=len(registers), names=", ".join(registers)))
+    else:
+        prefix = f"its prefix tokens: {', '.join(g.prefix_names)}" if g.prefix_names else "and no prefix tokens at all"
+        st.markdown(NO_REGISTERS.format(prefix=prefix))
+    _norms_at_layer(ctx)
+    st.markdown(REGISTERS_WHY)
+
+
+def _high_norm_text(g, high_row: np.ndarray, fence: float) -> str:
+    """The high-norm patches of one row, by name: 'patch 37 (row 2, col 9), ...' (the first MAX_LISTED)."""
+    marked = np.flatnonzero(high_row)
+    if not len(marked):
+        return f"**No** patch token exceeds the fence ({fence:.3g}) here."
+    names = [g.token_name(g.num_prefix_tokens + int(k)) for k in marked[:MAX_LISTED]]
+    more = f", and {len(marked) - MAX_LISTED} more" if len(marked) > MAX_LISTED else ""
+    return (f"**{len(marked)}** of {g.num_patches} patch tokens exceed the fence ({fence:.3g}): "
+            + ", ".join(names) + more + ".")
+
+
+@st.fragment
+def _norms_at_layer(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    p = g.num_prefix_tokens
+    row = st.select_slider("Tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=K_NORM_LAYER,
+                           format_func=figures.lens_row_name, bind="query-params",
+                           help="the residual stream: the embeddings entering block 0, then the tokens after each block")
+    norms = _norms(ctx)  # (L+1, T)
+    high = analyses.high_norm_patches(norms, p)  # (L+1, N)
+    patch_norms = norms[row, p:]  # (N,)
+    fence = float(analyses.high_norm_fence(patch_norms))
+    left, right = st.columns([1, 1])
+    with left:
+        show_picture(cached_figure(_norm_map_image, ctx, row, "jpeg"), "norm_map", f"{ctx.stem}_token_norms_{row}",
+                     caption=f"patch-token norms {figures.lens_row_name(row)} over the crop (min-max scaled); "
+                             "green frames: high-norm", png=partial(_norm_map_image, ctx, row, "png"))
+    with right:
+        show_picture(cached_figure(_token_norms_png, ctx, row), "norm_hist", f"{ctx.stem}_norm_histogram_{row}")
+        st.markdown(_high_norm_text(g, high[row], fence))
+        if p:
+            median = float(np.median(patch_norms))
+            st.markdown("| token | norm | x median patch norm |\n| --- | --- | --- |\n" + "\n".join(
+                f"| {name} | {norms[row, i]:.3g} | {norms[row, i] / median:.2f} |" for i, name in enumerate(g.prefix_names))
+                + f"\n| median patch | {median:.3g} | 1.00 |")
+    _attention_shares(ctx, high[row], row)
+    show_picture(cached_figure(_rate_png, ctx, row), "norm_rate", f"{ctx.stem}_high_norm_rate", width=640)
+    st.caption(f"tokens `{shape(cap.tokens.shape, batch=False)}` (rows: the embeddings, then after each block; tokens; "
+               f"width) -> norms `{shape(norms.shape, batch=False)}`; this row's patch norms "
+               f"`{shape(patch_norms.shape, batch=False)}` -> the map `{shape(g.grid, batch=False)}`; "
+               f"the last block's attention `{shape(cap.pattern[-1].shape)}` (heads, queries, keys).")
+
+
+def _attention_shares(ctx: ViewContext, high_row: np.ndarray, row: int) -> None:
+    """The share of the last block's attention (mean over heads and all queries) that goes to the marked
+    patches, to the registers and to the class token, each beside what uniform attention would give."""
+    g = ctx.loaded.geometry
+    last = ctx.cap.pattern[-1]  # (H, T, T)
+    groups = [("the marked patches", patch_keys(high_row, g.num_prefix_tokens))]
+    registers = register_keys(g.prefix_names, g.num_patches)
+    if registers.any():
+        groups.append(("the registers", registers))
+    if g.has_class_token:
+        groups.append(("the class token", np.arange(g.num_tokens) == g.prefix_names.index("CLS")))
+    st.markdown(f"**Where the last block (block {g.num_layers - 1}) looks**, averaged over its {g.num_heads} heads and "
+                f"all {g.num_tokens} queries. Marked patches: those high-norm {figures.lens_row_name(row)}.")
+    for (name, keys), col in zip(groups, st.columns(len(groups)), strict=True):
+        share = analyses.attention_share_to(last, keys)
+        col.metric(f"Attention to {name}", f"{share:.1%}",
+                   help=f"{int(keys.sum())} of {g.num_tokens} keys; uniform attention would give "
+                        f"{keys.sum() / g.num_tokens:.1%}")
+        col.caption(f"{int(keys.sum())} token(s); uniform attention: {keys.sum() / g.num_tokens:.1%}")
