@@ -66,6 +66,11 @@ def patch_keys(high_norm_row: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
     return np.concatenate([np.zeros(num_prefix_tokens, dtype=bool), high_norm_row])
 
 
+def _where(row: int) -> str:
+    """Row `row` of the residual stream as a phrase that follows a noun: 'in the embeddings', 'after block 3'."""
+    return "in the embeddings" if row == 0 else figures.lens_row_name(row)
+
+
 def _norms(ctx: ViewContext) -> np.ndarray:
     return explain.token_norms(ctx.cap)  # (L+1, T)
 
@@ -85,7 +90,7 @@ def _token_norms_png(ctx: ViewContext, row: int) -> bytes:
     patch_norms = norms[g.num_prefix_tokens:]  # (N,)
     return figures.token_norms_png(patch_norms, float(analyses.high_norm_fence(patch_norms)),
                                    norms[:g.num_prefix_tokens], g.prefix_names,
-                                   title=f"token norms {figures.lens_row_name(row)}")
+                                   title=f"token norms {_where(row)}")
 
 
 def _rate_png(ctx: ViewContext, row: int) -> bytes:
@@ -131,7 +136,7 @@ def _norms_at_layer(ctx: ViewContext) -> None:
     left, right = st.columns([1, 1])
     with left:
         show_picture(cached_figure(_norm_map_image, ctx, row, "jpeg"), "norm_map", f"{ctx.stem}_token_norms_{row}",
-                     caption=f"patch-token norms {figures.lens_row_name(row)} over the crop (min-max scaled); "
+                     caption=f"patch-token norms {_where(row)} over the crop (min-max scaled); "
                              "green frames: high-norm", png=partial(_norm_map_image, ctx, row, "png"))
     with right:
         show_picture(cached_figure(_token_norms_png, ctx, row), "norm_hist", f"{ctx.stem}_norm_histogram_{row}")
@@ -161,7 +166,7 @@ def _attention_shares(ctx: ViewContext, high_row: np.ndarray, row: int) -> None:
     if g.has_class_token:
         groups.append(("the class token", np.arange(g.num_tokens) == g.prefix_names.index("CLS")))
     st.markdown(f"**Where the last block (block {g.num_layers - 1}) looks**, averaged over its {g.num_heads} heads and "
-                f"all {g.num_tokens} queries. Marked patches: those high-norm {figures.lens_row_name(row)}.")
+                f"all {g.num_tokens} queries. Marked patches: those high-norm {_where(row)}.")
     for (name, keys), col in zip(groups, st.columns(len(groups)), strict=True):
         share = analyses.attention_share_to(last, keys)
         col.metric(f"Attention to {name}", f"{share:.1%}",
