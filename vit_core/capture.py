@@ -6,6 +6,9 @@ their way out, as is the one module flag they change (`attn.fused_attn`: timm's 
 never materialises the attention matrix); `recording_hooks_on(model)` counts the ones still
 registered (0 outside a pass). The result holds CPU float32 numpy arrays with the batch axis
 removed, made read-only, so it can be cached and shared between sessions without copies.
+
+The model may live on any device (`LoadedModel.device`): its input is made there
+(`on_model_device`), and each intermediate is copied to the host once, in `_frozen`.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ def preprocess(loaded: LoadedModel, image: Image.Image) -> tuple[np.ndarray, tor
     model's eval transform (built once, at load time: `LoadedModel.crop_transform` / `tensor_transform`)."""
     crop = loaded.crop_transform(to_rgb(image))
     return np.asarray(crop, dtype=np.uint8).copy(), loaded.tensor_transform(crop).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W)
+
+
+def on_model_device(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the device of `model`'s parameters (itself if it is there already): every tensor a pass
+    hands to the model goes through here, so that a model moved to a GPU gets its inputs there."""
+    return tensor.to(next(model.parameters()).device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +141,16 @@ def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.
         yield
 
 
+def _finished(device: torch.device) -> None:
+    """Wait until the work queued on `device` is done (CUDA and MPS run asynchronously; the CPU does not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def _frozen(t: torch.Tensor) -> np.ndarray:
+    """A read-only float32 numpy copy on the host of `t` (on any device): the one copy off the device."""
     array = t.detach().to(torch.float32).cpu().numpy()
     array.setflags(write=False)
     return array
@@ -151,12 +169,13 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     produce exactly one attention pattern per block.
     """
     model, geometry = loaded.model, loaded.geometry
-    crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W)
+    crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
     with loaded.lock:
         started = time.perf_counter()
         with torch.inference_mode(), _intermediates_recorded(model, store):
-            logits = model(x)  # (1, C)
+            logits = model(on_model_device(model, x))  # (1, C), on the model's device
+        _finished(logits.device)  # a GPU runs asynchronously: time the pass, not its launch
         seconds = time.perf_counter() - started
 
     num_layers = geometry.num_layers
@@ -177,7 +196,7 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
         model_name=loaded.name,
         geometry=geometry,
         input_image=input_image,
-        input_tensor=_frozen(x[0]),  # (3, H, W)
+        input_tensor=_frozen(x[0]),  # (3, H, W): the host input, not a copy back from the device
         patch_embeddings=_frozen(store["patch_embeddings"][0][0]),  # (1, N, D) -> (N, D)
         tokens=_frozen(torch.cat(tokens, dim=0)),  # (L+1) x (1, T, D) -> (L+1, T, D)
         pattern=_frozen(pattern),

@@ -15,6 +15,10 @@ The capture (`run_with_capture`) stays in `inference_mode`. The relevance pass i
 with the same hygiene: hooks and the `fused_attn` flags restored also on error (through
 `capture.attention_recorded` and the capture's hook registry), every parameter frozen for the pass
 and its `requires_grad` restored, so no `.grad` is ever written to the model.
+
+The model may live on any device (`LoadedModel.device`): every tensor an entry point hands it is made
+there (`model_input`, `capture.on_model_device`), and results come back to the host as float32 numpy
+(`_numpy`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from PIL import Image
 
 from . import analyses
-from .capture import Capture, _register, attention_recorded, preprocess
+from .capture import Capture, _register, attention_recorded, on_model_device, preprocess
 from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
 
@@ -178,14 +182,16 @@ class _Gradients:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
+    """`t` (on any device) as a float32 numpy array on the host."""
     return t.detach().to(torch.float32).cpu().numpy()
 
 
 def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | None) -> _Gradients:
     """One forward in float32 through the un-fused attention path and one backward of y_c to the
     post-softmax patterns and to `blocks[-1].norm1`'s output only (torch.autograd.grad with those
-    inputs: no parameter gradient is computed). x: (1, 3, H, W)."""
+    inputs: no parameter gradient is computed). x: (1, 3, H, W), on any device."""
     model = loaded.model
+    x = on_model_device(model, x)
     live: dict[str, list[torch.Tensor]] = {"pattern": [], "norm1": []}
 
     def keep_pattern(module: torch.nn.Module, args: tuple, pattern: torch.Tensor) -> None:
@@ -213,7 +219,7 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
         if len(live["pattern"]) != len(model.blocks) or len(live["norm1"]) != 1:
             raise CaptureError(f"expected one attention pattern per block ({len(model.blocks)}), got {len(live['pattern'])}: "
                                "this model's attention does not run through timm's standard path.")
-        c = resolve_target(loaded, logits[0].detach().numpy(), target)
+        c = resolve_target(loaded, _numpy(logits[0]), target)
         grads = torch.autograd.grad(logits[0, c], [*live["pattern"], live["norm1"][0]])
     return _Gradients(
         logits=_numpy(logits[0]),
@@ -226,11 +232,13 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
 
 
 def model_input(loaded: LoadedModel, image: Image.Image | Capture) -> torch.Tensor:
-    """The normalised model input (1, 3, H, W) of `image`: a picture preprocessed as the capture does, or a
-    Capture of it, whose `input_tensor` is exactly that input (no second decode and preprocessing)."""
+    """The normalised model input (1, 3, H, W) of `image`, on the model's device: a picture preprocessed as the
+    capture does, or a Capture of it, whose `input_tensor` is exactly that input (no second decode and preprocessing)."""
     if isinstance(image, Capture):
-        return torch.tensor(image.input_tensor).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W), a writable copy
-    return preprocess(loaded, image)[1]
+        x = torch.tensor(image.input_tensor).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W), a writable copy
+    else:
+        x = preprocess(loaded, image)[1]
+    return on_model_device(loaded.model, x)
 
 
 def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: int | str | None = None,
@@ -271,18 +279,18 @@ def logit_lens(loaded: LoadedModel, cap: Capture) -> np.ndarray:
     sequences of `cap` (row 0: entering block 0; row l: after block l). -> float32 (L+1, C); row L
     equals cap.logits within float32 tolerance."""
     model = loaded.model
-    tokens = torch.from_numpy(np.array(cap.tokens, dtype=np.float32))  # (L+1, T, D)
+    tokens = on_model_device(model, torch.from_numpy(np.array(cap.tokens, dtype=np.float32)))  # (L+1, T, D)
     with loaded.lock, torch.inference_mode(), eval_mode(model):
-        return _head(model, tokens).to(torch.float32).numpy()  # (L+1, C)
+        return _numpy(_head(model, tokens))  # (L+1, C)
 
 
 def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarray:
     """Every patch token of `layer` (0..L, as in `logit_lens`) through norm, fc_norm and head, without
     pooling: float32 (N, C) logits, patches row-major."""
     model, p = loaded.model, loaded.geometry.num_prefix_tokens
-    patches = torch.from_numpy(np.array(cap.tokens[layer, p:], dtype=np.float32))  # (N, D)
+    patches = on_model_device(model, torch.from_numpy(np.array(cap.tokens[layer, p:], dtype=np.float32)))  # (N, D)
     with loaded.lock, torch.inference_mode(), eval_mode(model):
-        return model.head(model.fc_norm(model.norm(patches))).to(torch.float32).numpy()  # (N, C)
+        return _numpy(model.head(model.fc_norm(model.norm(patches))))  # (N, C)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,10 +309,12 @@ def run_from_embedded(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Ten
 
 def keep_tokens(tokens: torch.Tensor, kept_patches: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """The prefix tokens and the kept patches, in the order given.
-    tokens (1 or B, T, D), kept_patches (B, K) patch indices 0..N-1 -> (B, P + K, D)."""
+    tokens (1 or B, T, D), kept_patches (B, K) patch indices 0..N-1 (on any device) -> (B, P + K, D) on the tokens' device."""
     batch = kept_patches.shape[0]
     tokens = tokens.expand(batch, -1, -1)
-    index = torch.cat([torch.arange(num_prefix_tokens).expand(batch, -1), kept_patches + num_prefix_tokens], dim=1)
+    kept_patches = kept_patches.to(tokens.device)
+    prefix = torch.arange(num_prefix_tokens, device=tokens.device).expand(batch, -1)  # (B, P)
+    index = torch.cat([prefix, kept_patches + num_prefix_tokens], dim=1)
     return torch.gather(tokens, 1, index[..., None].expand(-1, -1, tokens.shape[-1]))  # (B, P + K, D)
 
 
@@ -369,7 +379,7 @@ def predict_intervened(loaded: LoadedModel, image: Image.Image | Capture, *, dro
     x = mask_patches(x, masked, geometry)
     with loaded.lock, torch.inference_mode(), eval_mode(model), heads_ablated(model, ablate, ablation):
         tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
-        return run_from_embedded(model, tokens)[0].to(torch.float32).numpy()  # (1, C) -> (C,)
+        return _numpy(run_from_embedded(model, tokens)[0])  # (1, C) -> (C,)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -478,7 +488,7 @@ class _KeptSetProbs:
             with self.loaded.lock, torch.inference_mode(), eval_mode(self.loaded.model):
                 logits = run_from_embedded(self.loaded.model, keep_tokens(
                     self.tokens, torch.from_numpy(kept), self.loaded.geometry.num_prefix_tokens))
-            probs = analyses.softmax(logits.to(torch.float32).numpy())[:, self.target]  # (U, C) -> (U,)
+            probs = analyses.softmax(_numpy(logits))[:, self.target]  # (U, C) -> (U,)
             self.known.update(zip(keys, probs.tolist(), strict=True))
         return np.array([self.known[r.tobytes()] for r in kept_sorted], dtype=np.float32)  # (B,)
 

@@ -26,6 +26,7 @@ from timm.data.transforms import MaybePILToTensor
 from timm.models.vision_transformer import VisionTransformer
 from torchvision import transforms as T
 
+from .devices import describe_device, resolve_device
 from .errors import ModelError, OfflineError, WeightsError
 from .teaching.model import BUNDLED_DIR, load_shapes_vit  # importing it registers the Shapes ViT with timm
 
@@ -115,6 +116,17 @@ class LoadedModel:
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels and index < len(self.labels) else f"class {index}"
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are, read from the model itself (so it stays true if someone moves it):
+        its inputs are made there, its results copied back to the host."""
+        return next(self.model.parameters()).device
+
+    @property
+    def device_name(self) -> str:
+        """The device for people: 'CPU', 'CUDA 0 (NVIDIA H100 80GB HBM3)', 'Apple MPS'."""
+        return describe_device(self.device)
 
 
 def split_eval_transform(data_config: dict[str, Any]) -> tuple[T.Compose, T.Compose]:
@@ -630,6 +642,7 @@ def load_model(
     pretrained: bool = True,
     labels: str | Path | tuple[str, ...] | list[str] | None = None,
     seed: int = 0,
+    device: str | torch.device | None = "auto",
     **model_kwargs: Any,
 ) -> LoadedModel:
     """Load a Vision Transformer by name, ready for `run_with_capture`.
@@ -640,10 +653,14 @@ def load_model(
     pretrained: False for an explicit random init (deterministic under `seed`).
     labels: class names, or a label file (txt: one per line; json). Default: a label file beside
         the weights, else ImageNet names when the head has 1000/21k classes, else indices.
+    device: where the model runs: "auto" (CUDA, then Apple MPS, then the CPU), "cpu", "cuda", "cuda:N",
+        "mps" or a torch.device. The model is built and its weights checked and loaded on the CPU, then moved.
     model_kwargs: passed to timm.create_model (e.g. depth=2 for a small test model).
-    Raises ModelError, WeightsError or OfflineError with a message for the user.
+    Raises ModelError, WeightsError or OfflineError with a message for the user, DeviceError for a device
+    this machine doesn't have (before anything is read or built).
     """
     started = time.perf_counter()
+    target_device = resolve_device(device)
     label_names: tuple[str, ...] | None = None
     checked = False  # check_supported has passed for this architecture
     if name == TEACHING_MODEL:
@@ -697,8 +714,9 @@ def load_model(
     # The pretrained config keeps its own size when a model is built at another (img_size=...):
     # the model's patch embedding is the authority.
     data_config["input_size"] = (3, *geometry.img_size)
+    model.to(target_device)  # in place: the module is the one checked above, its parameters now on the device
     loaded = LoadedModel(model, name, source, geometry, data_config, label_names)
-    _logger.info("loaded %s (%s) in %.1f s", name, source, time.perf_counter() - started)
+    _logger.info("loaded %s (%s) on %s in %.1f s", name, source, loaded.device_name, time.perf_counter() - started)
     return loaded
 
 
