@@ -31,6 +31,7 @@ from PIL import Image
 from dashboard.figures import lens_row_name
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, markdown_literal
 from dashboard.models import ModelRequest
+from vit_core import dataset
 from vit_core.errors import ViTLensError
 from vit_core.loading import LoadedModel
 from vit_core.teaching import data as shapes
@@ -148,8 +149,6 @@ def _without_common_root(paths: Sequence[str]) -> list[PurePosixPath]:
 def zip_labels(loaded: LoadedModel, paths: Sequence[str]) -> list[int | None] | None:
     """Labels from the first-level folders of paths inside a zip, named as the CLI's class folders are
     (a class index, a label name, an ImageNet synset id): `vit_core.dataset.folder_labels` on those paths."""
-    from vit_core import dataset
-
     root = Path("/zip")  # folder_labels reads only the paths' parts below the root, never the disk
     return dataset.folder_labels(loaded, root, [root / p for p in _without_common_root(paths)])
 
@@ -206,7 +205,7 @@ def shapes_labels(loaded: LoadedModel) -> dict[int, int] | None:
 def png_bytes(rgb: np.ndarray) -> bytes:
     """(H, W, 3) uint8 -> a PNG file."""
     buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG")
+    Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)  # lossless either way; level 6 took 8 ms each
     return buffer.getvalue()
 
 
@@ -232,7 +231,7 @@ def shapes_set(loaded: LoadedModel, count: int, seed: int) -> ImageSet:
 class ManyRun:
     """A finished run, as the session keeps it: the result, the files to download, and what it was computed with."""
 
-    result: object  # vit_core.dataset.DatasetResult
+    result: dataset.DatasetResult
     files: dict[str, bytes]  # dataset_files(): dataset.npz, dataset.json, mean_attention_distance.png
     model_key: str  # ModelRequest.key of the model it ran on
     model_name: str
@@ -246,8 +245,6 @@ class ManyRun:
 def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
             progress: Callable[[int, int], None] | None = None) -> ManyRun:
     """analyze_dataset over the set (batched, reduced on the model's device), and the CLI's three files."""
-    from vit_core import dataset
-
     start = time.perf_counter()
     result = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels, batch_size=BATCH_SIZE,
                                      progress=progress)
@@ -256,16 +253,18 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
                    image_set.no_labels_reason, time.perf_counter() - start)
 
 
-def per_layer_figure(values: np.ndarray, title: str, y_title: str) -> go.Figure:
+def per_layer_figure(values: np.ndarray, title: str, y_title: str, full_range: bool = True) -> go.Figure:
     """A value per logit-lens row / residual layer, values (L+1,) in [0, 1] -> a line over the rows
-    (row 0: the embeddings, row l: after block l - 1), shown in percent."""
+    (row 0: the embeddings, row l: after block l - 1), shown in percent: from 0 to 100 % (`full_range`,
+    for accuracies), else from 0 to a little above the largest value (rates of a few percent)."""
+    top = 100.0 if full_range else max(1.0, 120 * float(np.max(values)))
     rows = [lens_row_name(r) for r in range(len(values))]
     fig = go.Figure(go.Scatter(x=list(range(len(values))), y=(100 * np.asarray(values, dtype=np.float64)).round(2),
                                mode="lines+markers", customdata=rows,
                                hovertemplate="%{customdata}: %{y:.1f}%<extra></extra>"))
     fig.update_layout(title=title, height=320, margin=dict(l=60, r=20, t=50, b=50), showlegend=False,
                       xaxis=dict(title="layer (0 = the embeddings, l = after block l - 1)", dtick=1),
-                      yaxis=dict(title=y_title, range=[0, 100], ticksuffix="%"))
+                      yaxis=dict(title=y_title, range=[0, top], ticksuffix="%"))
     return fig
 
 
@@ -278,7 +277,7 @@ INTRO = (
     "attention weights times the distance between the query patch and each key patch. Averaged over the set, "
     "it gives the paper's Fig. 7 (right): in the first layers some heads attend **locally** (small distance, "
     "like a CNN's small filters) while others already look **globally** across the image; deeper, nearly all "
-    "heads look far. Per image, not on one average image."
+    "heads look far. Every value is computed on each image, then averaged over the images (with its spread)."
 )
 FIGURE_TEXT = (
     "One dot per head, one column per layer (network depth): the dot is the mean over the images, its bar the "
@@ -386,7 +385,8 @@ def results_ui(run: ManyRun, request: ModelRequest) -> None:
 
     st.subheader("High-norm tokens per layer")
     st.markdown(HIGH_NORM_TEXT)
-    st.plotly_chart(per_layer_figure(result.high_norm_rate, "Share of high-norm patch tokens", "share of patches"),
+    st.plotly_chart(per_layer_figure(result.high_norm_rate, "Share of high-norm patch tokens", "share of patches",
+                                     full_range=False),
                     key="many_norm_chart")
 
     st.subheader("Downloads")
