@@ -649,7 +649,7 @@ def token_norms_png(patch_norms: np.ndarray, fence: float, prefix_norms: np.ndar
     for i, (name, norm) in enumerate(zip(prefix_names, prefix_norms.tolist(), strict=True)):
         colour = _prefix_colour(name)
         ax.axvline(norm, color=colour, lw=1.6)
-        ax.annotate(name, (norm, 1), xycoords=("data", "axes fraction"), xytext=(2, -10 - 11 * (i % 4)),
+        ax.annotate(name, (norm, 1), xycoords=("data", "axes fraction"), xytext=(2, -10 - 11 * (i % 8)),
                     textcoords="offset points", fontsize=8, color=colour)
     ax.set_xlabel("token norm ||x||", fontsize=9)
     ax.set_ylabel("number of patches", fontsize=9)

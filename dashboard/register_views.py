@@ -50,6 +50,12 @@ HAS_REGISTERS = (
     "high norms and few or no patches are marked; compare their norms with the patches' in the histogram."
 )
 
+RATE_NOTE = (
+    "In the large models Darcet et al. studied, about 2% of the patch tokens are high-norm, in the later layers and "
+    "mostly on background. Marks at the embeddings, or many more marks, usually just follow the picture: a plain "
+    "background gives many nearly equal norms, so every patch with an edge crosses the fence."
+)
+
 K_NORM_LAYER = "norm_layer"  # the slider's key (and URL parameter)
 MAX_LISTED = 12  # high-norm patches named one by one in the text; the rest are counted
 
@@ -144,10 +150,14 @@ def _norms_at_layer(ctx: ViewContext) -> None:
         if p:
             median = float(np.median(patch_norms))
             st.markdown("| token | norm | x median patch norm |\n| --- | --- | --- |\n" + "\n".join(
-                f"| {name} | {norms[row, i]:.3g} | {norms[row, i] / median:.2f} |" for i, name in enumerate(g.prefix_names))
-                + f"\n| median patch | {median:.3g} | 1.00 |")
-    _attention_shares(ctx, high[row], row)
-    show_picture(cached_figure(_rate_png, ctx, row), "norm_rate", f"{ctx.stem}_high_norm_rate", width=640)
+                f"| {name} | {norms[row, i]:.3g} | {norms[row, i] / median:.3g} |" for i, name in enumerate(g.prefix_names))
+                + f"\n| median patch | {median:.3g} | 1 |")
+    shares, rates = st.columns([1, 1])
+    with shares:
+        _attention_shares(ctx, high[row], row)
+    with rates:
+        show_picture(cached_figure(_rate_png, ctx, row), "norm_rate", f"{ctx.stem}_high_norm_rate")
+        st.caption(RATE_NOTE)
     st.caption(f"tokens `{shape(cap.tokens.shape, batch=False)}` (rows: the embeddings, then after each block; tokens; "
                f"width) -> norms `{shape(norms.shape, batch=False)}`; this row's patch norms "
                f"`{shape(patch_norms.shape, batch=False)}` -> the map `{shape(g.grid, batch=False)}`; "
@@ -159,17 +169,18 @@ def _attention_shares(ctx: ViewContext, high_row: np.ndarray, row: int) -> None:
     patches, to the registers and to the class token, each beside what uniform attention would give."""
     g = ctx.loaded.geometry
     last = ctx.cap.pattern[-1]  # (H, T, T)
-    groups = [("the marked patches", patch_keys(high_row, g.num_prefix_tokens))]
+    groups = [("Marked patches", patch_keys(high_row, g.num_prefix_tokens))]
     registers = register_keys(g.prefix_names, g.num_patches)
     if registers.any():
-        groups.append(("the registers", registers))
+        groups.append(("Registers", registers))
     if g.has_class_token:
-        groups.append(("the class token", np.arange(g.num_tokens) == g.prefix_names.index("CLS")))
-    st.markdown(f"**Where the last block (block {g.num_layers - 1}) looks**, averaged over its {g.num_heads} heads and "
-                f"all {g.num_tokens} queries. Marked patches: those high-norm {_where(row)}.")
+        groups.append(("Class token", np.arange(g.num_tokens) == g.prefix_names.index("CLS")))
+    st.markdown(f"**Where the last block (block {g.num_layers - 1}) looks**: the share of its attention that goes to "
+                f"each group of keys, averaged over its {g.num_heads} heads and all {g.num_tokens} queries. Marked "
+                f"patches: those high-norm {_where(row)}.")
     for (name, keys), col in zip(groups, st.columns(len(groups)), strict=True):
         share = analyses.attention_share_to(last, keys)
-        col.metric(f"Attention to {name}", f"{share:.1%}",
+        col.metric(name, f"{share:.1%}",
                    help=f"{int(keys.sum())} of {g.num_tokens} keys; uniform attention would give "
                         f"{keys.sum() / g.num_tokens:.1%}")
         col.caption(f"{int(keys.sum())} token(s); uniform attention: {keys.sum() / g.num_tokens:.1%}")

@@ -12,6 +12,7 @@ What the tab states (the marked patches, the prefix norms, the attention shares)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -70,16 +71,41 @@ def planted_context(key: str) -> ViewContext:
     return ViewContext(request, loaded, vit_core.run_with_capture(loaded, picture), image)
 
 
-def view_script(key: str) -> None:
-    """The Registers & norms view alone, on `planted_context(key)` (run by AppTest.from_function)."""
+@functools.lru_cache(maxsize=None)
+def steered_context(key: str) -> ViewContext:
+    """`planted_context(key)` with the last block's attention replaced by a known one (a random-init model attends
+    almost uniformly, so its shares cannot tell one group of keys from another). Every query of every head gives
+    30% to the planted patch; with registers 40% to them (10% each) and 30% to the class token; without, 40% to
+    the class token and 30% to patch 0."""
+    ctx = planted_context(key)
+    g, patch = ctx.loaded.geometry, PLANTED[key][2]
+    registers = [i for i, name in enumerate(g.prefix_names) if name.startswith("REG")]
+    cls = g.prefix_names.index("CLS")
+    row = np.zeros(g.num_tokens, dtype=np.float32)
+    row[g.num_prefix_tokens + patch] = 0.3
+    if registers:
+        row[registers] = 0.4 / len(registers)
+        row[cls] = 0.3
+    else:
+        row[cls] = 0.4
+        row[g.num_prefix_tokens] = 0.3  # patch 0
+    pattern = ctx.cap.pattern.copy()  # (L, H, T, T)
+    pattern[-1] = row  # every head, every query
+    cap = dataclasses.replace(ctx.cap, pattern=pattern)
+    return dataclasses.replace(ctx, request=ModelRequest(f"planted-steered-{key}"), cap=cap)
+
+
+def view_script(key: str, steered: bool) -> None:
+    """The Registers & norms view alone, on `planted_context(key)` or `steered_context(key)` (run by
+    AppTest.from_function, in this process)."""
     import test_registers
     from dashboard.register_views import registers_view
 
-    registers_view(test_registers.planted_context(key))
+    registers_view((test_registers.steered_context if steered else test_registers.planted_context)(key))
 
 
-def run_view(key: str) -> AppTest:
-    at = AppTest.from_function(view_script, args=(key,), default_timeout=120)
+def run_view(key: str, steered: bool = False) -> AppTest:
+    at = AppTest.from_function(view_script, args=(key, steered), default_timeout=120)
     at.run()
     assert_healthy(at)
     assert not at.error, [e.value for e in at.error]
@@ -153,19 +179,35 @@ def test_the_view_marks_the_planted_patch_and_states_the_shares(key):
     assert g.token_name(p + patch) in text  # "patch 23 (row 1, col 9)"
     assert at.get("image"), "no figure"
     last = cap.pattern[-1]  # (H, T, T)
-    assert metric(at, "Attention to the marked patches") == f"{naive_share(last, [p + patch]):.1%}"
-    assert metric(at, "Attention to the class token") == f"{naive_share(last, [g.prefix_names.index('CLS')]):.1%}"
+    assert metric(at, "Marked patches") == f"{naive_share(last, [p + patch]):.1%}"
+    assert metric(at, "Class token") == f"{naive_share(last, [g.prefix_names.index('CLS')]):.1%}"
     norms = explain.token_norms(cap)[-1]  # (T,): the default row is the last
     for i, name in enumerate(g.prefix_names):
         assert f"| {name} | {norms[i]:.3g} |" in text
     registers = [i for i, name in enumerate(g.prefix_names) if name.startswith("REG")]
     if registers:
         assert "**This model has 4 register token(s)** (REG1, REG2, REG3, REG4)" in text
-        assert metric(at, "Attention to the registers") == f"{naive_share(last, registers):.1%}"
+        assert metric(at, "Registers") == f"{naive_share(last, registers):.1%}"
     else:
         assert "**This model has no registers** (its prefix tokens: CLS)" in text
-        assert not any(m.label == "Attention to the registers" for m in at.metric)
+        assert not any(m.label == "Registers" for m in at.metric)
     assert "Vision Transformers Need Registers" in text and "ICLR 2024" in text
+
+
+@pytest.mark.parametrize("key", list(PLANTED))
+def test_the_view_states_the_shares_of_a_known_attention(key):
+    ctx = steered_context(key)
+    g, patch = ctx.loaded.geometry, PLANTED[key][2]
+    at = run_view(key, steered=True)
+    last = ctx.cap.pattern[-1]  # (H, T, T)
+    registers = [i for i, name in enumerate(g.prefix_names) if name.startswith("REG")]
+    assert naive_share(last, [g.num_prefix_tokens + patch]) == pytest.approx(0.3)
+    assert metric(at, "Marked patches") == "30.0%"
+    if registers:
+        assert metric(at, "Registers") == "40.0%" and metric(at, "Class token") == "30.0%"
+        assert "4 token(s); uniform attention: " + f"{4 / g.num_tokens:.1%}" in "\n".join(c.value for c in at.caption)
+    else:
+        assert metric(at, "Class token") == "40.0%"
 
 
 def test_the_layer_slider_changes_the_row_shown():
@@ -217,8 +259,8 @@ def test_the_tab_in_the_app_marks_a_patch_planted_in_the_image(tiny_env):
     text = markdown(at)
     assert "**1** of 196 patch tokens exceed the fence" in text and "patch 79 (row 5, col 9)" in text
     assert "**This model has no registers**" in text
-    assert metric(at, "Attention to the marked patches") == f"{naive_share(cap.pattern[-1], [1 + 79]):.1%}"
-    assert metric(at, "Attention to the class token") == f"{naive_share(cap.pattern[-1], [0]):.1%}"
+    assert metric(at, "Marked patches") == f"{naive_share(cap.pattern[-1], [1 + 79]):.1%}"
+    assert metric(at, "Class token") == f"{naive_share(cap.pattern[-1], [0]):.1%}"
     assert f"| CLS | {norms[-1, 0]:.3g} |" in text
     assert f"`[{g.num_layers + 1}, 197, 192]`" in "\n".join(c.value for c in at.caption)
 
