@@ -3,7 +3,8 @@
 Two ways to plant one:
 - in the model: one patch's row of the position embedding gets norm 100 (the other tokens' norms are a few
   units), so that patch token's norm is far above the others at every layer; the view is then driven
-  alone through `AppTest.from_function` (`view_script`), on a class-token ViT and on a register model;
+  alone through `AppTest.from_function` (`view_script`), on a class-token ViT, a ViT without prefix tokens
+  (SigLIP) and a register model (CLS + 4 REG);
 - in the image, for the whole app: a mid-grey picture (normalised to about 0) with one high-contrast
   checkerboard patch, uploaded to the tiny test model's app (only that patch's embedding is large).
 What the tab states (the marked patches, the prefix norms, the attention shares) is checked against
@@ -36,6 +37,7 @@ PLANTED_NORM = 100.0
 # key -> (timm name, create_model kwargs, the planted patch)
 PLANTED = {
     "class_token": ("vit_tiny_patch16_224", dict(depth=2), 23),  # 14 x 14 patches, CLS
+    "no_prefix": ("vit_base_patch16_siglip_224", dict(embed_dim=64, num_heads=4, depth=2), 30),  # 14 x 14, no prefix token
     "registers": ("vit_small_patch14_reg4_dinov2", dict(embed_dim=64, num_heads=4, depth=2, img_size=112), 45),  # 8 x 8, +4 REG
 }
 
@@ -180,7 +182,10 @@ def test_the_view_marks_the_planted_patch_and_states_the_shares(key):
     assert at.get("image"), "no figure"
     last = cap.pattern[-1]  # (H, T, T)
     assert metric(at, "Marked patches") == f"{naive_share(last, [p + patch]):.1%}"
-    assert metric(at, "Class token") == f"{naive_share(last, [g.prefix_names.index('CLS')]):.1%}"
+    if g.has_class_token:
+        assert metric(at, "Class token") == f"{naive_share(last, [g.prefix_names.index('CLS')]):.1%}"
+    else:
+        assert not any(m.label == "Class token" for m in at.metric) and "| token | norm |" not in text
     norms = explain.token_norms(cap)[-1]  # (T,): the default row is the last
     for i, name in enumerate(g.prefix_names):
         assert f"| {name} | {norms[i]:.3g} |" in text
@@ -189,12 +194,13 @@ def test_the_view_marks_the_planted_patch_and_states_the_shares(key):
         assert "**This model has 4 register token(s)** (REG1, REG2, REG3, REG4)" in text
         assert metric(at, "Registers") == f"{naive_share(last, registers):.1%}"
     else:
-        assert "**This model has no registers** (its prefix tokens: CLS)" in text
+        prefix = "its prefix tokens: CLS" if g.prefix_names else "and no prefix tokens at all"
+        assert f"**This model has no registers** ({prefix})" in text
         assert not any(m.label == "Registers" for m in at.metric)
     assert "Vision Transformers Need Registers" in text and "ICLR 2024" in text
 
 
-@pytest.mark.parametrize("key", list(PLANTED))
+@pytest.mark.parametrize("key", ["class_token", "registers"])
 def test_the_view_states_the_shares_of_a_known_attention(key):
     ctx = steered_context(key)
     g, patch = ctx.loaded.geometry, PLANTED[key][2]
