@@ -136,8 +136,10 @@ def test_a_failure_after_the_pixels_are_read_is_an_image_error(monkeypatch):
         raise OSError("broken EXIF block")
 
     monkeypatch.setattr(ImageOps, "exif_transpose", damaged)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: exif_transpose runs (an upright image skips it)
     with pytest.raises(ImageError, match="damaged"):
-        decode_image(encode(solid((1, 2, 3)), "PNG"))
+        decode_image(encode(solid((1, 2, 3)), "JPEG", exif=exif))
 
 
 def test_a_missing_file_is_named_without_its_folder(tmp_path):
@@ -205,9 +207,130 @@ def test_huge_but_legal_photo_decodes(tiny):
     rng = np.random.default_rng(1)
     small = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
     big = Image.fromarray(small).resize((6000, 4500), Image.NEAREST)  # 27 MP
-    decoded = decode_image(encode(big, "JPEG", quality=80))
-    assert decoded.image.size == (6000, 4500)
+    data = encode(big, "JPEG", quality=80)
+    assert decode_image(data, min_side=0).image.size == (6000, 4500)  # full size on request
+    decoded = decode_image(data)  # by default at 1/4: its shorter side 1125 >= DRAFT_MIN_SIDE
+    assert decoded.image.size == (1500, 1125) and decoded.reduction == 4 and decoded.source_size == (6000, 4500)
+    assert any("1/4" in note and "6000 x 4500" in note for note in decoded.notes)
     assert run_with_capture(tiny, decoded.image).input_image.shape == (224, 224, 3)
+
+
+# ---------------------------------------------------------------------------------- large JPEGs: reduced decode
+
+
+@pytest.mark.parametrize("size, min_side, expected", [
+    ((4032, 3024), 1024, (2016, 1512)),  # a 12 MP phone photo: 1/4 would leave 756 < 1024
+    ((3024, 4032), 1024, (1512, 2016)),  # portrait: the same scale
+    ((8000, 6000), 1024, (2000, 1500)),  # 48 MP: 1/4
+    ((8000, 6000), 256, (1000, 750)),  # 1/8, libjpeg's smallest
+    ((2000, 1500), 1024, (2000, 1500)),  # 1/2 would be 750 < 1024: full size
+    ((4032, 3024), 0, (4032, 3024)),  # 0: full size
+])
+def test_large_jpegs_decode_at_the_smallest_scale_that_keeps_min_side(size, min_side, expected):
+    from vit_core.images import draft_size
+
+    asked = draft_size(size, min_side)
+    im = Image.open(io.BytesIO(encode(Image.new("RGB", size, (90, 140, 200)), "JPEG", quality=70)))
+    if asked is not None:
+        im.draft(None, asked)
+    assert im.size == expected
+    assert min(expected) >= min(min_side, min(size))
+    decoded = decode_image(encode(Image.new("RGB", size, (90, 140, 200)), "JPEG", quality=70), min_side=min_side)
+    assert decoded.image.size == expected and decoded.reduction == size[0] // expected[0]
+
+
+def test_a_reduced_decode_is_deterministic_and_close_to_the_full_one(tiny):
+    """The same bytes give the same pixels every time (sessions and the load test's reference agree), and the
+    model's crop from the reduced decode is close to the crop from the full-size one (it is a downscale either way)."""
+    rng = np.random.default_rng(3)
+    small = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    photo = encode(Image.fromarray(small).resize((4032, 3024), Image.BICUBIC), "JPEG", quality=90)
+    first, second = decode_image(photo), decode_image(photo)
+    assert first.reduction == 2 and np.array_equal(np.asarray(first.image), np.asarray(second.image))
+    reduced = run_with_capture(tiny, first.image).input_image.astype(int)
+    full = run_with_capture(tiny, decode_image(photo, min_side=0).image).input_image.astype(int)
+    assert np.abs(reduced - full).mean() < 2.0
+
+
+def test_exif_rotated_large_jpeg_is_reduced_and_turned_upright():
+    im = np.zeros((2400, 4000, 3), dtype=np.uint8)
+    im[:, :2000] = (255, 0, 0)  # stored landscape, left half red
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    decoded = decode_image(encode(Image.fromarray(im), "JPEG", exif=exif, quality=90))
+    assert decoded.reduction == 2 and decoded.image.size == (1200, 2000)  # upright portrait, at 1/2
+    pixels = np.asarray(decoded.image)
+    assert pixels[100, 600, 0] > 200 and pixels[1900, 600, 0] < 50  # red is the top half
+
+
+def test_pixel_decodes_at_once_are_limited(monkeypatch):
+    """However many sessions upload at the same moment, at most MAX_CONCURRENT_DECODES pictures are
+    decoded at once (each holds its full picture in memory)."""
+    import threading
+
+    from vit_core import images
+
+    monkeypatch.setattr(images, "_decode_slots", threading.BoundedSemaphore(2))
+    busy, peak, lock, release = [0], [0], threading.Lock(), threading.Event()
+    real_pixels = images._pixels
+
+    def slow_pixels(im, notes):
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        release.wait(0.2)  # keep the slot a moment, so that the other threads pile up behind it
+        try:
+            return real_pixels(im, notes)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(images, "_pixels", slow_pixels)
+    data = encode(solid((1, 2, 3)), "PNG")
+    threads = [threading.Thread(target=decode_image, args=(data,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 2
+
+
+def test_the_decode_limit_follows_the_cpus_this_process_may_use():
+    import os
+
+    from vit_core import images
+
+    assert images.MAX_CONCURRENT_DECODES == len(os.sched_getaffinity(0))
+
+
+_PEAK_OF_A_16_BIT_DECODE = """
+import resource, sys
+from vit_core import decode_image
+data = open(sys.argv[1], "rb").read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+image = decode_image(data).image
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(image.size[0], image.size[1], (after - before) * 1024)
+"""
+
+
+def test_a_big_16_bit_png_decodes_in_bounded_memory(tmp_path):
+    """A 24 MP 16-bit PNG, decoded in a child process: its peak memory is the file's 16-bit pixels (2 bytes a
+    pixel), the 8-bit grey (1), the RGB result (Pillow keeps 4) and a band: about 7 bytes a pixel. A float64
+    copy alone was 8 more; a copy of the 16-bit pixels (exif_transpose of an upright image) 2 more."""
+    import subprocess
+    import sys
+
+    width, height = 6000, 4000
+    ramp = (np.arange(width, dtype=np.uint32) * 65535 // (width - 1)).astype(np.uint16)
+    path = tmp_path / "scan16.png"
+    Image.fromarray(np.broadcast_to(ramp, (height, width)).copy()).save(path, compress_level=1)
+    out = subprocess.run([sys.executable, "-c", _PEAK_OF_A_16_BIT_DECODE, str(path)], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    w, h, grown = (int(v) for v in out)
+    assert (w, h) == (width, height)
+    pixels = width * height
+    assert grown < 8 * pixels, f"{grown / pixels:.1f} bytes a pixel at the peak"
 
 
 @pytest.mark.parametrize("fmt", ["WEBP", "BMP", "TIFF"])

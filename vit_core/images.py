@@ -5,13 +5,24 @@ scan, an animated GIF), the model gets one RGB picture that looks the way the us
 user gets an `ImageError` with one sentence saying what is wrong. Nothing here touches Pillow's
 process-wide settings (`LOAD_TRUNCATED_IMAGES`, `MAX_IMAGE_PIXELS`): the server shares them between
 every browser session.
+
+Two things keep a class of uploads cheap. A large JPEG is decoded at 1/2, 1/4 or 1/8 of its size by
+libjpeg itself (Pillow's `Image.draft`: it skips the fine DCT coefficients, a fraction of the work of
+a full decode plus a resize) while its shorter side stays at least `DRAFT_MIN_SIDE` pixels, more than
+any model's resize and the dashboard's preview use; the result is deterministic, and the CLI, the
+dashboard and the load test's reference all decode this way. And at most `MAX_CONCURRENT_DECODES`
+pixel decodes run at once in a process (a decode holds its whole picture in memory: thirty uploads
+decoded at once would hold thirty).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import math
+import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +43,15 @@ MAX_PIXELS = 50_000_000
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
 UPLOAD_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 
+# A JPEG's shorter side stays at least this many pixels when it is decoded at reduced size (Image.draft):
+# a model resizes the shorter side to at most 384 (timm's eval transforms of the models offered here,
+# ViT-B/16-384 the largest) and the dashboard's preview is at most 1024 pixels a side.
+DRAFT_MIN_SIDE = 1024
+# Pixel decodes at once, all threads of the process together: about the CPUs this process may use
+# (more run no faster; each holds its decoded picture).
+MAX_CONCURRENT_DECODES = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+_decode_slots = threading.BoundedSemaphore(MAX_CONCURRENT_DECODES)
+
 _WHITE = (255, 255, 255)
 _EXIF_ORIENTATION = 0x0112
 
@@ -42,6 +62,7 @@ class DecodedImage:
     source_format: str  # e.g. "PNG"
     source_size: tuple[int, int]  # (width, height) as stored, before EXIF rotation
     notes: tuple[str, ...] = ()  # what was done that a user may want to know ("first of 12 frames")
+    reduction: int = 1  # 1, 2, 4 or 8: the JPEG was decoded at 1/reduction of its size (see draft_size)
 
 
 def _sniff(head: bytes) -> str | None:
@@ -84,7 +105,7 @@ def to_rgb(im: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, _WHITE + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
     if mode.startswith("I"):  # "I", "I;16", "I;16B", "I;16L", "I;16N": 16-bit data in PNG/TIFF
-        return Image.fromarray(_scaled_to_8_bits(np.asarray(im), sixteen_bit=mode.startswith("I;16")), mode="L").convert("RGB")
+        return Image.fromarray(_scaled_to_8_bits(im, sixteen_bit=mode.startswith("I;16")), mode="L").convert("RGB")
     if mode == "F":
         values = np.asarray(im, dtype=np.float64)
         lo, hi = float(values.min(initial=0)), float(values.max(initial=0))
@@ -96,17 +117,20 @@ def to_rgb(im: Image.Image) -> Image.Image:
 _ROWS_AT_ONCE = 256  # rows of a 16-bit image scaled at a time: a few MB in flight, not 8 bytes per pixel
 
 
-def _scaled_to_8_bits(values: np.ndarray, sixteen_bit: bool) -> np.ndarray:
-    """(H, W) 16- or 32-bit integers -> (H, W) uint8, in integers, a band of rows at a time.
+def _scaled_to_8_bits(im: Image.Image, sixteen_bit: bool) -> np.ndarray:
+    """A 16- or 32-bit integer image -> (H, W) uint8, in integers, read from the image a band of rows at a time.
 
     16-bit data (or any with values above 255) is scaled from 0..65535 to 0..255, rounded to nearest
-    ((v * 255 + 32767) // 65535); 8-bit values in a 32-bit mode are kept. A 50 MP scan costs its
-    8-bit result plus one band, where float64 cost 1.2 GB.
+    ((v * 255 + 32767) // 65535); 8-bit values in a 32-bit mode are kept. No full-size copy of the
+    source is made (np.asarray of the whole image would be one): a 50 MP scan costs its 8-bit result
+    plus one band, where float64 cost 1.2 GB.
     """
-    wide = sixteen_bit or values.max(initial=0) > 255
-    gray = np.empty(values.shape, dtype=np.uint8)
-    for top in range(0, values.shape[0], _ROWS_AT_ONCE):
-        band = np.clip(values[top: top + _ROWS_AT_ONCE], 0, 65535 if wide else 255).astype(np.uint32)  # (rows, W)
+    width, height = im.size
+    wide = sixteen_bit or im.getextrema()[1] > 255
+    gray = np.empty((height, width), dtype=np.uint8)
+    for top in range(0, height, _ROWS_AT_ONCE):
+        rows = np.asarray(im.crop((0, top, width, min(height, top + _ROWS_AT_ONCE))))  # (rows, W)
+        band = np.clip(rows, 0, 65535 if wide else 255).astype(np.uint32)
         if wide:  # in place: one band in flight
             band *= 255
             band += 32767
@@ -115,11 +139,27 @@ def _scaled_to_8_bits(values: np.ndarray, sixteen_bit: bool) -> np.ndarray:
     return gray
 
 
-def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> DecodedImage:
+def draft_size(size: tuple[int, int], min_side: int) -> tuple[int, int] | None:
+    """The size to ask `Image.draft` for so that a JPEG of `size` (w, h) decodes at the smallest of
+    libjpeg's scales (1/2, 1/4, 1/8) whose shorter side is still >= min_side; None: decode at full size.
+
+    draft picks the largest scale s with w // s >= asked w and h // s >= asked h, and gives
+    (ceil(w / s), ceil(h / s)): asking for (w, h) * min_side / min(w, h) keeps both sides above it.
+    """
+    w, h = size
+    if min_side <= 0 or min(w, h) < 2 * min_side:  # not even 1/2 would do
+        return None
+    factor = min_side / min(w, h)
+    return max(1, math.ceil(w * factor)), max(1, math.ceil(h * factor))
+
+
+def decode_image(source: bytes | str | Path | io.IOBase | Image.Image, min_side: int = DRAFT_MIN_SIDE) -> DecodedImage:
     """Decode an image file (bytes, path or file object) or normalise a PIL image to RGB.
 
-    Raises ImageError with a user-facing sentence for an empty, unreadable, truncated or oversized
-    file. Animated files give their first frame.
+    A large JPEG is decoded at reduced size, its shorter side at least `min_side` pixels (0: full size;
+    see `draft_size`); other formats and PIL images keep their size. Raises ImageError with a
+    user-facing sentence for an empty, unreadable, truncated or oversized file. Animated files give
+    their first frame.
     """
     if isinstance(source, Image.Image):
         im = ImageOps.exif_transpose(source)
@@ -154,24 +194,36 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image) -> Decode
     if frames > 1:
         notes.append(f"Animated file: using the first of its {frames} frames.")
         im.seek(0)
+    reduction = 1
+    asked = draft_size((width, height), min_side) if im.format == "JPEG" else None  # (not MPO: several frames)
+    if asked is not None and im.draft(None, asked) is not None:
+        reduction = max(1, round(width / im.size[0]))
+    if reduction > 1:
+        notes.append(f"Decoded at 1/{reduction} of its {width} x {height} pixels ({im.size[0]} x {im.size[1]}): "
+                     f"still more than the model's crop and the preview use.")
+    with _decode_slots:  # the pixels: at most MAX_CONCURRENT_DECODES pictures in flight
+        rgb = _pixels(im, notes)
+    _logger.debug("decoded %s %sx%s %s -> RGB %s", im.format, width, height, im.mode, rgb.size)
+    return DecodedImage(rgb, im.format or "unknown", (width, height), tuple(notes), reduction)
+
+
+def _pixels(im: Image.Image, notes: list[str]) -> Image.Image:
+    """Decode `im`'s pixels, turn them upright and into RGB (appending to `notes` what a user may want to know)."""
     try:
         im.load()
     except (OSError, ValueError, SyntaxError) as e:  # Pillow raises all three for damaged data
         raise ImageError(f"The image file is damaged or truncated ({e}).") from e
-
-    fmt = im.format or "unknown"
     try:  # the EXIF block and the mode conversion read more of the file: damaged data can still surface here
-        if im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+        rotated = im.getexif().get(_EXIF_ORIENTATION, 1) != 1
+        if rotated:
             notes.append("Rotated according to the camera's EXIF orientation.")
-        transposed = ImageOps.exif_transpose(im)
+        transposed = ImageOps.exif_transpose(im) if rotated else im  # (exif_transpose copies even when upright)
         if im.mode not in ("RGB", "L"):
             on_white = "A" in im.mode or "transparency" in im.info
             notes.append(f"Converted from {im.mode} to RGB" + (" on white." if on_white else "."))
-        rgb = to_rgb(transposed)
+        return to_rgb(transposed)
     except (OSError, ValueError, SyntaxError, TypeError, struct.error) as e:  # Pillow's ways of saying "damaged"
         raise ImageError(f"The image file is damaged ({type(e).__name__} while reading it after its pixels).") from e
-    _logger.debug("decoded %s %sx%s %s -> RGB %s", fmt, width, height, im.mode, rgb.size)
-    return DecodedImage(rgb, fmt, (width, height), tuple(notes))
 
 
 def load_image(source: bytes | str | Path | io.IOBase | Image.Image) -> Image.Image:
