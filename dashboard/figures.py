@@ -660,15 +660,13 @@ def token_norms_png(patch_norms: np.ndarray, fence: float, prefix_norms: np.ndar
     return figure_png(fig)
 
 
-def high_norm_rate_png(rate: np.ndarray, chosen: int | None = None, title: str = "") -> bytes:
+def high_norm_rate_png(rate: np.ndarray, title: str = "") -> bytes:
     """The share of high-norm patch tokens per row of the residual stream, rate (L+1,): row 0 = the
-    embeddings entering block 0, row l = after block l - 1 (as `lens_row_name`); the chosen row marked."""
+    embeddings entering block 0, row l = after block l - 1 (as `lens_row_name`)."""
     rows = np.arange(len(rate))
     fig = Figure(figsize=(6, 2.6))
     ax = fig.add_subplot()
     ax.plot(rows, rate * 100, "o-", ms=4, color=HIGH_NORM_COLOUR)
-    if chosen is not None:
-        ax.axvline(chosen, color="grey", lw=1, ls=":")
     step = max(1, len(rows) // 13)
     ax.set_xticks(rows[::step], ["emb" if r == 0 else str(r - 1) for r in rows[::step]])
     ax.set_xlabel("tokens after block (emb = the embeddings entering block 0)", fontsize=9)

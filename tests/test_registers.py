@@ -158,6 +158,16 @@ def test_without_the_plant_the_same_model_marks_nothing_far_out():
     assert not analyses.high_norm_patches(norms, loaded.geometry.num_prefix_tokens)[:, patch].any()
 
 
+@pytest.mark.parametrize("key", list(PLANTED))
+def test_one_rows_norms_and_marks_equal_those_of_all_rows(key):
+    cap, p = planted_context(key).cap, planted_model(key).geometry.num_prefix_tokens
+    norms = explain.token_norms(cap)  # (L+1, T)
+    high = analyses.high_norm_patches(norms, p)  # (L+1, N)
+    for row in range(norms.shape[0]):
+        np.testing.assert_array_equal(register_views.row_norms(cap.tokens, row), norms[row])
+        np.testing.assert_array_equal(register_views.high_norm_row(norms[row], p), high[row])
+
+
 def test_register_and_patch_keys():
     prefix = ("CLS", "REG1", "REG2", "REG3", "REG4")
     assert register_views.register_keys(prefix, 3).tolist() == [False, True, True, True, True, False, False, False]
@@ -307,6 +317,6 @@ def test_norm_histogram_and_rate_figures_are_pngs(patch_norms, prefix_names):
     fence = float(analyses.high_norm_fence(patch_norms))
     hist = figures.token_norms_png(patch_norms, fence, np.linspace(5, 9, len(prefix_names)).astype(np.float32), prefix_names,
                                    title="after block 1")
-    rate = figures.high_norm_rate_png(np.array([0.0, 0.02, 0.05], dtype=np.float32), chosen=2, title="rate")
+    rate = figures.high_norm_rate_png(np.array([0.0, 0.02, 0.05], dtype=np.float32), title="rate")
     for data in (hist, rate):
         assert data.startswith(b"\x89PNG") and figures.image_size(data)[0] > 300
