@@ -294,6 +294,7 @@ def test_arrays_and_files_follow_the_interface_table(tiny):
         assert summary["num_images"] == 3 and summary["failures"] == []
         assert summary["accuracy"] == result.accuracy
     assert int(labelled.arrays()["num_images"]) == 3
+    assert not labelled.mean_attention_distance.flags.writeable and not labelled.logit_lens_accuracy.flags.writeable
 
 
 def test_distance_figure_is_a_png(tiny):

@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch.utils.data import DataLoader, Dataset
 
 from . import analyses, explain
@@ -445,7 +444,7 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     if distances.count == 0:
         first = f" (first: {failures[0][0]}: {failures[0][1]})" if failures else ""
         raise DatasetError(f"None of the {len(sources)} images could be read{first}.")
-    return DatasetResult(
+    return _read_only(DatasetResult(
         model=loaded.name,
         weights=loaded.weights,
         device=describe_device(device),
@@ -460,7 +459,15 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
         insertion_auc={name: float(np.mean(values)) for name, values in insertion.items()},
         failures=tuple(failures),
         num_labelled=labelled,
-    )
+    ))
+
+
+def _read_only(result: DatasetResult) -> DatasetResult:
+    """The result's arrays made read-only, so that a cache can hand the same result to every session."""
+    for value in vars(result).values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    return result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,6 +478,8 @@ def distance_figure_png(result: DatasetResult, geometry: Geometry) -> bytes:
     """The paper's Fig. 7 (right) for the set: the mean attention distance of every head (a dot each, its
     std over images as an error bar) against depth, with the level of uniform attention over all patches."""
     import io
+
+    from matplotlib.figure import Figure  # here, not at the top: the reductions need no plotting library
 
     mad, spread = result.mean_attention_distance, result.mean_attention_distance_std  # (L, H) each
     num_layers, num_heads = mad.shape
