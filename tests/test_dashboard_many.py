@@ -18,9 +18,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import APP, assert_healthy, drawn_image
-from dashboard import many_images
+from dashboard import many_images, state
 from dashboard.many_images import SetError, shapes_set, uploaded_set, zip_members
-from dashboard.models import build_named_model
+from dashboard.models import ModelRequest, build_named_model
 from shared_runtime import download, shared_runtime
 from vit_core import TEACHING_MODEL, dataset, load_image
 from vit_core.loading import teaching_model_available
@@ -172,7 +172,7 @@ def test_a_zip_with_class_folders_gives_accuracy(tiny_env, runtime, tiny_model):
     assert "accuracy" in got and got["logit_lens_accuracy"].shape == (3,)  # 2 blocks: L + 1 rows
 
 
-@pytest.mark.parametrize("case", ["zip bomb", "too many files", "non-image zip", "path traversal"])
+@pytest.mark.parametrize("case", ["zip bomb", "too many files", "non-image zip", "path traversal", "no readable image"])
 def test_a_refused_set_says_why_in_one_sentence_and_keeps_the_previous_result(tiny_env, runtime, monkeypatch, case):
     at = run_clicked(upload(open_page(runtime), ("good.png", png(0))))
     before = successes(at)
@@ -187,14 +187,18 @@ def test_a_refused_set_says_why_in_one_sentence_and_keeps_the_previous_result(ti
     elif case == "non-image zip":
         files = [("papers.zip", zipped({"a.txt": b"text", "b.zip": zipped({"c.png": png(1)})}))]
         said = "There is no image in these uploads (only 2 file(s) that are not images: papers.zip/a.txt, papers.zip/b.zip)."
-    else:
+    elif case == "path traversal":
         files = [("evil.zip", zipped({"../../etc/evil.png": png(1)}))]
         said = "evil.zip holds a member named '../../etc/evil.png' that points outside the archive"
+    else:  # refused by analyze_dataset itself (DatasetError), after decoding
+        files = [("fake.png", b"not an image"), ("empty.jpg", b"")]
+        said = "None of the 2 images could be read (first: fake.png: "
     upload(at, *files)
     run_clicked(at)
     errors = [as_written(e.value) for e in at.error]
     assert len(errors) == 1 and said in errors[0], errors
-    assert one_sentence(errors[0]), errors[0]
+    if case != "no readable image":  # that message is vit_core.dataset's, and quotes the decoder's own reason
+        assert one_sentence(errors[0]), errors[0]
     assert successes(at) == before  # nothing lost: the previous result is still shown, with its downloads
     assert len(at.get("download_button")) == 3 and len(at.get("image")) == 1
 
@@ -270,3 +274,24 @@ def test_shapes_set_is_drawn_by_the_generator_with_the_model_s_labels(tiny_model
     assert image_set.labels is None and "not the Shapes' classes" in image_set.no_labels_reason  # ImageNet-sized head
     with pytest.raises(SetError, match="1 to"):
         shapes_set(tiny_model, many_images.MAX_IMAGES + 1, 0)
+
+
+def test_a_kept_result_names_its_model_when_the_sidebar_changes(tiny_env, runtime):
+    at = open_page(runtime)
+    at.number_input(key=many_images.K_COUNT).set_value(4).run()
+    run_clicked(at)
+    before = successes(at)
+    at.selectbox(key=state.K_MODEL).set_value(TEACHING_MODEL).run()
+    assert_healthy(at)
+    assert successes(at) == before  # kept, not recomputed for the new model
+    assert [as_written(i.value) for i in at.info] == [
+        "This result is for vit_tiny_patch16_224; press Run for the model in the sidebar."]
+
+
+def test_run_set_reports_progress_to_the_end(tiny_model):
+    calls = []
+    run = many_images.run_set(ModelRequest("test-tiny"), tiny_model, shapes_set(tiny_model, 5, 1),
+                              progress=lambda done, total: calls.append((done, total)))
+    assert calls and calls[-1] == (5, 5) and all(b == 5 for _, b in calls)
+    assert run.result.num_images == 5 and run.model_name == "vit_tiny_patch16_224" and run.seconds > 0
+    assert set(run.files) == {"dataset.npz", "dataset.json", "mean_attention_distance.png"}
