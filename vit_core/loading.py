@@ -62,7 +62,7 @@ class Geometry:
     num_layers: int
     num_heads: int
     embed_dim: int
-    num_classes: int
+    num_classes: int  # 0: no classifier head, the model outputs its pooled features (D' of them)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -115,7 +115,11 @@ class LoadedModel:
         object.__setattr__(self, "tensor_transform", to_tensor)
 
     def label(self, index: int) -> str:
-        return self.labels[index] if self.labels and index < len(self.labels) else f"class {index}"
+        """The class name of output `index`; for a model without a classifier head (num_classes 0: DINOv2 or a
+        SigLIP image tower as published), whose outputs are its pooled features, 'feature 17'."""
+        if self.labels and index < len(self.labels):
+            return self.labels[index]
+        return f"feature {index}" if self.geometry.num_classes == 0 else f"class {index}"
 
     @property
     def device(self) -> torch.device:
