@@ -86,7 +86,8 @@ def _unsafe_member_name(name: str) -> bool:
     return posix.startswith("/") or (len(posix) > 1 and posix[1] == ":") or ".." in PurePosixPath(posix).parts
 
 
-def zip_members(zip_name: str, data: bytes) -> tuple[list[tuple[str, bytes]], list[str]]:
+def zip_members(zip_name: str, data: bytes, images_before: int = 0,
+                bytes_before: int = 0) -> tuple[list[tuple[str, bytes]], list[str]]:
     """The image files inside a zip as (path inside the zip, bytes), and the names of the members skipped.
 
     Everything that can be checked from the zip's directory is checked before a byte is decompressed:
@@ -94,6 +95,7 @@ def zip_members(zip_name: str, data: bytes) -> tuple[list[tuple[str, bytes]], li
     declared size and their total (a zip bomb declares huge sizes, or lies: a member is read to at most its
     declared size + 1 byte, and one that gives more refuses the zip). Members that are not images (a nested
     zip included: it is not opened) are skipped; the archivers' own files (__MACOSX/, hidden files) ignored.
+    `images_before`, `bytes_before`: what the set holds already (other uploads), counted against the same caps.
     Raises SetError.
     """
     try:
@@ -113,8 +115,9 @@ def zip_members(zip_name: str, data: bytes) -> tuple[list[tuple[str, bytes]], li
             if info.is_dir() or info.filename.startswith(_JUNK_PREFIXES) or base.startswith("."):
                 continue
             (wanted if is_image_name(info.filename) else skipped).append(info)
-        if len(wanted) > MAX_IMAGES:
-            raise SetError(f"{zip_name} holds {len(wanted)} images; one run takes at most {MAX_IMAGES}.")
+        if images_before + len(wanted) > MAX_IMAGES:
+            what = f"{zip_name} holds {len(wanted)}" + (f" (and the other uploads {images_before})" if images_before else "")
+            raise SetError(f"{what} images; one run takes at most {MAX_IMAGES}.")
         if any(i.flag_bits & 0x1 for i in wanted):
             raise SetError(f"{zip_name} is encrypted; please upload a zip without a password.")
         big = next((i for i in wanted if i.file_size > MAX_IMAGE_MB * _MB), None)
@@ -122,8 +125,10 @@ def zip_members(zip_name: str, data: bytes) -> tuple[list[tuple[str, bytes]], li
             raise SetError(f"{zip_name}: {big.filename} unpacks to {big.file_size / _MB:,.0f} MB; "
                            f"an image may have at most {MAX_IMAGE_MB} MB.")
         total = sum(i.file_size for i in wanted)
-        if total > MAX_SET_MB * _MB:
-            raise SetError(f"{zip_name} unpacks to {total / _MB:,.0f} MB of images; a set may have at most {MAX_SET_MB} MB.")
+        if bytes_before + total > MAX_SET_MB * _MB:
+            what = f"{zip_name} unpacks to {total / _MB:,.0f} MB of images" + (
+                f" (and the other uploads hold {bytes_before / _MB:,.0f} MB)" if bytes_before else "")
+            raise SetError(f"{what}; a set may have at most {MAX_SET_MB} MB.")
         members = []
         for info in wanted:
             try:
@@ -161,38 +166,40 @@ def uploaded_set(loaded: LoadedModel, files: Sequence[tuple[str, bytes]]) -> Ima
     total = sum(len(data) for _, data in files)
     if total > MAX_SET_MB * _MB:
         raise SetError(f"These uploads hold {total / _MB:,.0f} MB; a set may have at most {MAX_SET_MB} MB.")
-    sources: list[tuple[str, bytes]] = []
-    labels: list[int | None] = []
-    skipped: list[str] = []
-    for name, data in files:
+    plain = [(name, data) for name, data in files if not name.lower().endswith(".zip")]
+    too_large = [name for name, data in plain if len(data) > MAX_IMAGE_MB * _MB]  # skipped, and said
+    sources = [(name, data) for name, data in plain if len(data) <= MAX_IMAGE_MB * _MB]
+    labels: list[int | None] = [None] * len(sources)
+    skipped: list[str] = []  # not images
+    for name, data in files:  # each zip checked against what the set holds already, before it is unpacked
         if name.lower().endswith(".zip"):
-            members, not_images = zip_members(name, data)
+            members, not_images = zip_members(name, data, len(sources), sum(len(d) for _, d in sources))
             member_labels = zip_labels(loaded, [m for m, _ in members]) if members else None
             sources += [(f"{name}/{m}", content) for m, content in members]
             labels += member_labels or [None] * len(members)
             skipped += [f"{name}/{m}" for m in not_images]
-        elif len(data) > MAX_IMAGE_MB * _MB:
-            skipped.append(f"{name} (over {MAX_IMAGE_MB} MB)")
-        else:
-            sources.append((name, data))
-            labels.append(None)
     if len(sources) > MAX_IMAGES:
         raise SetError(f"These uploads hold {len(sources)} images; one run takes at most {MAX_IMAGES}.")
-    if sum(len(d) for _, d in sources) > MAX_SET_MB * _MB:
-        raise SetError(f"These images unpack to more than {MAX_SET_MB} MB; a set may have at most {MAX_SET_MB} MB.")
     notes = []
     if skipped:
         notes.append(f"Skipped {len(skipped)} file(s) that are not images (a zip inside a zip is not opened): "
-                     f"{', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''}.")
+                     f"{_some(skipped)}.")
+    if too_large:
+        notes.append(f"Skipped {len(too_large)} image(s) over {MAX_IMAGE_MB} MB: {_some(too_large)}.")
     if not sources:
-        why = f" (only {len(skipped)} file(s) that are not images: {', '.join(skipped[:5])})" if skipped else ""
-        raise SetError(f"There is no image in these uploads{why}.")
+        whys = ([f"{len(skipped)} file(s) that are not images: {_some(skipped)}"] if skipped else []) + (
+            [f"{len(too_large)} image(s) over {MAX_IMAGE_MB} MB: {_some(too_large)}"] if too_large else [])
+        raise SetError(f"There is no image in these uploads{' (only ' + '; '.join(whys) + ')' if whys else ''}.")
     known = any(label is not None for label in labels)
     no_labels = "" if known else ("No labels, so no accuracy: labels come from a .zip whose first-level folders "
                                   "name the model's classes (a class index, a class name, or an ImageNet synset "
                                   "id such as n01440764).")
     what = f"{len(sources)} uploaded image{'s' * (len(sources) != 1)}"
     return ImageSet(what, tuple(sources), tuple(labels) if known else None, tuple(notes), no_labels)
+
+
+def _some(names: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def shapes_labels(loaded: LoadedModel) -> dict[int, int] | None:

@@ -260,6 +260,14 @@ def test_uploaded_set_labels_and_bounds(tiny_model, monkeypatch):
     assert uploaded_set(tiny_model, [("p.png", png(0))]).labels is None
     with pytest.raises(SetError, match="Upload some images"):
         uploaded_set(tiny_model, [])
+    monkeypatch.setattr(many_images, "MAX_IMAGE_MB", 1)  # a single image over the cap: skipped, and said
+    kept = uploaded_set(tiny_model, [("big.png", bytes(2 * 2**20)), ("small.png", png(0))])
+    assert [name for name, _ in kept.sources] == ["small.png"] and kept.notes == ("Skipped 1 image(s) over 1 MB: big.png.",)
+    with pytest.raises(SetError, match=re.escape("There is no image in these uploads (only 1 image(s) over 1 MB: big.png).")):
+        uploaded_set(tiny_model, [("big.png", bytes(2 * 2**20))])
+    monkeypatch.setattr(many_images, "MAX_IMAGES", 3)  # a zip counts against what the other uploads hold
+    with pytest.raises(SetError, match=re.escape("c.zip holds 2 (and the other uploads 2) images; one run takes at most 3.")):
+        uploaded_set(tiny_model, [("p.png", png(0)), ("q.png", png(1)), ("c.zip", zipped({"a.png": png(2), "b.png": png(3)}))])
     monkeypatch.setattr(many_images, "MAX_SET_MB", 1)
     with pytest.raises(SetError, match="These uploads hold 2 MB; a set may have at most 1 MB"):
         uploaded_set(tiny_model, [("a.png", bytes(2 * 2**20))])
