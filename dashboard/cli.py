@@ -1,10 +1,13 @@
 """The installed `vit-lens` command.
 
     vit-lens analyze IMAGE ... [options]      exactly `python -m vit_core analyze ...` (same parser, same output)
-    vit-lens dashboard [streamlit options]    start the dashboard: `python -m dashboard.serve [streamlit options]`
+    vit-lens dashboard [--device D] [streamlit options]
+                                              start the dashboard: `python -m dashboard.serve [...]`
 
 Every subcommand of vit_core's own parser is offered as it is (a new one there appears here), plus
-`dashboard`, whose arguments all go to `streamlit run` untouched (e.g. `--server.port 8502`).
+`dashboard`, whose arguments all go to `streamlit run` untouched (e.g. `--server.port 8502`), except
+`--device D` (auto, cpu, cuda, cuda:N or mps; Streamlit has no such option): the device the server's
+models run on, as `--device` does for vit_core's own commands (dashboard.serve.split_device_option).
 Dependencies stay one way: this module imports vit_core, never the reverse.
 """
 
@@ -28,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     from vit_core import __main__ as core_cli
 
     parser, commands = core_cli.build_parser(prog="vit-lens")
-    commands.add_parser(DASHBOARD, add_help=False, help="start the dashboard; options go to `streamlit run` "
-                        "(e.g. --server.port 8502); the server settings come with the package")
+    commands.add_parser(DASHBOARD, add_help=False, help="start the dashboard; --device D picks the models' device, other "
+                        "options go to `streamlit run` (e.g. --server.port 8502); the server settings come with the package")
     return core_cli.run(parser.parse_args(argv))
 
 

@@ -12,6 +12,7 @@ import vit_core
 from dashboard import draw, examples, models, state, text
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice, markdown_literal
 from vit_core import export
+from vit_core.devices import DeviceError
 from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_default_model
 
 # ----------------------------------------------------------------------------------------------
@@ -19,19 +20,35 @@ from vit_core.loading import TEACHING_MODEL, WEIGHT_SUFFIXES, LoadedModel, env_d
 
 
 def model_ui() -> models.ModelRequest | None:
-    """The model choice (bound to `?model=`); None while own weights are chosen but not uploaded yet."""
+    """The model choice (bound to `?model=`): one of the list or, where the server allows any model, any
+    ViT-family name of timm's (with its pretrained tags) or a typed `hf-hub:` id. None while own weights are
+    chosen but not uploaded yet. A name this server refuses: an error, and the model in use stays (and is named)."""
+    server_device_or_stop()
+    _name_the_model_in_use()  # before the widget exists: afterwards its value can't be set in this run
     choices = models.model_choices()
-    names = list(choices)
+    options = models.picker_options()
+    any_model = models.any_model_allowed()
     start = env_default_model()
-    name = st.selectbox("Model", names, index=names.index(start) if start in names else 0, key=state.K_MODEL,
-                        format_func=lambda n: choices[n], bind="query-params",
-                        help="timm Vision Transformers; pretrained weights are downloaded once (the first time "
-                             "can take a minute). The bundled Shapes ViT works offline.")
+    name = st.selectbox("Model", options, index=options.index(start) if start in options else 0, key=state.K_MODEL,
+                        format_func=lambda n: choices.get(n, n), bind="query-params", accept_new_options=any_model,
+                        help=text.MODEL_HELP_ANY if any_model else text.MODEL_HELP)
+    _say_why_the_last_choice_was_refused()
+    if name not in options:  # typed in (any model), or a value that never was an option
+        name = name.strip()
+        in_use = state.last_good_model() or models.ModelRequest(start)
+        if name == models.UPLOAD_WEIGHTS:  # a link asking for weights uploads where they are off: ignored,
+            _choice_failed(None, in_use)  # as Streamlit ignores any other invalid value in a link
+            return in_use
+        refusal = models.typed_name_refusal(name)
+        if refusal is not None:
+            _choice_failed(f"{markdown_literal(name)} can't be chosen: {refusal}", in_use)
+            return in_use
     if name != models.UPLOAD_WEIGHTS:
         return models.ModelRequest(name)
-    archs = [n for n in models.MODEL_CHOICES if n not in (TEACHING_MODEL, models.UPLOAD_WEIGHTS)]
-    arch = st.selectbox("Architecture of your weights", archs, key=state.K_ARCH,
-                        help="Any timm ViT name works from Python; here, the listed ones.")
+    archs = [n for n in options if n not in (TEACHING_MODEL, models.TEST_TINY, models.UPLOAD_WEIGHTS)]
+    arch = st.selectbox("Architecture of your weights", archs, key=state.K_ARCH, format_func=lambda n: choices.get(n, n),
+                        help="The timm ViT your weights were trained as." if any_model
+                        else "Any timm ViT name works from Python; here, the listed ones.")
     weights = st.file_uploader(f"Weights file (up to {models.MAX_WEIGHTS_MB} MB)", type=[s.lstrip(".") for s in WEIGHT_SUFFIXES],
                                key=state.K_WEIGHTS, max_upload_size=models.MAX_WEIGHTS_MB,
                                help="safetensors preferred; .pth/.pt/.bin are loaded with weights_only (no code runs)")
@@ -51,9 +68,55 @@ def model_ui() -> models.ModelRequest | None:
                                uploaded_names=tuple(names))
 
 
+def server_device_or_stop() -> None:
+    """The server's device setting ($VIT_LENS_DEVICE), checked before any model is built: a value this machine
+    can't honour (`dashboard.serve` refuses it at start; `streamlit run` doesn't) ends the page with one sentence."""
+    try:
+        models.server_device()
+    except DeviceError as e:
+        st.error(f"This server's device setting (VIT_LENS_DEVICE) can't be used: {markdown_literal(str(e))}")
+        st.stop()
+
+
+# A choice that failed is taken back: the picker then names the model actually shown. The message and the
+# name to show wait in session state for the rerun, which sets the picker before creating it.
+_MODEL_REFUSED = "_model_refused"  # (message for the user, the picker's value for the model shown instead)
+
+
+def _picker_value(request: models.ModelRequest) -> str:
+    return models.UPLOAD_WEIGHTS if request.weights_path else request.name
+
+
+def _choice_failed(message: str | None, shown: models.ModelRequest | None) -> None:
+    """Say `message` (if any); if the picker can name `shown` (the model used instead) and names another, set
+    it to `shown` and rerun. Weights files are not taken back: their uploader keeps the file to try another."""
+    if shown is None:
+        shown = models.fallback_request()[0]
+    value = _picker_value(shown)
+    can_name = not shown.weights_path and (value in models.picker_options() or models.any_model_allowed())
+    if can_name and st.session_state.get(state.K_MODEL) != value:
+        st.session_state[_MODEL_REFUSED] = (message, value)
+        st.rerun()  # the failed run's page is replaced: the message is shown in the rerun
+    if message:
+        st.error(message)
+
+
+def _name_the_model_in_use() -> None:
+    refused = st.session_state.get(_MODEL_REFUSED)
+    if refused is not None:
+        st.session_state[state.K_MODEL] = refused[1]
+
+
+def _say_why_the_last_choice_was_refused() -> None:
+    refused = st.session_state.pop(_MODEL_REFUSED, None)
+    if refused is not None and refused[0]:
+        st.error(refused[0])
+
+
 def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
-    """Load the requested model with a spinner. A model that can't be had (offline, bad weights): say why,
-    and keep showing the session's previous model (at first: the bundled teaching model, or an untrained tiny one)."""
+    """Load the requested model with a spinner. A model that can't be had (offline, bad weights, not a ViT): say
+    why, and keep showing the session's previous model (at first: the bundled teaching model, or an untrained
+    tiny one), which the picker then names. Below the picker: the device the server runs its models on."""
     if request is None:
         request = state.last_good_model() or models.fallback_request()[0]
     try:
@@ -66,11 +129,17 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
         else:
             fallback, note = models.fallback_request()
         kind = "You are offline" if isinstance(e, vit_core.OfflineError) else "That model can't be loaded"
-        st.error(f"{kind}: {markdown_literal(request.for_user(str(e)))}\n\n{note}")
+        _choice_failed(f"{kind}: {markdown_literal(request.for_user(str(e)))}\n\n{note}", fallback)
         with st.spinner("Loading the previous model..."):
-            return fallback, state.load(fallback)
-    state.remember_good_model(request)
+            request, loaded = fallback, state.load(fallback)
+    else:
+        state.remember_good_model(request)
+    st.caption(device_caption(loaded))
     return request, loaded
+
+
+def device_caption(loaded: LoadedModel) -> str:
+    return f"Runs on: {loaded.device_name} (the server's device)."
 
 
 # ----------------------------------------------------------------------------------------------

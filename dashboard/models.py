@@ -14,6 +14,12 @@ Environment variables (read when used):
 - `VIT_LENS_WEIGHTS_UPLOADS=off`: no "Your own weights file..." choice (a weights file is up to
   400 MB held in the server's memory per session, and a model built per file). On by default (one
   user on their own machine); off in the README's "Serving a class" command.
+- `VIT_LENS_ANY_MODEL=off`: the picker offers the fixed list only, and refuses any other name. On by
+  default (one user): besides the list, any timm model of the ViT family by name, with its pretrained
+  tags, or an `hf-hub:` id typed in (each a model built and held by the server; off for a class).
+- `VIT_LENS_DEVICE=auto|cpu|cuda|cuda:N|mps`: where the server's models run (default auto: CUDA, then
+  Apple MPS, then the CPU); `vit-lens dashboard --device D` sets it. Resolved once per value; a value
+  this machine can't honour stops `dashboard.serve` at start with one line.
 
 The start-up model is pinned: built once and kept by this module, so that a student hopping between
 models, which evicts it from the dashboard's model cache (3 entries), costs the class no reload.
@@ -21,13 +27,18 @@ models, which evicts it from the dashboard's model cache (3 entries), costs the 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import timm
+import torch
+
 import vit_core
+from vit_core.devices import resolve_device
 from vit_core.loading import MAX_LABEL_FILE_BYTES, TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
 
 TEST_TINY = "test-tiny"
@@ -35,6 +46,13 @@ UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
 MAX_WEIGHTS_MB = 400  # the largest listed architecture (ViT-B/16 at 384) is about 350 MB; = server.maxUploadSize
 MAX_LABELS_MB = MAX_LABEL_FILE_BYTES // 2**20  # the label uploader's cap: vit_core's own limit on a label file
 FAILURE_MEMORY_S = 60.0  # a model that failed to load is not retried for this long (the hub probe costs seconds)
+MAX_MODEL_NAME = 200  # a typed model name longer than this is refused before timm sees it
+# timm modules whose models are VisionTransformer with a linear patch embedding, the family load_model
+# accepts (vit_core.loading.check_supported). vision_transformer_hybrid builds VisionTransformer too, but
+# its tokens come from a CNN stem, not from P x P patches: the patch views would be wrong, so it is left out.
+# A few models of these modules are still refused by load_model (dynamic image size, parallel blocks):
+# telling them apart means building each one (about 80 s for all), so load_model says so when picked.
+ANY_MODEL_MODULES = ("vision_transformer", "deit")
 
 MODEL_CHOICES: dict[str, str] = {
     "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
@@ -48,9 +66,44 @@ MODEL_CHOICES: dict[str, str] = {
 }
 
 
+def _setting_on(variable: str) -> bool:
+    """A server setting that is on unless the variable says 0/off/false/no."""
+    return os.environ.get(variable, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
 def weights_uploads_allowed() -> bool:
-    """Whether sessions may upload their own weights files ($VIT_LENS_WEIGHTS_UPLOADS, on unless 0/off/false/no)."""
-    return os.environ.get("VIT_LENS_WEIGHTS_UPLOADS", "on").strip().lower() not in ("0", "off", "false", "no")
+    """Whether sessions may upload their own weights files ($VIT_LENS_WEIGHTS_UPLOADS)."""
+    return _setting_on("VIT_LENS_WEIGHTS_UPLOADS")
+
+
+def any_model_allowed() -> bool:
+    """Whether the picker offers any ViT-family model by name or hf-hub id ($VIT_LENS_ANY_MODEL)."""
+    return _setting_on("VIT_LENS_ANY_MODEL")
+
+
+def device_setting() -> str:
+    """The server's device as set ($VIT_LENS_DEVICE, default auto)."""
+    return os.environ.get("VIT_LENS_DEVICE", "").strip() or "auto"
+
+
+@functools.lru_cache(maxsize=4)
+def _resolved_device(setting: str) -> torch.device:
+    return resolve_device(setting)
+
+
+def server_device() -> torch.device:
+    """The device every model of this server runs on, resolved once per setting.
+    Raises vit_core.DeviceError (one sentence) for a value this machine can't honour."""
+    return _resolved_device(device_setting())
+
+
+@functools.lru_cache(maxsize=1)
+def family_model_names() -> tuple[str, ...]:
+    """Every timm model of ANY_MODEL_MODULES: each architecture, followed by its name with each pretrained
+    tag (`vit_base_patch16_224.augreg2_in21k_ft_in1k`), sorted. Read from timm's registry once (no download)."""
+    modules = list(ANY_MODEL_MODULES)
+    names = set(timm.list_models(module=modules)) | set(timm.list_models(module=modules, pretrained=True))
+    return tuple(sorted(names))  # '.' sorts before '_': an architecture's tags follow it
 
 
 def model_choices() -> dict[str, str]:
@@ -64,13 +117,33 @@ def model_choices() -> dict[str, str]:
     return {start: label, **choices}
 
 
+def picker_options() -> list[str]:
+    """The Model picker's options: `model_choices()`, then, where any model is allowed, every other
+    model of the ViT family (`family_model_names`)."""
+    options = list(model_choices())
+    if any_model_allowed():
+        listed = set(options)
+        options += [name for name in family_model_names() if name not in listed]
+    return options
+
+
+def typed_name_refusal(name: str) -> str | None:
+    """Why a model name outside the fixed list can't be asked for here, or None if load_model may judge it
+    (it refuses non-ViTs, unknown names and, offline, missing weights with its own sentence)."""
+    if not any_model_allowed():
+        return "this server offers only the models in its list."
+    if len(name) > MAX_MODEL_NAME:
+        return f"a model name is at most {MAX_MODEL_NAME} characters."
+    return None
+
+
 def random_init_forced() -> bool:
     return os.environ.get("VIT_LENS_RANDOM_INIT", "") not in ("", "0")
 
 
 @dataclass(frozen=True)
 class ModelRequest:
-    name: str  # a timm name, TEACHING_MODEL or TEST_TINY
+    name: str  # a timm name (maybe with a pretrained tag), an "hf-hub:" id, TEACHING_MODEL or TEST_TINY
     weights_path: str = ""  # a local copy of uploaded weights
     labels_path: str = ""
     weights_id: str = ""  # sha256 of the uploaded weights (+ labels)
@@ -99,12 +172,14 @@ class ModelRequest:
 
 
 def build_named_model(name: str, random_init: bool = False) -> LoadedModel:
-    """A model by name as the dashboard shows it: TEST_TINY, TEACHING_MODEL or a timm name."""
+    """A model by name as the dashboard shows it, on the server's device: TEST_TINY, TEACHING_MODEL, a timm
+    name (with or without a pretrained tag) or an hf-hub id."""
+    device = server_device()
     if name == TEST_TINY:
-        return vit_core.load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
+        return vit_core.load_model("vit_tiny_patch16_224", pretrained=False, depth=2, device=device)
     if name == TEACHING_MODEL:
-        return vit_core.load_model(TEACHING_MODEL)
-    return vit_core.load_model(name, pretrained=not random_init)
+        return vit_core.load_model(TEACHING_MODEL, device=device)
+    return vit_core.load_model(name, pretrained=not random_init, device=device)
 
 
 _pinned: dict[tuple[str, bool], LoadedModel] = {}  # the start-up model, at most one entry
@@ -130,6 +205,7 @@ def build_model(name: str, weights_path: str, labels_path: str, random_init: boo
     if name in (TEST_TINY, TEACHING_MODEL) or not (weights_path or labels_path):
         return build_named_model(name, random_init)
     kwargs: dict[str, Any] = {"labels": labels_path} if labels_path else {}
+    kwargs["device"] = server_device()
     if weights_path:
         return vit_core.load_model(name, weights=weights_path, **kwargs)
     return vit_core.load_model(name, pretrained=not random_init, **kwargs)

@@ -163,3 +163,15 @@ LOGIT_LENS = (
     "Below, the same head is applied to every patch token of one layer without pooling: each patch's top-1 "
     "class and its probability."
 )
+
+MODEL_HELP = (
+    "timm Vision Transformers; pretrained weights are downloaded once (the first time can take a minute). "
+    "The bundled Shapes ViT works offline."
+)
+
+MODEL_HELP_ANY = (
+    "The list first, then every model of timm's ViT family (ViT, DeiT, DeiT-III, SigLIP, register models...), "
+    "each also with its pretrained tags (`name.tag`): type to search. Or type a Hugging Face id as "
+    "`hf-hub:owner/name` and press Enter. Pretrained weights are downloaded once (the first time can take a "
+    "minute); offline, only those already in the local cache load. The bundled Shapes ViT works offline."
+)
