@@ -2,8 +2,12 @@
 
 Caches (shared by every browser session, all keyed on strings, never on tensors or arrays):
 - models: `st.cache_resource`, keyed by `ModelRequest.load_args`; `LoadedModel.lock` serialises forwards;
-- one forward pass with its capture per (model, image): `st.cache_resource(max_entries=...)`, keyed
-  by the model key and the sha256 of the image bytes, the image itself passed as an underscore argument;
+- one forward pass with its capture per (model, image), keyed by the model key and the sha256 of the
+  image bytes: a `ByteBudgetCache` bounded by bytes (`CAPTURE_BUDGET`: $VIT_LENS_CAPTURE_MB, else a
+  quarter of the machine's memory, 512 MiB to 8 GiB; see dashboard.byte_budget), since a capture is
+  31 MiB for ViT-B/16 and 205 MiB for ViT-B/16-384. Each session holds the capture it looks at in
+  the same cache (evicted after every capture nobody holds); the decoded pictures the forward passes
+  start from are bounded by bytes too (`PICTURE_BUDGET`);
 - small per-model / per-capture analyses (filter PCA, position similarity, attention distance);
 - figures, keyed by what their builder takes (`dashboard.figure_keys`);
 - the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
@@ -16,8 +20,10 @@ and heads of its intervention (with the model and image they belong to, and a pa
 that matter live in the URL: the widgets are created with `bind="query-params"`, so their key is the
 query parameter (`?model=...&view=Attention&layer=3`).
 
-Shared by up to a classroom of sessions: every cache has `max_entries`, and what a session keeps
-for itself is capped too (the distance history, the saved weights uploads). A model that can't be
+Shared by up to a classroom of sessions: every cache has `max_entries` or a byte budget, and what a session
+keeps for itself is capped too (the distance history, the saved weights uploads). The distance tab's batch
+uploader keeps out of the shared caches: each image is reduced to its mean attention distances and its
+capture dropped. A model that can't be
 loaded (offline, a refused weights file) is remembered for a minute, so reruns don't retry it.
 What is not Streamlit's lives beside this module: `models`, `examples`, `uploads`, `image_choice`, `process`.
 """
@@ -26,8 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +44,7 @@ from PIL import Image
 
 import vit_core
 from dashboard import examples, figure_keys, uploads
+from dashboard.byte_budget import ByteBudgetCache, default_capture_budget
 from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
 from vit_core import analyses, explain, export
@@ -58,7 +65,7 @@ K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm"
 K_TARGET, K_METHODS, K_STEPS, K_LENS_LAYER = "target", "methods", "steps", "lens_layer"
 K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 # Session-state keys that are not widgets.
-_HELD_CAPTURE = "_held_capture"  # ((model key, image sha), Capture): see held_capture
+_HOLDER = "_capture_holder"  # this session's name in the capture cache's holds: see held_capture
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
 _LAST_GOOD_MODEL = "_last_good_model"  # the ModelRequest this session last loaded: kept after a refused model
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
@@ -110,13 +117,24 @@ def save_upload(upload: Any) -> tuple[str, str]:
 # Images
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _decoded(sha: str, _data: bytes) -> vit_core.DecodedImage:
-    return vit_core.decode_image(_data)
+CAPTURE_BUDGET = default_capture_budget()  # bytes: the shared captures, held ones included
+PICTURE_BUDGET = CAPTURE_BUDGET // 4  # bytes: decoded pictures (a 50 MP PNG is 200 MB; a phone photo, drafted, 12 MB)
+
+
+def _picture_nbytes(decoded: vit_core.DecodedImage) -> int:
+    width, height = decoded.image.size
+    return 4 * width * height  # Pillow keeps RGB as 4 bytes a pixel
+
+
+_pictures: ByteBudgetCache[vit_core.DecodedImage] = ByteBudgetCache(PICTURE_BUDGET, size_of=_picture_nbytes)
+
+
+def _decoded(sha: str, data: bytes) -> vit_core.DecodedImage:
+    return _pictures.get_or_compute(sha, partial(vit_core.decode_image, data))
 
 
 def full_image(image: ImageChoice) -> Image.Image:
-    """The decoded full-size RGB picture (from the shared cache, or decoded again)."""
+    """The decoded RGB picture the model starts from (a large JPEG at reduced size: vit_core.decode_image)."""
     return _decoded(image.sha, image.data).image
 
 
@@ -181,46 +199,44 @@ def remember_good_image(image: ImageChoice) -> None:
 # The forward pass per (model, image) and the analyses of its capture
 
 
-@dataclass(frozen=True)
-class _Lazy:
-    """The full-size picture of `image`, decoded only if the forward pass is not cached."""
-
-    image: ImageChoice
-
-
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _cached_forward(model_key: str, image_sha: str, _loaded: LoadedModel, _image: _Lazy) -> vit_core.Capture:
-    return vit_core.run_with_capture(_loaded, full_image(_image.image))
+_captures: ByteBudgetCache[vit_core.Capture] = ByteBudgetCache(CAPTURE_BUDGET)  # shared by every session
 
 
 def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
-    """The capture of one hooked forward pass per (model, image), cached and shared by every session."""
-    return _cached_forward(request.key, image.sha, loaded, _Lazy(image))
+    """The capture of one hooked forward pass per (model, image), cached and shared by every session
+    (computed once however many sessions ask for it at the same moment)."""
+    return _captures.get_or_compute((request.key, image.sha), lambda: vit_core.run_with_capture(loaded, full_image(image)))
+
+
+def _holder() -> str:
+    return st.session_state.setdefault(_HOLDER, uuid.uuid4().hex)
 
 
 def held_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
-    """`shared_capture` of the image this session is looking at, also held by the session itself.
+    """`shared_capture` of the image this session is looking at, held in the cache for this session.
 
-    With more sessions than the shared cache has entries (a class of 30), sessions evict each other's
-    captures, and a full rerun (a tab switch, a sidebar change) would decode the image and run the model
-    again. Held here, a session's current capture lives as long as the session looks at it: memory grows
-    by at most one capture per session. (Control changes inside a view are fragment reruns, which keep
-    the capture they were drawn with anyway.)
+    With more sessions than the cache keeps captures, sessions would evict each other's, and a full
+    rerun (a tab switch, a sidebar change) would run the model again. A held capture is evicted only
+    after every capture nobody holds; each session holds one (the one it looks at), and all of them
+    together stay within the byte budget: past it, the longest unused hold goes too, and that session
+    computes its capture again on its next full rerun. (Control changes inside a view are fragment
+    reruns, which keep the capture they were drawn with anyway.)
     """
-    key = (request.key, image.sha)
-    held = st.session_state.get(_HELD_CAPTURE)
-    if held is not None and held[0] == key:
-        return held[1]
     cap = shared_capture(request, loaded, image)
-    st.session_state[_HELD_CAPTURE] = (key, cap)
+    _captures.hold(_holder(), (request.key, image.sha))
     return cap
+
+
+def _mean_attention_distances(cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    """Mean attention distance (L, H): (prefix attention left out, rows renormalised over patches)."""
+    g = cap.geometry
+    args = (cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size)
+    return analyses.mean_attention_distance(*args), analyses.mean_attention_distance(*args, renormalize=True)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _distances(model_key: str, image_sha: str, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
-    g = _cap.geometry
-    args = (_cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size)
-    return analyses.mean_attention_distance(*args), analyses.mean_attention_distance(*args, renormalize=True)
+    return _mean_attention_distances(_cap)
 
 
 def attention_distances(request: ModelRequest, image: ImageChoice, cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
@@ -232,16 +248,33 @@ def record_attention_distances(request: ModelRequest, image: ImageChoice,
                                cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
     """`attention_distances`, also recorded in the session's history (the latest image of the latest model last)."""
     result = attention_distances(request, image, cap)
+    _remember_distances(request.key, image.sha, result)
+    return result
+
+
+def _remember_distances(model_key: str, image_sha: str, result: tuple[np.ndarray, np.ndarray]) -> None:
     history = st.session_state.setdefault(_MAD_HISTORY, {})
-    per_model = history.pop(request.key, {})
-    history[request.key] = per_model  # the latest model last
-    per_model.pop(image.sha, None)
-    per_model[image.sha] = result  # the latest image last
+    per_model = history.pop(model_key, {})
+    history[model_key] = per_model  # the latest model last
+    per_model.pop(image_sha, None)
+    per_model[image_sha] = result  # the latest image last
     while len(per_model) > MAX_HISTORY_IMAGES:
         del per_model[next(iter(per_model))]
     while len(history) > MAX_HISTORY_MODELS:
         del history[next(iter(history))]
-    return result
+
+
+def add_to_distance_average(request: ModelRequest, loaded: LoadedModel, data: bytes) -> None:
+    """One image of the distance tab's batch uploader: its mean attention distances (L, H) join this
+    session's history (once per image). Nothing goes into the shared caches: the image is decoded and
+    run here, reduced to the two (L, H) arrays, and its picture and capture are dropped (a batch of 32
+    ViT-B/16-384 captures would be 6.5 GiB). Raises vit_core.ImageError with a message for the user."""
+    check_file_size(data)
+    sha = hashlib.sha256(data).hexdigest()
+    if sha in distance_history(request):
+        return
+    cap = vit_core.run_with_capture(loaded, vit_core.decode_image(data).image)
+    _remember_distances(request.key, sha, _mean_attention_distances(cap))
 
 
 def distance_history(request: ModelRequest) -> dict[str, tuple[np.ndarray, np.ndarray]]:
