@@ -456,13 +456,10 @@ def distance_view(ctx: ViewContext) -> None:
     if batch:
         with st.spinner(f"Running the model on {len(batch[:state.MAX_BATCH_IMAGES])} images..."):
             for upload in batch[:state.MAX_BATCH_IMAGES]:
-                try:
-                    image = state.decode(upload.name, upload.getvalue())
+                try:  # each forward once, not on every rerun; reduced to (L, H), kept out of the shared caches
+                    state.add_to_distance_average(ctx.request, ctx.loaded, upload.getvalue())
                 except ImageError as e:
                     st.warning(f"{markdown_literal(upload.name)}: {markdown_literal(str(e))}")
-                    continue
-                if image.sha not in state.distance_history(ctx.request):  # each forward once, not on every rerun
-                    state.record_attention_distances(ctx.request, image, state.shared_capture(ctx.request, ctx.loaded, image))
     history = state.distance_history(ctx.request)
     current = state.attention_distances(ctx.request, ctx.image, cap)[int(renorm)]  # (L, H)
     uniform = analyses.uniform_attention_distance(g.grid, g.patch_size)
