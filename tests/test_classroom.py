@@ -17,6 +17,7 @@ Streamlit's private API (pinned to 1.67.x).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -36,12 +37,13 @@ from streamlit.testing.v1 import AppTest
 import loadtest
 from conftest import REPO, assert_healthy, choose_weights, run_app
 from dashboard import state
+from dashboard.byte_budget import ByteBudgetCache, nbytes_of
 from dashboard.image_choice import MAX_IMAGE_MB
 from dashboard.models import MAX_WEIGHTS_MB, TEST_TINY
 from hostile_corpus import corpus
 from shared_runtime import download as _download
 from shared_runtime import shared_runtime
-from vit_core import decode_image, run_with_capture
+from vit_core import analyses, decode_image, run_with_capture
 from vit_core.export import analysis_arrays, summary
 from vit_core.loading import TEACHING_MODEL, teaching_model_available
 
@@ -202,6 +204,53 @@ def test_the_distance_history_of_a_session_is_capped(tiny_env, runtime, monkeypa
     history = at.session_state["_mad_history"]
     assert [len(per_model) for per_model in history.values()] == [3]
     assert any("average over the 3 image(s)" in c.value for c in at.caption)
+
+
+def test_batch_uploads_leave_the_shared_caches_unchanged(tiny_env, runtime, reference):
+    """The distance tab's batch uploader reduces each image to its mean attention distances (L, H) and drops
+    the capture: no capture and no decoded picture of a batch image lands in the caches every session shares."""
+    at = run_app(view="Distance")
+    captures, pictures = set(state._captures.keys()), set(state._pictures.keys())
+    batch = [loadtest.session_image(60, step, size=(64, 48)) for step in range(3)]
+    at.file_uploader(key=state.K_MAD_BATCH).set_value([(n, d, "image/png") for n, d in batch]).run()
+    assert_healthy(at)
+    assert set(state._captures.keys()) == captures and set(state._pictures.keys()) == pictures
+    (history,) = at.session_state["_mad_history"].values()
+    assert len(history) == 1 + len(batch)  # the image shown and the batch
+    for _, data in batch:
+        cap = run_with_capture(reference, decode_image(data).image)
+        g = cap.geometry
+        expected = analyses.mean_attention_distance(cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size)  # (L, H)
+        np.testing.assert_allclose(history[hashlib.sha256(data).hexdigest()][0], expected, rtol=1e-5, atol=1e-6)
+    assert any("average over the 4 image(s)" in c.value for c in at.caption)
+
+
+def test_held_captures_stay_within_the_byte_budget_and_the_oldest_holds_go(tiny_env, runtime, reference,
+                                                                          monkeypatch):
+    """Four sessions, a budget of 3.5 captures: after each upload the captures kept (held ones included) sum to
+    at most the budget; the latest sessions' captures stay, the oldest sessions' go; a session whose capture
+    went gets its own analysis again on its next run."""
+    images = [loadtest.session_image(70 + i, 0, size=(64, 48)) for i in range(4)]
+    one = nbytes_of(run_with_capture(reference, decode_image(images[0][1]).image))
+    budget = int(3.5 * one)
+    monkeypatch.setattr(state, "_captures", ByteBudgetCache(budget))
+    sessions = []
+    for name, data in images:
+        at = run_app()
+        upload(at, name, data)
+        sessions.append(at)
+        assert state._captures.total_bytes <= budget
+        assert sum(nbytes_of(state._captures.get(k)) for k in state._captures.keys()) <= budget
+    kept = {sha for _, sha in state._captures.keys()}
+    shas = [hashlib.sha256(data).hexdigest() for _, data in images]
+    assert set(shas[2:]) <= kept and not set(shas[:2]) & kept  # the two latest holds stay, the two oldest went
+    at, (name, data) = sessions[0], images[0]
+    at.session_state[state.K_VIEW] = "Patches"  # a full rerun of the first session
+    at.run()
+    assert_healthy(at)
+    assert f"image **{name}**" in header(at)
+    assert_same_analysis(npz(at, runtime), standalone(reference, data))
+    assert shas[0] in {sha for _, sha in state._captures.keys()} and state._captures.total_bytes <= budget
 
 
 @needs_chromium
