@@ -303,3 +303,32 @@ def test_distance_figure_is_a_png(tiny):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     with Image.open(io.BytesIO(data)) as im:
         assert im.width > 400 and im.height > 250
+
+
+def test_bfloat16_autocast_runs_and_stays_close(tiny):
+    """The GPU fast mode (the benchmark's --dtype bfloat16) on the CPU: the hooks take bf16 tokens and whatever
+    dtype the pattern has under autocast, and the distances stay near the float32 ones."""
+    sources = drawn_sources(3)
+    exact = analyze_dataset(tiny, sources, [0, 1, 2], batch_size=2)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        fast = analyze_dataset(tiny, sources, [0, 1, 2], batch_size=2)
+    np.testing.assert_allclose(fast.mean_attention_distance, exact.mean_attention_distance, rtol=0.02)
+    np.testing.assert_allclose(fast.mean_attention_distance_renorm, exact.mean_attention_distance_renorm, rtol=0.02)
+    assert fast.arrays().keys() == exact.arrays().keys()
+    assert fast.mean_attention_distance.dtype == np.float32 and fast.logit_lens_accuracy.dtype == np.float32
+
+
+def test_a_file_gone_before_its_explanation_is_reported(tmp_path):
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=2, img_size=64)
+    paths = list_images(write_folder(tmp_path, {name: data for name, data in drawn_sources(2, size=(80, 96))}))
+    sources = [(path.name, path) for path in paths]
+
+    def remove_second(done, total):  # called after the batch was read, before its explanations
+        if done == 2:
+            paths[1].unlink()
+
+    result = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=2, progress=remove_second)
+    assert result.num_images == 2  # both were in the reductions
+    assert [name for name, _ in result.failures] == ["image1.png"]
+    assert result.failures[0][1].startswith("No explanation: Could not read image1.png")
+    assert "random" in result.deletion_auc  # from the first image alone

@@ -385,9 +385,11 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     """The dataset-level values of `sources` ((name, file bytes or path) each): per image, one hooked forward
     in batches of `batch_size` reduced on the model's device, then means (and the distance's std) over images.
 
-    labels: one true class (or None) per source, for accuracy and logit-lens accuracy. workers: DataLoader
-    worker processes that decode (0: in this process). explain: also the deletion / insertion AUC of every
-    relevance method and the random baseline, per image (one at a time: it needs gradients), averaged.
+    labels: one true class (or None) per source, for accuracy and logit-lens accuracy (the logit lens runs only
+    when some label is known). workers: DataLoader worker processes that decode (0: in this process; they are
+    forked on Linux, so a multi-threaded server is safer with 0). explain: also the deletion / insertion AUC of every
+    relevance method and the random baseline, target the top-1, per image (one at a time: it needs gradients;
+    the image is decoded again in this process), averaged over images.
     progress(done, total) after each batch and each explained image; total counts each image once, twice
     with `explain`. Unreadable images are skipped and listed in `failures`. Raises DatasetError when no image
     could be analysed, CaptureError for a model whose attention bypasses timm's standard path.
@@ -434,7 +436,11 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
         report(done, total)
         if explain:
             for index in indices.tolist():
-                deletion_auc, insertion_auc = _explained_aucs(loaded, sources[index][1], steps)
+                try:  # decoded again here: a file on disk can change (or vanish) after its batch was read
+                    deletion_auc, insertion_auc = _explained_aucs(loaded, sources[index][1], steps)
+                except ImageError as e:
+                    failures.append((sources[index][0], f"No explanation: {e}"))
+                    deletion_auc, insertion_auc = {}, {}
                 for name in deletion_auc:
                     deletion.setdefault(name, []).append(deletion_auc[name])
                     insertion.setdefault(name, []).append(insertion_auc[name])
