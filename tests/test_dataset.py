@@ -154,12 +154,12 @@ def test_explained_aucs_equal_the_per_image_faithfulness():
     loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=2, img_size=64)  # 4 x 4 patches: fast
     sources = drawn_sources(3, size=(80, 96))
     seen = []
-    result = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=4, progress=lambda d, t: seen.append((d, t)))
+    result = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=3, progress=lambda d, t: seen.append((d, t)))
     expected_deletion, expected_insertion = {}, {}
     for _, data in sources:
         image = Image.open(io.BytesIO(data))
         relevance = explain.relevance_maps(loaded, image)  # target: the top-1
-        faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=4)
+        faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=3)
         for name in faith.deletion_auc:
             expected_deletion.setdefault(name, []).append(faith.deletion_auc[name])
             expected_insertion.setdefault(name, []).append(faith.insertion_auc[name])
