@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from conftest import drawn_image, hooks_on
-from vit_core import analyses, explain, load_model, recording_hooks_on, run_with_capture
+from vit_core import CaptureError, analyses, explain, load_model, recording_hooks_on, run_with_capture
 from vit_core.dataset import (
     DatasetError,
     RunningMoments,
@@ -332,3 +332,21 @@ def test_a_file_gone_before_its_explanation_is_reported(tmp_path):
     assert [name for name, _ in result.failures] == ["image1.png"]
     assert result.failures[0][1].startswith("No explanation: Could not read image1.png")
     assert "random" in result.deletion_auc  # from the first image alone
+
+
+def test_an_attention_that_bypasses_the_hook_is_an_error_not_a_wrong_distance(tiny):
+    attn = tiny.model.blocks[0].attn
+    original = attn.forward
+
+    def always_fused(*args, **kwargs):  # ignores the un-fused switch: no pattern reaches the reduction
+        attn.fused_attn = True
+        return original(*args, **kwargs)
+
+    attn.forward = always_fused
+    try:
+        with pytest.raises(CaptureError, match="one attention pattern per block"):
+            analyze_dataset(tiny, drawn_sources(1))
+    finally:
+        del attn.forward
+        attn.fused_attn = True
+    assert recording_hooks_on(tiny.model) == 0 and hooks_on(tiny.model) == 0
