@@ -177,3 +177,74 @@ def test_every_explain_entry_point_feeds_the_model_on_its_device(on_meta, entry)
         assert explain.model_input(loaded, drawn_image(2)).device.type == "meta"
         return
     _runs_on_the_device_until_the_host_copy(calls[entry])
+
+
+# ----------------------------------------------------------------------------------------------
+# Full float32 on a GPU: cuDNN would run the patch embedding in TF32 by default
+
+
+@pytest.fixture
+def tf32_allowed():
+    """Both TF32 flags on (torch's matmul default is off), as they were afterwards."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_full_float32_turns_tf32_off_for_cuda_only_and_restores_it(tf32_allowed):
+    """The flags are plain process-wide settings: they can be read and set without a GPU."""
+    from vit_core.capture import full_float32
+
+    flags = lambda: (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)  # noqa: E731
+    with full_float32(torch.device("cpu")):
+        assert flags() == (True, True)
+    with full_float32(torch.device("cuda", 0)):
+        assert flags() == (False, False)
+    assert flags() == (True, True)
+    with pytest.raises(ZeroDivisionError), full_float32(torch.device("cuda", 0)):
+        1 / 0
+    assert flags() == (True, True)
+
+
+@pytest.mark.parametrize("entry", ["run_with_capture", "relevance_maps", "logit_lens", "patch_logit_lens",
+                                   "predict_intervened", "faithfulness"])
+def test_every_pass_runs_inside_full_float32_for_the_model_device(monkeypatch, tiny, entry):
+    """Each entry point's forwards reach the head inside `full_float32(loaded.device)` (recorded by a stand-in)."""
+    import contextlib
+
+    import vit_core.capture
+    import vit_core.explain
+
+    asked: list[torch.device] = []
+    inside = [False]
+
+    @contextlib.contextmanager
+    def recording(device):
+        asked.append(device)
+        inside[0] = True
+        try:
+            yield
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(vit_core.capture, "full_float32", recording)
+    monkeypatch.setattr(vit_core.explain, "full_float32", recording)
+    cap = run_with_capture(tiny, drawn_image(4))
+    asked.clear()
+    heads_seen: list[bool] = []
+    handle = tiny.model.head.register_forward_pre_hook(lambda m, args: heads_seen.append(inside[0]))
+    try:
+        {
+            "run_with_capture": lambda: run_with_capture(tiny, drawn_image(4)),
+            "relevance_maps": lambda: explain.relevance_maps(tiny, cap),
+            "logit_lens": lambda: explain.logit_lens(tiny, cap),
+            "patch_logit_lens": lambda: explain.patch_logit_lens(tiny, cap, 0),
+            "predict_intervened": lambda: explain.predict_intervened(tiny, cap, drop=[1]),
+            "faithfulness": lambda: explain.faithfulness(tiny, cap, {"m": np.ones(tiny.geometry.grid)}, 0, steps=2,
+                                                         random_orders=1),
+        }[entry]()
+    finally:
+        handle.remove()
+    assert heads_seen and all(heads_seen), heads_seen
+    assert asked and all(device == tiny.device for device in asked)

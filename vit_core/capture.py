@@ -8,7 +8,8 @@ registered (0 outside a pass). The result holds CPU float32 numpy arrays with th
 removed, made read-only, so it can be cached and shared between sessions without copies.
 
 The model may live on any device (`LoadedModel.device`): its input is made there
-(`on_model_device`), and each intermediate is copied to the host once, in `_frozen`.
+(`on_model_device`), each intermediate is copied to the host once, in `_frozen`, and a CUDA pass runs
+in full float32 (`full_float32`), so that results equal the CPU's within float32 tolerance.
 """
 
 from __future__ import annotations
@@ -70,6 +71,23 @@ def on_model_device(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tenso
     """`tensor` on the device of `model`'s parameters (itself if it is there already): every tensor a pass
     hands to the model goes through here, so that a model moved to a GPU gets its inputs there."""
     return tensor.to(next(model.parameters()).device)
+
+
+@contextlib.contextmanager
+def full_float32(device: torch.device) -> Iterator[None]:
+    """Inside the block, CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN
+    convolutions use TF32 by default: 10 mantissa bits, so the patch embedding alone would move the results
+    well beyond float32 tolerance). The two process-wide flags are restored on exit; on other devices nothing
+    changes. A pass on another model in another thread meanwhile also runs in full float32: slower, not wrong."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,7 +191,7 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     store: dict[str, list[torch.Tensor]] = {}
     with loaded.lock:
         started = time.perf_counter()
-        with torch.inference_mode(), _intermediates_recorded(model, store):
+        with torch.inference_mode(), full_float32(loaded.device), _intermediates_recorded(model, store):
             logits = model(on_model_device(model, x))  # (1, C), on the model's device
         _finished(logits.device)  # a GPU runs asynchronously: time the pass, not its launch
         seconds = time.perf_counter() - started

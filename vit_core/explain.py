@@ -17,8 +17,8 @@ with the same hygiene: hooks and the `fused_attn` flags restored also on error (
 and its `requires_grad` restored, so no `.grad` is ever written to the model.
 
 The model may live on any device (`LoadedModel.device`): every tensor an entry point hands it is made
-there (`model_input`, `capture.on_model_device`), and results come back to the host as float32 numpy
-(`_numpy`).
+there (`model_input`, `capture.on_model_device`), every pass runs in full float32 (`_model_pass`), and
+results come back to the host as float32 numpy (`_numpy`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from . import analyses
-from .capture import Capture, _register, attention_recorded, on_model_device, preprocess
+from .capture import Capture, _register, attention_recorded, full_float32, on_model_device, preprocess
 from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
 
@@ -171,6 +171,13 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+@contextlib.contextmanager
+def _model_pass(loaded: LoadedModel) -> Iterator[None]:
+    """A forward of the shared model without gradients: its lock held, eval mode, full float32 on a GPU."""
+    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model), full_float32(loaded.device):
+        yield
+
+
 @dataclass(frozen=True)
 class _Gradients:
     logits: np.ndarray  # (C,)
@@ -207,6 +214,7 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(loaded.lock)
+        stack.enter_context(full_float32(loaded.device))
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         stack.enter_context(eval_mode(model))
@@ -280,7 +288,7 @@ def logit_lens(loaded: LoadedModel, cap: Capture) -> np.ndarray:
     equals cap.logits within float32 tolerance."""
     model = loaded.model
     tokens = on_model_device(model, torch.from_numpy(np.array(cap.tokens, dtype=np.float32)))  # (L+1, T, D)
-    with loaded.lock, torch.inference_mode(), eval_mode(model):
+    with _model_pass(loaded):
         return _numpy(_head(model, tokens))  # (L+1, C)
 
 
@@ -289,7 +297,7 @@ def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarra
     pooling: float32 (N, C) logits, patches row-major."""
     model, p = loaded.model, loaded.geometry.num_prefix_tokens
     patches = on_model_device(model, torch.from_numpy(np.array(cap.tokens[layer, p:], dtype=np.float32)))  # (N, D)
-    with loaded.lock, torch.inference_mode(), eval_mode(model):
+    with _model_pass(loaded):
         return _numpy(model.head(model.fc_norm(model.norm(patches))))  # (N, C)
 
 
@@ -377,7 +385,7 @@ def predict_intervened(loaded: LoadedModel, image: Image.Image | Capture, *, dro
     kept = torch.tensor([k for k in range(geometry.num_patches) if k not in dropped], dtype=torch.long)[None]  # (1, K)
     x = model_input(loaded, image)  # (1, 3, H, W)
     x = mask_patches(x, masked, geometry)
-    with loaded.lock, torch.inference_mode(), eval_mode(model), heads_ablated(model, ablate, ablation):
+    with _model_pass(loaded), heads_ablated(model, ablate, ablation):
         tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
         return _numpy(run_from_embedded(model, tokens)[0])  # (1, C) -> (C,)
 
@@ -485,7 +493,7 @@ class _KeptSetProbs:
                 by_length.setdefault(len(r), {})[r.tobytes()] = r
         for length in sorted(by_length, reverse=True):
             keys, kept = list(by_length[length]), np.stack(list(by_length[length].values())).reshape(-1, length)  # (U, K)
-            with self.loaded.lock, torch.inference_mode(), eval_mode(self.loaded.model):
+            with _model_pass(self.loaded):
                 logits = run_from_embedded(self.loaded.model, keep_tokens(
                     self.tokens, torch.from_numpy(kept), self.loaded.geometry.num_prefix_tokens))
             probs = analyses.softmax(_numpy(logits))[:, self.target]  # (U, C) -> (U,)
@@ -522,7 +530,7 @@ def faithfulness_by_method(loaded: LoadedModel, image: Image.Image | Capture, ma
     geometry = loaded.geometry
     n = geometry.num_patches
     x = model_input(loaded, image)  # (1, 3, H, W)
-    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model):
+    with _model_pass(loaded):
         tokens = embedded_tokens(loaded.model, x)  # (1, T, D), computed once
     probs = _KeptSetProbs(loaded, tokens, target)
     units = [(RANDOM, random_patch_orders(n, random_orders, seed))] + [
