@@ -313,7 +313,7 @@ def limits_text() -> str:
             f"`vit-lens dataset FOLDER` on your own machine.")
 
 
-def set_ui(loaded: LoadedModel) -> Callable[[], ImageSet] | None:
+def set_ui(loaded: LoadedModel) -> Callable[[], ImageSet]:
     """The set's source and its widgets. Returns how to make the set (called only when Run is pressed)."""
     source = st.radio("Images", list(SOURCES), format_func=SOURCES.get, key=K_SOURCE, horizontal=True)
     if source == SHAPES:
@@ -330,8 +330,7 @@ def set_ui(loaded: LoadedModel) -> Callable[[], ImageSet] | None:
                              help="In a zip, first-level folders named after the model's classes (a class "
                                   "index, a class name, or an ImageNet synset id) give the true labels.")
     st.caption(limits_text())
-    uploaded = [(f.name, f.getvalue()) for f in files or ()]
-    return lambda: uploaded_set(loaded, uploaded)
+    return lambda: uploaded_set(loaded, [(f.name, f.getvalue()) for f in files or ()])  # copied on Run only
 
 
 def run_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], ImageSet]) -> None:
