@@ -22,7 +22,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: see vi
 
 import argparse
 import contextlib
-import inspect
 import io
 import statistics
 import time
@@ -33,7 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_core import load_model
-from vit_core.dataset import DecodedImages, analyze_dataset, collate_decoded, model_device
+from vit_core.dataset import DecodedImages, analyze_dataset, collate_decoded
 from vit_core.devices import describe_device, resolve_device
 from vit_core.runtime import configure_threads
 
@@ -62,7 +61,7 @@ def synchronize(device: torch.device) -> None:
 
 def plain_forwards(loaded, sources, batch_size: int, workers: int) -> float:
     """Seconds for decoding + preprocessing + `model(x)` of every source, batched as analyze_dataset batches."""
-    device = model_device(loaded)
+    device = loaded.device
     loader = DataLoader(DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform), batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_decoded, pin_memory=device.type == "cuda")
     started = time.perf_counter()
@@ -78,17 +77,8 @@ def dataset_pass(loaded, sources, batch_size: int, workers: int) -> float:
     started = time.perf_counter()
     result = analyze_dataset(loaded, sources, batch_size=batch_size, workers=workers)
     assert result.num_images == len(sources) and not result.failures
-    synchronize(model_device(loaded))  # analyze_dataset already waits for each batch's values: for symmetry
+    synchronize(loaded.device)  # analyze_dataset already waits for each batch's values: for symmetry
     return time.perf_counter() - started
-
-
-def load_on(name: str, device: torch.device):
-    """A random-init model on `device` (through load_model's own `device=` where it has one)."""
-    if "device" in inspect.signature(load_model).parameters:
-        return load_model(name, pretrained=False, seed=0, device=str(device))
-    loaded = load_model(name, pretrained=False, seed=0)
-    loaded.model.to(device)
-    return loaded
 
 
 def main() -> None:
@@ -105,7 +95,7 @@ def main() -> None:
 
     device = resolve_device(args.device)
     threads = configure_threads() if device.type == "cpu" else torch.get_num_threads()
-    loaded = load_on(args.model, device)
+    loaded = load_model(args.model, pretrained=False, seed=0, device=device)
     sources = drawn_jpegs(args.images)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16"
                 else contextlib.nullcontext())

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import analyses, explain
-from .capture import _register, attention_recorded
+from .capture import _register, attention_recorded, full_float32
 from .devices import describe_device
 from .errors import CaptureError, ImageError, ViTLensError
 from .export import json_bytes, npz_bytes
@@ -242,21 +242,18 @@ class BatchValues:
     lens_top1: np.ndarray | None  # int64 (B, L+1), None when the logit lens was not asked for
 
 
-def model_device(loaded: LoadedModel) -> torch.device:
-    """The device the model's weights are on (`loaded.device` where the loader records it)."""
-    device = getattr(loaded, "device", None)
-    return torch.device(device) if device is not None else next(loaded.model.parameters()).device
-
-
 def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None) -> BatchValues:
     """One hooked forward of the batch x (B, 3, H, W) on the model's device, reduced there; only the
-    per-image values come back. Under `loaded.lock` and inference_mode; eval mode restored after."""
+    per-image values come back. Under `loaded.lock` and inference_mode, in full float32 on a GPU (as a capture:
+    results equal the CPU's within float32 tolerance; an autocast around the call still runs in bfloat16);
+    eval mode restored after."""
     geometry, model = loaded.geometry, loaded.model
-    device = model_device(loaded)
+    device = loaded.device
     if distance is None:
         distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
     store = _BatchReductions()
-    with loaded.lock, torch.inference_mode(), explain.eval_mode(model), reductions_recorded(loaded, store, distance, logit_lens):
+    with (loaded.lock, torch.inference_mode(), explain.eval_mode(model), full_float32(device),
+          reductions_recorded(loaded, store, distance, logit_lens)):
         logits = model(x.to(device, non_blocking=True))  # (B, C)
     if len(store.distance) != geometry.num_layers:
         raise CaptureError(f"expected one attention pattern per block ({geometry.num_layers}), got {len(store.distance)}: "
@@ -403,7 +400,7 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     if not sources:
         raise DatasetError("There are no images to analyse.")
     geometry = loaded.geometry
-    device = model_device(loaded)
+    device = loaded.device
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
     loader = DataLoader(DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform), batch_size=batch_size,
