@@ -140,3 +140,12 @@ def test_a_model_without_a_classifier_head_names_its_outputs_features():
     assert loaded.geometry.num_classes == 0 and loaded.labels is None
     assert cap.logits.shape == (64,)
     assert loaded.label(5) == "feature 5"
+
+
+def test_relevance_maps_of_a_one_block_model():
+    """With one block, the last block's norm1 comes before its attention pattern: the gradient pass must still reach it."""
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=1, img_size=64)
+    cap = run_with_capture(loaded, drawn_image(3))
+    relevance = explain.relevance_maps(loaded, cap, cap=cap)
+    assert all(m.shape == (4, 4) and np.isfinite(m).all() for m in relevance.maps.values())
+    assert relevance.maps["gradcam"].any() or relevance.maps["chefer"].any()

@@ -204,13 +204,11 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
     def keep_pattern(module: torch.nn.Module, args: tuple, pattern: torch.Tensor) -> None:
         live["pattern"].append(pattern)
 
-    def first_pattern_as_leaf(module: torch.nn.Module, args: tuple, pattern: torch.Tensor) -> torch.Tensor:
-        # With every parameter frozen, nothing before block 0's pattern is recorded for autograd: the graph
-        # starts at this leaf, the one thing that requires grad. Everything the target logit depends on
-        # through the patterns and norm1 lies downstream of it, so their gradients are exact.
-        leaf = pattern.detach().requires_grad_(True)
-        live["pattern"].append(leaf)
-        return leaf
+    def block_input_as_leaf(module: torch.nn.Module, args: tuple) -> tuple:
+        # With every parameter frozen, nothing before block 0 is recorded for autograd: the graph starts at this
+        # leaf, the one thing that requires grad. Every pattern and every norm1 output lies downstream of it (also
+        # block 0's norm1, the last block's in a 1-block model), so their gradients are exact.
+        return (args[0].detach().requires_grad_(True), *args[1:])
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(loaded.lock)
@@ -220,8 +218,9 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
         stack.enter_context(eval_mode(model))
         stack.enter_context(parameters_frozen(model))
         stack.enter_context(attention_recorded(model, lambda pattern: None))  # un-fused path, flags restored
-        for i, blk in enumerate(model.blocks):
-            _register(stack, model, blk.attn.attn_drop.register_forward_hook(keep_pattern if i else first_pattern_as_leaf))
+        _register(stack, model, model.blocks[0].register_forward_pre_hook(block_input_as_leaf))
+        for blk in model.blocks:
+            _register(stack, model, blk.attn.attn_drop.register_forward_hook(keep_pattern))
         _register(stack, model, model.blocks[-1].norm1.register_forward_hook(lambda m, i, o: live["norm1"].append(o)))
         logits = model(x)  # (1, C)
         if len(live["pattern"]) != len(model.blocks) or len(live["norm1"]) != 1:
