@@ -219,8 +219,10 @@ def held_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice)
     rerun (a tab switch, a sidebar change) would run the model again. A held capture is evicted only
     after every capture nobody holds; each session holds one (the one it looks at), and all of them
     together stay within the byte budget: past it, the longest unused hold goes too, and that session
-    computes its capture again on its next full rerun. (Control changes inside a view are fragment
-    reruns, which keep the capture they were drawn with anyway.)
+    computes its capture again on its next full rerun. The budget counts what the cache keeps: a
+    session's fragments (control changes rerun only their view, with the arguments of the last full
+    run) still reference the capture they were drawn with, so an evicted capture is freed at that
+    session's next full run, not at once.
     """
     cap = shared_capture(request, loaded, image)
     _captures.hold(_holder(), (request.key, image.sha))

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dashboard.byte_budget import BUDGET_ENV, default_capture_budget, nbytes_of
 from dashboard.models import TEST_TINY, build_named_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -489,7 +490,10 @@ def reference_model(model: str, random_init: bool):
 
 
 def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
-    """Differences between a session's download and the same image analysed alone ([] if none)."""
+    """Differences between a session's download and the same image analysed alone ([] if none).
+
+    Decoded as the server decodes it (`decode_image`'s defaults: a large JPEG at reduced size, see
+    vit_core.images.DRAFT_MIN_SIDE), so the crops must be equal byte for byte."""
     from vit_core import decode_image, run_with_capture
     from vit_core.export import analysis_arrays
 
@@ -507,6 +511,16 @@ def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
         elif key not in EXACT and not np.allclose(a, b, rtol=RTOL, atol=ATOL):
             problems.append(f"{key}: max |diff| {float(np.abs(a.astype(np.float64) - b).max()):.2e}")
     return problems
+
+
+def capture_sizes(loaded) -> tuple[float, float]:
+    """(MiB of one capture of `loaded`, MiB of the captures' byte budget a server started here has)."""
+    from PIL import Image
+
+    from vit_core import run_with_capture
+
+    cap = run_with_capture(loaded, Image.new("RGB", (64, 64)))
+    return nbytes_of(cap) / 2**20, default_capture_budget() / 2**20
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -571,6 +585,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
 
     say(f"all sessions done in {storm_s:.1f} s; comparing every download with a standalone run...")
     loaded = reference_model(model, random_init)
+    capture_mb, budget_mb = capture_sizes(loaded)
     mismatches: list[str] = []
     compared = 0
     for r in results:
@@ -593,6 +608,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "retries": [x for r in results for x in r.retries],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
         "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir),
+        "capture_mb": capture_mb, "capture_budget_mb": budget_mb,
     }
     for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
         mine = [r for r in results if r.client == client]
@@ -616,6 +632,8 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         say("  " + line)
     if sampler:
         say(f"server peak RSS (process + children): {report['peak_rss_mb']:.0f} MB")
+    say(f"one capture of {model}: {capture_mb:.0f} MiB; the server's capture budget: {budget_mb:.0f} MiB"
+        f" (${BUDGET_ENV}, see dashboard/byte_budget.py)")
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")
     return report
