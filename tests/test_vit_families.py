@@ -149,3 +149,33 @@ def test_relevance_maps_of_a_one_block_model():
     relevance = explain.relevance_maps(loaded, cap, cap=cap)
     assert all(m.shape == (4, 4) and np.isfinite(m).all() for m in relevance.maps.values())
     assert relevance.maps["gradcam"].any() or relevance.maps["chefer"].any()
+
+
+@pytest.mark.parametrize("name, why", [
+    ("vit_base_r26_s32_224", r"embeds the feature map of a CNN backbone \(HybridEmbed, a hybrid ViT\)"),
+    ("vit_base_mci_224", r"embeds the feature map of a CNN backbone"),
+    ("vit_dlittle_patch16_reg1_gap_256", r"block 0 uses DiffAttention, not timm's standard Attention"),
+    ("vit_base_patch16_xp_224", r"block 0 is a ParallelScalingBlock, with no single attention module"),
+    ("vit_base_patch16_18x2_224", r"block 0 is a ParallelThingsBlock"),
+])
+def test_family_members_whose_attention_or_patches_cant_be_shown_are_refused(name, why):
+    """Members of timm's VisionTransformer class that would give wrong views: a hybrid's 'patch size' is (1, 1) on a CNN's
+    feature map (distances in pixels 16-32 times too small), differential attention has two softmaxes per head."""
+    from vit_core import ModelError
+
+    with pytest.raises(ModelError, match=why):
+        load_model(name, pretrained=False, depth=1)
+
+
+def test_a_capture_whose_patterns_are_not_one_per_head_is_refused():
+    """The capture checks the heads too: DiffAttention's un-fused path hands attn_drop 2 H softmaxes for H heads. Here
+    the geometry claims twice the heads the model has, the same mismatch."""
+    import dataclasses
+
+    from vit_core import CaptureError
+
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=1, img_size=64)
+    g = loaded.geometry
+    claims_more = dataclasses.replace(loaded, geometry=dataclasses.replace(g, num_heads=2 * g.num_heads))
+    with pytest.raises(CaptureError, match="not one softmax per head"):
+        run_with_capture(claims_more, drawn_image(3))

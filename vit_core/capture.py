@@ -206,7 +206,10 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     tokens = store["tokens"]
     assert len(tokens) == num_layers + 1, f"{len(tokens)} token captures for {num_layers} blocks"
     pattern = torch.cat(patterns, dim=0)  # L x (1, H, T, T) -> (L, H, T, T)
-    assert pattern.shape[-1] == geometry.num_tokens, f"pattern {tuple(pattern.shape)} vs {geometry.num_tokens} tokens"
+    if pattern.shape[1:] != (geometry.num_heads, geometry.num_tokens, geometry.num_tokens):
+        raise CaptureError(f"the attention patterns have shape {tuple(pattern.shape[1:])}, not (heads, tokens, tokens) = "
+                           f"{(geometry.num_heads, geometry.num_tokens, geometry.num_tokens)}: this model's attention is not "
+                           "one softmax per head.")
 
     input_image = crop
     input_image.setflags(write=False)

@@ -23,7 +23,7 @@ import timm
 import timm.data
 import torch
 from timm.data.transforms import MaybePILToTensor
-from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import Attention, VisionTransformer
 from torchvision import transforms as T
 
 from .devices import describe_device, resolve_device
@@ -188,13 +188,27 @@ def check_supported(model: torch.nn.Module, name: str) -> None:
         )
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
-        if attn is None or not hasattr(attn, "fused_attn") or not hasattr(attn, "attn_drop"):
-            raise ModelError(
-                f"{name}: block {i} uses {type(attn).__name__}, whose attention pattern ViT Lens can't "
-                "capture. Choose a standard ViT."
-            )
+        if attn is None:  # timm's parallel blocks (ParallelThingsBlock, ParallelScalingBlock) fuse or split it
+            raise ModelError(f"{name}: block {i} is a {type(block).__name__}, with no single attention module whose "
+                             "pattern ViT Lens can capture. Choose a standard ViT.")
+        if not isinstance(attn, Attention) or not hasattr(attn, "fused_attn") or not hasattr(attn, "attn_drop"):
+            # e.g. DiffAttention: two softmax patterns per head and their difference, not one distribution per head
+            raise ModelError(f"{name}: block {i} uses {type(attn).__name__}, not timm's standard Attention, so its "
+                             "attention is not one pattern per head that ViT Lens can capture. Choose a standard ViT.")
+    if not _embeds_pixel_patches(model.patch_embed):
+        raise ModelError(f"{name} embeds the feature map of a CNN backbone ({type(model.patch_embed).__name__}, a hybrid "
+                         "ViT), not patches of pixels: ViT Lens's patch geometry and filters need a plain patch embedding.")
     if getattr(model.patch_embed, "dynamic_img_pad", False) or getattr(model, "dynamic_img_size", False):
         raise ModelError(f"{name} uses a dynamic image size; ViT Lens needs a fixed input size.")
+
+
+def _embeds_pixel_patches(patch_embed: torch.nn.Module) -> bool:
+    """A patch embedding that cuts the RGB image into patches: one Conv2d over 3 channels with kernel = stride =
+    patch size (timm's PatchEmbed). A hybrid's HybridEmbed runs a CNN first (its `patch_size` is then (1, 1) on the
+    feature map, not pixels), which would make distances in pixels and the filter view wrong."""
+    proj = getattr(patch_embed, "proj", None)
+    return (isinstance(proj, torch.nn.Conv2d) and proj.in_channels == 3 and getattr(patch_embed, "backbone", None) is None
+            and tuple(proj.kernel_size) == tuple(proj.stride) == _pair(patch_embed.patch_size))
 
 
 def _check_name(name: str) -> None:
