@@ -77,8 +77,9 @@ def on_model_device(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tenso
 def full_float32(device: torch.device) -> Iterator[None]:
     """Inside the block, CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN
     convolutions use TF32 by default: 10 mantissa bits, so the patch embedding alone would move the results
-    well beyond float32 tolerance). The two process-wide flags are restored on exit; on other devices nothing
-    changes. A pass on another model in another thread meanwhile also runs in full float32: slower, not wrong."""
+    well beyond float32 tolerance). The two flags are process-wide, restored on exit; on other devices nothing
+    changes. Passes on one shared model are serialised by its lock; passes of two models in two threads at once
+    can see each other's setting (the one ending first restores its saved flags): no such setup exists here."""
     if device.type != "cuda":
         yield
         return
