@@ -202,9 +202,23 @@ def test_full_float32_turns_tf32_off_for_cuda_only_and_restores_it(tf32_allowed)
     with full_float32(torch.device("cuda", 0)):
         assert flags() == (False, False)
     assert flags() == (True, True)
-    with pytest.raises(ZeroDivisionError), full_float32(torch.device("cuda", 0)):
-        1 / 0
+    with pytest.raises(KeyError), full_float32(torch.device("cuda", 0)):
+        raise KeyError("a pass that fails")
     assert flags() == (True, True)
+
+
+def test_full_float32_holds_while_any_pass_runs(tf32_allowed):
+    """Two passes overlapping in time (two models in two threads): the first to end must not turn TF32 back on
+    under the other; the last to end restores it."""
+    from vit_core.capture import full_float32
+
+    first, second = full_float32(torch.device("cuda", 0)), full_float32(torch.device("cuda", 1))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (False, False)
+    second.__exit__(None, None, None)
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
 
 
 @pytest.mark.parametrize("entry", ["run_with_capture", "relevance_maps", "logit_lens", "patch_logit_lens",

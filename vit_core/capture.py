@@ -73,22 +73,35 @@ def on_model_device(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tenso
     return tensor.to(next(model.parameters()).device)
 
 
+# The TF32 flags are process-wide: passes in several threads (two models, each with its own lock) share one
+# setting, turned off by the first pass to start and restored by the last one to end.
+_tf32_lock = threading.Lock()
+_tf32_passes = 0
+_tf32_saved: tuple[bool, bool] = (False, False)
+
+
 @contextlib.contextmanager
 def full_float32(device: torch.device) -> Iterator[None]:
     """Inside the block, CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN
     convolutions use TF32 by default: 10 mantissa bits, so the patch embedding alone would move the results
-    well beyond float32 tolerance). The two flags are process-wide, restored on exit; on other devices nothing
-    changes. Passes on one shared model are serialised by its lock; passes of two models in two threads at once
-    can see each other's setting (the one ending first restores its saved flags): no such setup exists here."""
+    well beyond float32 tolerance). The flags are restored when the last pass in any thread ends, also on error;
+    on other devices nothing changes."""
+    global _tf32_passes, _tf32_saved
     if device.type != "cuda":
         yield
         return
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    with _tf32_lock:
+        if _tf32_passes == 0:
+            _tf32_saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        _tf32_passes += 1
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        with _tf32_lock:
+            _tf32_passes -= 1
+            if _tf32_passes == 0:
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = _tf32_saved
 
 
 # ----------------------------------------------------------------------------------------------
