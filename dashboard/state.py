@@ -7,7 +7,7 @@ Caches (shared by every browser session, all keyed on strings, never on tensors 
   quarter of the machine's memory, 512 MiB to 8 GiB; see dashboard.byte_budget), since a capture is
   31 MiB for ViT-B/16 and 205 MiB for ViT-B/16-384. Each session holds the capture it looks at in
   the same cache (evicted after every capture nobody holds); the decoded pictures the forward passes
-  start from are bounded by bytes too (`PICTURE_BUDGET`);
+  start from are bounded by bytes too (`PICTURE_BUDGET`, a sixteenth of that, at least 256 MiB);
 - small per-model / per-capture analyses (filter PCA, position similarity, attention distance);
 - figures, keyed by what their builder takes (`dashboard.figure_keys`);
 - the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
@@ -118,7 +118,9 @@ def save_upload(upload: Any) -> tuple[str, str]:
 
 
 CAPTURE_BUDGET = default_capture_budget()  # bytes: the shared captures, held ones included
-PICTURE_BUDGET = CAPTURE_BUDGET // 4  # bytes: decoded pictures (a 50 MP PNG is 200 MB; a phone photo, drafted, 12 MB)
+# bytes: decoded pictures, needed only until their forward pass and preview are made (a phone photo, drafted,
+# is 12 MB, so a class's 30 photos would hold 360 MB for nothing; a 50 MP PNG is 200 MB).
+PICTURE_BUDGET = max(CAPTURE_BUDGET // 16, 256 * 2**20)
 
 
 def _picture_nbytes(decoded: vit_core.DecodedImage) -> int:
