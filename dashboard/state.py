@@ -48,6 +48,7 @@ from dashboard.byte_budget import ByteBudgetCache, default_capture_budget
 from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
 from vit_core import analyses, explain, export
+from vit_core.images import DRAFT_MIN_SIDE
 from vit_core.loading import LoadedModel
 
 MAX_BATCH_IMAGES = 32
@@ -131,13 +132,14 @@ def _picture_nbytes(decoded: vit_core.DecodedImage) -> int:
 _pictures: ByteBudgetCache[vit_core.DecodedImage] = ByteBudgetCache(PICTURE_BUDGET, size_of=_picture_nbytes)
 
 
-def _decoded(sha: str, data: bytes) -> vit_core.DecodedImage:
-    return _pictures.get_or_compute(sha, partial(vit_core.decode_image, data))
+def _decoded(sha: str, data: bytes, min_side: int = DRAFT_MIN_SIDE) -> vit_core.DecodedImage:
+    return _pictures.get_or_compute((sha, min_side), partial(vit_core.decode_image, data, min_side))
 
 
-def full_image(image: ImageChoice) -> Image.Image:
-    """The decoded RGB picture the model starts from (a large JPEG at reduced size: vit_core.decode_image)."""
-    return _decoded(image.sha, image.data).image
+def full_image(image: ImageChoice, min_side: int = DRAFT_MIN_SIDE) -> Image.Image:
+    """The decoded RGB picture the model starts from (a large JPEG at reduced size, its shorter side at
+    least `min_side`: vit_core.decode_image; the model's own `decode_min_side` for its forward pass)."""
+    return _decoded(image.sha, image.data, min_side).image
 
 
 @st.cache_resource(max_entries=48, show_spinner=False)
@@ -207,7 +209,10 @@ _captures: ByteBudgetCache[vit_core.Capture] = ByteBudgetCache(CAPTURE_BUDGET)  
 def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
     """The capture of one hooked forward pass per (model, image), cached and shared by every session
     (computed once however many sessions ask for it at the same moment)."""
-    return _captures.get_or_compute((request.key, image.sha), lambda: vit_core.run_with_capture(loaded, full_image(image)))
+    def forward() -> vit_core.Capture:
+        return vit_core.run_with_capture(loaded, full_image(image, loaded.decode_min_side))
+
+    return _captures.get_or_compute((request.key, image.sha), forward)
 
 
 def _holder() -> str:
@@ -277,7 +282,7 @@ def add_to_distance_average(request: ModelRequest, loaded: LoadedModel, data: by
     sha = hashlib.sha256(data).hexdigest()
     if sha in distance_history(request):
         return
-    cap = vit_core.run_with_capture(loaded, vit_core.decode_image(data).image)
+    cap = vit_core.run_with_capture(loaded, vit_core.decode_image(data, loaded.decode_min_side).image)
     _remember_distances(request.key, sha, _mean_attention_distances(cap))
 
 

@@ -492,12 +492,12 @@ def reference_model(model: str, random_init: bool):
 def compare(loaded, image_bytes: bytes, npz: bytes) -> list[str]:
     """Differences between a session's download and the same image analysed alone ([] if none).
 
-    Decoded as the server decodes it (`decode_image`'s defaults: a large JPEG at reduced size, see
-    vit_core.images.DRAFT_MIN_SIDE), so the crops must be equal byte for byte."""
+    Decoded as the server decodes it for the model (a large JPEG at reduced size, its shorter side at least
+    `loaded.decode_min_side`: vit_core.images.draft_size), so the crops must be equal byte for byte."""
     from vit_core import decode_image, run_with_capture
     from vit_core.export import analysis_arrays
 
-    expected = analysis_arrays(loaded, run_with_capture(loaded, decode_image(image_bytes).image))
+    expected = analysis_arrays(loaded, run_with_capture(loaded, decode_image(image_bytes, loaded.decode_min_side).image))
     got = dict(np.load(io.BytesIO(npz)))
     problems = []
     if set(got) != set(expected):

@@ -246,7 +246,7 @@ def test_a_reduced_decode_is_deterministic_and_close_to_the_full_one(tiny):
     small = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
     photo = encode(Image.fromarray(small).resize((4032, 3024), Image.BICUBIC), "JPEG", quality=90)
     first, second = decode_image(photo), decode_image(photo)
-    assert first.reduction == 2 and np.array_equal(np.asarray(first.image), np.asarray(second.image))
+    assert first.reduction == 4 and np.array_equal(np.asarray(first.image), np.asarray(second.image))
     reduced = run_with_capture(tiny, first.image).input_image.astype(int)
     full = run_with_capture(tiny, decode_image(photo, min_side=0).image).input_image.astype(int)
     assert np.abs(reduced - full).mean() < 2.0
@@ -338,3 +338,18 @@ def test_other_formats(fmt):
     decoded = decode_image(encode(solid((0, 128, 255)), fmt, **({"lossless": True} if fmt == "WEBP" else {})))
     assert tuple(np.asarray(decoded.image)[0, 0]) == (0, 128, 255)
     assert decoded.source_format == fmt
+
+
+def test_a_model_with_a_large_input_gets_a_large_jpeg_decoded_no_smaller_than_its_resize():
+    """The reduced JPEG decode keeps the shorter side at least what the model resizes it to, so no model's
+    input is upsampled from a draft: 640 px for the usual 224-384 inputs, the model's resize above that."""
+    from vit_core import load_model
+    from vit_core.images import DRAFT_MIN_SIDE
+
+    usual = load_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+    large = load_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=896)
+    assert usual.decode_min_side == DRAFT_MIN_SIDE
+    assert large.decode_min_side >= 896 > DRAFT_MIN_SIDE
+    photo = encode(Image.new("RGB", (4032, 3024), (90, 140, 200)), "JPEG", quality=70)
+    assert decode_image(photo, usual.decode_min_side).image.size == (1008, 756)  # 1/4
+    assert decode_image(photo, large.decode_min_side).image.size == (2016, 1512)  # 1/2: 756 would be < 896

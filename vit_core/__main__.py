@@ -179,7 +179,7 @@ def analyze(args: argparse.Namespace) -> int:
     failures = 0
     for path, name in zip(args.images, output_names(args.images), strict=True):
         try:
-            image = load_image(path)
+            image = load_image(path, loaded.decode_min_side)
             cap = run_with_capture(loaded, image)
             arrays, described = analysis_arrays(loaded, cap), {"image": str(path), **summary(loaded, cap, args.topk),
                                                            "device": device_name}

@@ -33,7 +33,7 @@ from .capture import _register, attention_recorded, full_float32
 from .devices import describe_device
 from .errors import CaptureError, ImageError, ViTLensError
 from .export import json_bytes, npz_bytes
-from .images import UPLOAD_EXTENSIONS, load_image
+from .images import DRAFT_MIN_SIDE, UPLOAD_EXTENSIONS, load_image
 from .loading import Geometry, LoadedModel
 
 _logger = logging.getLogger(__name__)
@@ -129,9 +129,11 @@ class DecodedImages(Dataset):
     could not be read). Holds only picklable things (the sources and the two transforms, not the model),
     so DataLoader workers can have it."""
 
-    def __init__(self, sources: Sequence[Source], crop_transform: Callable, tensor_transform: Callable):
+    def __init__(self, sources: Sequence[Source], crop_transform: Callable, tensor_transform: Callable,
+                 min_side: int = DRAFT_MIN_SIDE):
         self.sources = list(sources)
         self.crop_transform, self.tensor_transform = crop_transform, tensor_transform
+        self.min_side = min_side  # a large JPEG's decode keeps this shorter side (LoadedModel.decode_min_side)
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -139,7 +141,7 @@ class DecodedImages(Dataset):
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str]:
         _, source = self.sources[index]
         try:
-            image = load_image(source)  # RGB, the same hostile-input checks as one upload
+            image = load_image(source, self.min_side)  # RGB, the same hostile-input checks as one upload
         except ImageError as e:
             return index, str(e)
         return index, self.tensor_transform(self.crop_transform(image))  # (3, H, W), as capture.preprocess
@@ -370,7 +372,7 @@ class DatasetResult:
 def _explained_aucs(loaded: LoadedModel, source: bytes | Path, steps: int) -> tuple[dict[str, float], dict[str, float]]:
     """Deletion and insertion AUC of every relevance method and of the random baseline for one image, its
     target the top-1 (as explanations default to)."""
-    image = load_image(source)
+    image = load_image(source, loaded.decode_min_side)
     relevance = explain.relevance_maps(loaded, image)
     faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=steps)
     return faith.deletion_auc, faith.insertion_auc
@@ -403,8 +405,9 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     device = loaded.device
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
-    loader = DataLoader(DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform), batch_size=batch_size,
-                        num_workers=workers, collate_fn=collate_decoded, pin_memory=device.type == "cuda")
+    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
+    loader = DataLoader(decoded, batch_size=batch_size, num_workers=workers, collate_fn=collate_decoded,
+                        pin_memory=device.type == "cuda")
     total = len(sources) * (2 if explain else 1)
     report = progress or (lambda done, total: None)
     done = 0

@@ -11,6 +11,7 @@ import difflib
 import functools
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from torchvision import transforms as T
 
 from .devices import describe_device, resolve_device
 from .errors import ModelError, OfflineError, WeightsError
+from .images import DRAFT_MIN_SIDE
 from .teaching.model import BUNDLED_DIR, load_shapes_vit  # importing it registers the Shapes ViT with timm
 
 _logger = logging.getLogger(__name__)
@@ -120,6 +122,16 @@ class LoadedModel:
         if self.labels and index < len(self.labels):
             return self.labels[index]
         return f"feature {index}" if self.geometry.num_classes == 0 else f"class {index}"
+
+    @property
+    def decode_min_side(self) -> int:
+        """The shorter side a large JPEG keeps when decoded at reduced size for this model
+        (images.draft_size): images.DRAFT_MIN_SIDE, or the side timm's eval transform resizes the
+        shorter side to where that is more (input / crop_pct: 896 for SigLIP-896), so no model's
+        input is upsampled from a reduced decode."""
+        height, width = self.data_config["input_size"][1:]
+        resize = math.ceil(max(height, width) / (self.data_config.get("crop_pct") or 1.0))
+        return max(DRAFT_MIN_SIDE, resize)
 
     @property
     def device(self) -> torch.device:
