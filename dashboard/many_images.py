@@ -43,7 +43,6 @@ MAX_SET_MB = 100  # all images of one set together: the uploads, or a zip's unco
 MAX_ZIP_MB = 100  # one uploaded file (a zip; a single image is held to MAX_IMAGE_MB)
 MAX_ZIP_MEMBERS = 1000  # entries in a zip, folders and skipped files included
 SHAPES_DEFAULT = 128  # images in a Shapes batch: the paper's Fig. 7 right averages over 128 images
-BATCH_SIZE = 32
 _MB = 2**20
 
 # Widget keys of this page (prefixed: one session state for both pages), and the session's latest result.
@@ -255,7 +254,7 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
             progress: Callable[[int, int], None] | None = None) -> ManyRun:
     """analyze_dataset over the set (batched, reduced on the model's device), and the CLI's three files."""
     start = time.perf_counter()
-    result = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels, batch_size=BATCH_SIZE,
+    result = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels, batch_size=None,
                                      progress=progress)
     files = dataset.dataset_files(result, loaded.geometry)
     return ManyRun(result, files, request.key, loaded.name, loaded.weights, image_set.description, image_set.notes,

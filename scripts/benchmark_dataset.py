@@ -1,6 +1,6 @@
 """Benchmark the analyses over many images (vit_core.dataset) against plain forwards of the same images.
 
-    .venv/bin/python scripts/benchmark_dataset.py [--model vit_base_patch16_224] [--images 128] [--batch-size 32]
+    .venv/bin/python scripts/benchmark_dataset.py [--model vit_base_patch16_224] [--images 128] [--batch-size B]
                                                   [--device auto] [--workers 0] [--dtype float32|bfloat16] [--repeats 3]
 
 Both sides include the data loading: the same in-memory JPEG files (drawn here, 500 x 375 px), decoded and
@@ -32,7 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_core import load_model
-from vit_core.dataset import DecodedImages, analyze_dataset, collate_decoded
+from vit_core.dataset import DecodedImages, analyze_dataset, collate_decoded, default_batch_size
 from vit_core.devices import describe_device, resolve_device
 from vit_core.runtime import configure_threads
 
@@ -62,7 +62,8 @@ def synchronize(device: torch.device) -> None:
 def plain_forwards(loaded, sources, batch_size: int, workers: int) -> float:
     """Seconds for decoding + preprocessing + `model(x)` of every source, batched as analyze_dataset batches."""
     device = loaded.device
-    loader = DataLoader(DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform), batch_size=batch_size,
+    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
+    loader = DataLoader(decoded, batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_decoded, pin_memory=device.type == "cuda")
     started = time.perf_counter()
     with torch.inference_mode():
@@ -85,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_base_patch16_224")
     parser.add_argument("--images", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, help="default: vit_core.dataset.default_batch_size of the device")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes that decode (both sides)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -96,6 +97,7 @@ def main() -> None:
     device = resolve_device(args.device)
     threads = configure_threads() if device.type == "cpu" else torch.get_num_threads()
     loaded = load_model(args.model, pretrained=False, seed=0, device=device)
+    args.batch_size = args.batch_size or default_batch_size(device)
     sources = drawn_jpegs(args.images)
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16"
                 else contextlib.nullcontext())

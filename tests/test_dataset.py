@@ -377,3 +377,10 @@ def test_the_batch_forward_runs_in_full_float32_for_the_model_device(monkeypatch
         handle.remove()
     assert asked == [tiny.device] * 2  # one pass per batch
     assert heads_seen and all(heads_seen)  # the model's head and every logit-lens row
+
+
+def test_default_batch_is_small_on_a_cpu_and_large_on_an_accelerator():
+    from vit_core.dataset import default_batch_size
+
+    assert default_batch_size(torch.device("cpu")) == 8  # un-fused attention of 32 images falls out of the CPU's caches
+    assert default_batch_size(torch.device("meta")) == 64

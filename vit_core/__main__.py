@@ -72,7 +72,8 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                          help="images under it, recursively; subfolders that name a class (index, label or ImageNet "
                               "synset id) give the true labels")
     _add_model_arguments(dataset)
-    dataset.add_argument("--batch-size", type=_positive, default=32, metavar="B", help="images per forward (default 32)")
+    dataset.add_argument("--batch-size", type=_positive, metavar="B",
+                         help="images per forward (default: 8 on a CPU, 64 on a GPU)")
     dataset.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     dataset.add_argument("--workers", type=_not_negative, default=default_workers(), metavar="W",
                          help=f"processes that decode images, 0: in this one (default {default_workers()}: "
