@@ -240,7 +240,9 @@ class SessionResult:
     new_image: list[float] = field(default_factory=list)
     control: list[float] = field(default_factory=list)
     control_kinds: list[str] = field(default_factory=list)  # "layer slider" or "head select", per control entry
-    downloads: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (file name, image bytes, npz bytes)
+    # (file name, image bytes, the downloaded .npz on disk): kept on disk, not in memory, since 60 exports of
+    # ViT-B/16-384 are 60 x 200 MB
+    downloads: list[tuple[str, bytes, Path]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see streamlit_client)
 
@@ -344,7 +346,9 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
             async with page.expect_download(timeout=step_timeout_ms) as info:
                 await button.click()
             download = await info.value
-            result.downloads.append((name, data, Path(await download.path()).read_bytes()))
+            saved = download_path(workdir, index, len(result.downloads))
+            await download.save_as(saved)
+            result.downloads.append((name, data, saved))
             await check_no_exception(page, result, f"download after {name}")
     except Exception as e:  # noqa: BLE001 - a timeout or a broken page is a finding, not a crash of the tool
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
@@ -357,8 +361,15 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
     return result
 
 
+def download_path(workdir: Path, session: int, step: int) -> Path:
+    """Where session `session`'s download number `step` is kept until it is compared."""
+    folder = workdir / "downloads"
+    folder.mkdir(exist_ok=True)
+    return folder / f"session{session:02d}_{step}.npz"
+
+
 def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], changes: int, step_timeout_s: float,
-                         start_delay: float) -> SessionResult:
+                         start_delay: float, workdir: Path) -> SessionResult:
     """The same steps as `run_session`, sent as Streamlit's own messages (see streamlit_client): no page is drawn.
 
     Latencies run from the message sent to the run finished and every media file it referenced fetched;
@@ -397,7 +408,9 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
                 result.control.append(time.perf_counter() - started)
                 result.control_kinds.append(move.kind)
                 check(run, f"control change {change}", move.expected)
-            result.downloads.append((name, data, page.download("dl_npz")))
+            saved = download_path(workdir, index, len(result.downloads))
+            saved.write_bytes(page.download("dl_npz"))
+            result.downloads.append((name, data, saved))
     except Exception as e:  # noqa: BLE001 - a timeout or a refused message is a finding, not a crash of the tool
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
@@ -443,7 +456,7 @@ async def drive(url: str, sessions: int, images: int, changes: int, step_timeout
     try:
         loop = asyncio.get_running_loop()
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
-                                         i * stagger_s) for i in range(browsers, sessions)]
+                                         i * stagger_s, workdir) for i in range(browsers, sessions)]
         if not browsers and screenshot is None:
             return list(await asyncio.gather(*protocol))
         return await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot,
@@ -589,9 +602,9 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     mismatches: list[str] = []
     compared = 0
     for r in results:
-        for name, image_bytes, npz in r.downloads:
+        for name, image_bytes, saved in r.downloads:
             compared += 1
-            problems = compare(loaded, image_bytes, npz)
+            problems = compare(loaded, image_bytes, saved.read_bytes())
             if problems:
                 mismatches.append(f"session {r.index}, {name}: {'; '.join(problems)}")
     expected_downloads = sessions * images
