@@ -264,7 +264,11 @@ def test_a_hanging_network_lookup_counts_as_offline_within_the_deadline(monkeypa
 
     from vit_core import loading
 
-    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: time.sleep(60))  # a DNS lookup that never returns
+    def hanging_lookup(*args, **kwargs):  # a DNS lookup that doesn't return in time, then fails as a real one would
+        time.sleep(60)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(urllib.request, "urlopen", hanging_lookup)
     loading._hub_reachable_at.cache_clear()
     started = time.perf_counter()
     try:
