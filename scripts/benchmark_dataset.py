@@ -4,7 +4,7 @@
                                                   [--device auto] [--workers 0] [--dtype float32|bfloat16] [--repeats 3]
 
 Both sides include the data loading: the same in-memory JPEG files (drawn here, 500 x 375 px), decoded and
-preprocessed by the same DataLoader (vit_core.dataset.DecodedImages, same batch size and workers) and sent to
+preprocessed by the same DataLoader (vit_core.dataset.image_loader, same batch size and workers) and sent to
 the same device. The plain side runs `model(x)` (timm's default, fused attention) on every batch; the dataset
 side runs `analyze_dataset` (un-fused attention, reduced on the device to mean attention distance in both
 conventions, high-norm rates; no labels, no explanations). The two are interleaved `--repeats` times after a
@@ -29,10 +29,9 @@ import time
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
 
 from vit_core import load_model
-from vit_core.dataset import DecodedImages, analyze_dataset, collate_decoded, default_batch_size
+from vit_core.dataset import analyze_dataset, default_batch_size, image_loader
 from vit_core.devices import describe_device, resolve_device
 from vit_core.runtime import configure_threads
 
@@ -62,9 +61,7 @@ def synchronize(device: torch.device) -> None:
 def plain_forwards(loaded, sources, batch_size: int, workers: int) -> float:
     """Seconds for decoding + preprocessing + `model(x)` of every source, batched as analyze_dataset batches."""
     device = loaded.device
-    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
-    loader = DataLoader(decoded, batch_size=batch_size,
-                        num_workers=workers, collate_fn=collate_decoded, pin_memory=device.type == "cuda")
+    loader = image_loader(loaded, sources, batch_size, workers)
     started = time.perf_counter()
     with torch.inference_mode():
         for _, x, failed in loader:

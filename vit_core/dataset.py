@@ -158,6 +158,14 @@ def collate_decoded(items: list[tuple[int, torch.Tensor | str]]
     return indices, inputs, failures
 
 
+def image_loader(loaded: LoadedModel, sources: Sequence[Source], batch_size: int, workers: int) -> DataLoader:
+    """The batches of `sources` as collate_decoded gives them, decoded by `workers` processes (0: in this one)
+    with the model's own transforms; pinned host memory when the model is on a GPU."""
+    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
+    return DataLoader(decoded, batch_size=batch_size, num_workers=workers, collate_fn=collate_decoded,
+                      pin_memory=loaded.device.type == "cuda")
+
+
 # ----------------------------------------------------------------------------------------------
 # Reductions on the device (torch versions of analyses.py's definitions, batched)
 
@@ -415,9 +423,7 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
     batch_size = batch_size or default_batch_size(device)
-    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
-    loader = DataLoader(decoded, batch_size=batch_size, num_workers=workers, collate_fn=collate_decoded,
-                        pin_memory=device.type == "cuda")
+    loader = image_loader(loaded, sources, batch_size, workers)
     total = len(sources) * (2 if explain else 1)
     report = progress or (lambda done, total: None)
     done = 0
