@@ -26,9 +26,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-from PIL import Image
 
-from dashboard.figures import lens_row_name
+from dashboard import figures
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, markdown_literal
 from dashboard.models import ModelRequest
 from vit_core import dataset
@@ -210,19 +209,12 @@ def shapes_labels(loaded: LoadedModel) -> dict[int, int] | None:
     return None if None in mapping.values() else mapping
 
 
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """(H, W, 3) uint8 -> a PNG file."""
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)  # lossless either way; level 6 took 8 ms each
-    return buffer.getvalue()
-
-
 def shapes_set(loaded: LoadedModel, count: int, seed: int) -> ImageSet:
     """`count` images drawn by the Shapes generator (balanced classes, `seed` fixes them), as PNG files."""
     if not 1 <= count <= MAX_IMAGES:
         raise SetError(f"A Shapes batch has 1 to {MAX_IMAGES} images, not {count}.")
     drawn = shapes.draw_set(count, seed)  # images (n, S, S, 3) uint8, labels (n,) indices into shapes.LABELS
-    sources = tuple((f"shape_{i:03d}_{shapes.LABELS[label]}.png", png_bytes(img))
+    sources = tuple((f"shape_{i:03d}_{shapes.LABELS[label]}.png", figures.png_bytes(img))
                     for i, (img, label) in enumerate(zip(drawn.images, drawn.labels, strict=True)))
     mapping = shapes_labels(loaded)
     no_labels = "" if mapping else ("No accuracy: this model's classes are not the Shapes' classes "
@@ -266,7 +258,7 @@ def per_layer_figure(values: np.ndarray, title: str, y_title: str, full_range: b
     (row 0: the embeddings, row l: after block l - 1), shown in percent: from 0 to 100 % (`full_range`,
     for accuracies), else from 0 to a little above the largest value (rates of a few percent)."""
     top = 100.0 if full_range else max(1.0, 120 * float(np.max(values)))
-    rows = [lens_row_name(r) for r in range(len(values))]
+    rows = [figures.lens_row_name(r) for r in range(len(values))]
     fig = go.Figure(go.Scatter(x=list(range(len(values))), y=(100 * np.asarray(values, dtype=np.float64)).round(2),
                                mode="lines+markers", customdata=rows,
                                hovertemplate="%{customdata}: %{y:.1f}%<extra></extra>"))
