@@ -205,6 +205,11 @@ def high_norm_rates(norms: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor
     return (patch_norms > fence[:, None]).float().mean(dim=-1)
 
 
+def patch_distances_on(geometry: Geometry, device: torch.device) -> torch.Tensor:
+    """analyses.patch_distances of the model's grid as float32 (N, N) pixels on `device`: made once per run."""
+    return torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)
+
+
 @dataclass
 class _BatchReductions:
     """What the hooks of one forward left, all on the device; lists in layer order."""
@@ -260,7 +265,7 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
     geometry, model = loaded.geometry, loaded.model
     device = loaded.device
     if distance is None:
-        distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
+        distance = patch_distances_on(geometry, device)
     store = _BatchReductions()
     with (loaded.lock, torch.inference_mode(), explain.eval_mode(model), full_float32(device),
           reductions_recorded(loaded, store, distance, logit_lens)):
@@ -421,7 +426,7 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     geometry = loaded.geometry
     device = loaded.device
     logit_lens = labels is not None and any(label is not None for label in labels)
-    distance = torch.from_numpy(analyses.patch_distances(geometry.grid, geometry.patch_size)).float().to(device)  # (N, N)
+    distance = patch_distances_on(geometry, device)
     batch_size = batch_size or default_batch_size(device)
     loader = image_loader(loaded, sources, batch_size, workers)
     total = len(sources) * (2 if explain else 1)
