@@ -107,17 +107,11 @@ def pipeline_view(ctx: ViewContext) -> None:
     _pipeline_figures(ctx)
 
 
-def _image_png(ctx: ViewContext) -> bytes:
-    return figures.png_bytes(np.asarray(ctx.image.preview))
-
-
-def _image_shown(ctx: ViewContext) -> bytes:
-    """The preview as shown: a photo (the file was a JPEG) as JPEG, which encodes in a tenth of a
-    PNG's time (a 1024 px preview: ~8 ms against ~70 ms, on every new image); drawings and other
-    files as lossless PNG, whose sharp edges JPEG would blur. The download is always the PNG."""
-    if figures.is_jpeg(ctx.image.data):
-        return figures.jpeg_bytes(np.asarray(ctx.image.preview))
-    return _image_png(ctx)
+def _image_picture(ctx: ViewContext, encoding: str) -> bytes:
+    """The preview as "png" or "jpeg" bytes. Shown as JPEG when the file was a photo (a JPEG), which encodes
+    in a tenth of a PNG's time (a 1024 px preview: ~8 ms against ~70 ms, on every new image); drawings and
+    other files as lossless PNG, whose sharp edges JPEG would blur. The download is always the PNG."""
+    return figures.encode(np.asarray(ctx.image.preview), encoding)
 
 
 def _crop_grid_png(ctx: ViewContext) -> bytes:
@@ -137,8 +131,10 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     cols = st.columns(4)
     with cols[0]:
         w, h = ctx.image.size
-        show_picture(cached_figure(_image_shown, ctx), "pipe_image", f"{ctx.stem}_image",
-                     caption=f"1. your image {shape((h, w, 3), batch=False)}", png=lambda: _image_png(ctx))
+        photo = figures.is_jpeg(ctx.image.data)
+        show_picture(cached_figure(_image_picture, ctx, "jpeg" if photo else "png"), "pipe_image", f"{ctx.stem}_image",
+                     caption=f"1. your image {shape((h, w, 3), batch=False)}",
+                     png=partial(_image_picture, ctx, "png") if photo else None)  # else the shown PNG itself
     with cols[1]:
         show_picture(cached_figure(_crop_grid_png, ctx),
                      "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
