@@ -83,16 +83,10 @@ def server_device_or_stop() -> None:
 _MODEL_REFUSED = "_model_refused"  # (message for the user, the picker's value for the model shown instead)
 
 
-def _picker_value(request: models.ModelRequest) -> str:
-    return models.UPLOAD_WEIGHTS if request.weights_path else request.name
-
-
-def _choice_failed(message: str | None, shown: models.ModelRequest | None) -> None:
+def _choice_failed(message: str | None, shown: models.ModelRequest) -> None:
     """Say `message` (if any); if the picker can name `shown` (the model used instead) and names another, set
     it to `shown` and rerun. Weights files are not taken back: their uploader keeps the file to try another."""
-    if shown is None:
-        shown = models.fallback_request()[0]
-    value = _picker_value(shown)
+    value = shown.name
     can_name = not shown.weights_path and (value in models.picker_options() or models.any_model_allowed())
     if can_name and st.session_state.get(state.K_MODEL) != value:
         st.session_state[_MODEL_REFUSED] = (message, value)
