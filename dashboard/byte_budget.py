@@ -7,8 +7,8 @@ until their sizes together reach a byte budget, then forgets the least recently 
 
 Sessions *hold* the entry they are looking at (`hold(holder, key)`, one per holder): held entries are
 evicted only after every entry nobody holds, least recently used first; a holder whose entry was
-evicted finds `held(holder)` None and computes it again. What the cache accounts for is what it
-keeps alive itself: a value it evicted is freed once nobody else references it.
+evicted finds it missing and computes it again. What the cache accounts for is what it keeps alive
+itself: a value it evicted is freed once nobody else references it.
 
 The budget: `$VIT_LENS_CAPTURE_MB` if set, else a quarter of the machine's memory (the container's
 limit where there is one), between 512 MiB and 8 GiB (`default_capture_budget`).
@@ -160,17 +160,6 @@ class ByteBudgetCache(Generic[V]):
         """`holder` (a session) now holds `key` (and lets go of what it held before)."""
         with self._lock:
             self._holds[holder] = key
-
-    def held(self, holder: Hashable) -> V | None:
-        """The value `holder` holds, if it is still kept."""
-        with self._lock:
-            key = self._holds.get(holder)
-            entry = None if key is None else self._entries.get(key)
-            if entry is None:
-                self._holds.pop(holder, None)
-                return None
-            self._entries.move_to_end(key)
-            return entry.value
 
     def _evict(self) -> None:
         """Under the lock: drop unheld entries, then held ones, least recently used first, until under budget."""

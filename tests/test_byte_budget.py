@@ -51,10 +51,10 @@ def test_held_entries_go_after_every_unheld_one_and_then_by_recency():
     cache.put("new", block(3))  # 12 MB: the unheld "nobody's" goes, though "mine" is older
     assert cache.keys() == ["mine", "theirs", "new"]
     cache.hold("session 3", "new")
-    assert cache.held("session 1") is not None  # used: "mine" is now the most recent
+    assert cache.get("mine") is not None  # used: "mine" is now the most recent
     cache.put("newer", block(3))  # nothing unheld but the new one: the least recently used hold goes
     assert cache.keys() == ["new", "mine", "newer"]
-    assert cache.held("session 2") is None and cache.held("session 1") is not None and cache.held("session 3") is not None
+    assert cache._holds == {"session 1": "mine", "session 3": "new"}  # the evicted "theirs" is no longer held
 
 
 def test_a_holder_holds_one_entry():
