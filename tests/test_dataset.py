@@ -354,27 +354,11 @@ def test_an_attention_that_bypasses_the_hook_is_an_error_not_a_wrong_distance(ti
 
 def test_the_batch_forward_runs_in_full_float32_for_the_model_device(monkeypatch, tiny):
     """As a capture: on a GPU, TF32 off for the pass (recorded here by a stand-in for capture.full_float32)."""
-    import contextlib
-
     import vit_core.dataset
+    from test_devices import full_float32_recorded
 
-    inside, heads_seen, asked = [False], [], []
-
-    @contextlib.contextmanager
-    def recording(device):
-        asked.append(device)
-        inside[0] = True
-        try:
-            yield
-        finally:
-            inside[0] = False
-
-    monkeypatch.setattr(vit_core.dataset, "full_float32", recording)
-    handle = tiny.model.head.register_forward_pre_hook(lambda m, args: heads_seen.append(inside[0]))
-    try:
+    with full_float32_recorded(monkeypatch, tiny, vit_core.dataset) as (asked, heads_seen):
         analyze_dataset(tiny, drawn_sources(3), [0, 1, 2], batch_size=2)
-    finally:
-        handle.remove()
     assert asked == [tiny.device] * 2  # one pass per batch
     assert heads_seen and all(heads_seen)  # the model's head and every logit-lens row
 

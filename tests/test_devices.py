@@ -16,6 +16,8 @@ that check runs on a GPU machine (see the report of issue 13).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import timm
@@ -221,16 +223,12 @@ def test_full_float32_holds_while_any_pass_runs(tf32_allowed):
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
 
 
-@pytest.mark.parametrize("entry", ["run_with_capture", "relevance_maps", "logit_lens", "patch_logit_lens",
-                                   "predict_intervened", "faithfulness"])
-def test_every_pass_runs_inside_full_float32_for_the_model_device(monkeypatch, tiny, entry):
-    """Each entry point's forwards reach the head inside `full_float32(loaded.device)` (recorded by a stand-in)."""
-    import contextlib
-
-    import vit_core.capture
-    import vit_core.explain
-
+@contextlib.contextmanager
+def full_float32_recorded(monkeypatch, loaded, *modules):
+    """A stand-in for capture.full_float32 in each of `modules` (the modules that call it by that name) for the
+    block; yields (the devices it was asked for, one flag per forward of `loaded`'s head: was it inside?)."""
     asked: list[torch.device] = []
+    heads_seen: list[bool] = []
     inside = [False]
 
     @contextlib.contextmanager
@@ -242,13 +240,24 @@ def test_every_pass_runs_inside_full_float32_for_the_model_device(monkeypatch, t
         finally:
             inside[0] = False
 
-    monkeypatch.setattr(vit_core.capture, "full_float32", recording)
-    monkeypatch.setattr(vit_core.explain, "full_float32", recording)
-    cap = run_with_capture(tiny, drawn_image(4))
-    asked.clear()
-    heads_seen: list[bool] = []
-    handle = tiny.model.head.register_forward_pre_hook(lambda m, args: heads_seen.append(inside[0]))
+    for module in modules:
+        monkeypatch.setattr(module, "full_float32", recording)
+    handle = loaded.model.head.register_forward_pre_hook(lambda m, args: heads_seen.append(inside[0]))
     try:
+        yield asked, heads_seen
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("entry", ["run_with_capture", "relevance_maps", "logit_lens", "patch_logit_lens",
+                                   "predict_intervened", "faithfulness"])
+def test_every_pass_runs_inside_full_float32_for_the_model_device(monkeypatch, tiny, entry):
+    """Each entry point's forwards reach the head inside `full_float32(loaded.device)` (recorded by a stand-in)."""
+    import vit_core.capture
+    import vit_core.explain
+
+    cap = run_with_capture(tiny, drawn_image(4))
+    with full_float32_recorded(monkeypatch, tiny, vit_core.capture, vit_core.explain) as (asked, heads_seen):
         {
             "run_with_capture": lambda: run_with_capture(tiny, drawn_image(4)),
             "relevance_maps": lambda: explain.relevance_maps(tiny, cap),
@@ -258,7 +267,5 @@ def test_every_pass_runs_inside_full_float32_for_the_model_device(monkeypatch, t
             "faithfulness": lambda: explain.faithfulness(tiny, cap, {"m": np.ones(tiny.geometry.grid)}, 0, steps=2,
                                                          random_orders=1),
         }[entry]()
-    finally:
-        handle.remove()
     assert heads_seen and all(heads_seen), heads_seen
     assert asked and all(device == tiny.device for device in asked)
