@@ -75,8 +75,9 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     dataset.add_argument("--batch-size", type=_positive, metavar="B",
                          help="images per forward (default: 8 on a CPU, 64 on a GPU)")
     dataset.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
-    dataset.add_argument("--workers", type=_not_negative, default=default_workers(), metavar="W",
-                         help=f"processes that decode images, 0: in this one (default {default_workers()}: "
+    workers = default_workers()  # read once: the default and its help
+    dataset.add_argument("--workers", type=_not_negative, default=workers, metavar="W",
+                         help=f"processes that decode images, 0: in this one (default {workers}: "
                               "the CPUs this process may use, less one, at most 8)")
     dataset.add_argument("--explain", action="store_true",
                          help="add the mean deletion / insertion AUC of every relevance method and a random order")
