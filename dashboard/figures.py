@@ -158,6 +158,12 @@ def _enlarged_with_grid(crop: np.ndarray, grid: tuple[int, int],
     return im, draw, s
 
 
+def _patch_box(k: int, gw: int, patch_size: tuple[int, int], s: int) -> list[int]:
+    """Patch k's pixel box [x0, y0, x1, y1] (inclusive) in a crop enlarged s times, for ImageDraw."""
+    (r, c), (ph, pw) = divmod(int(k), gw), patch_size
+    return [c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1]
+
+
 def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
                      highlight: int | None = None, show_indices: bool = True) -> np.ndarray:
     """The crop enlarged, with grid lines, patch indices and an optional highlighted patch: uint8."""
@@ -172,8 +178,7 @@ def patch_grid_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[
             x, y = c * pw * s + 2, r * ph * s + 1
             draw.text((x, y), str(k), fill=(255, 255, 255), font=f, stroke_width=1, stroke_fill=(0, 0, 0))
     if highlight is not None:
-        r, c = divmod(highlight, gw)
-        draw.rectangle([c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1], outline=(0, 255, 255), width=3)
+        draw.rectangle(_patch_box(highlight, gw, patch_size, s), outline=(0, 255, 255), width=3)
     return np.asarray(im)
 
 
@@ -571,12 +576,9 @@ def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: t
     """The crop enlarged for display with the chosen patches shown removed: "drop" blacks them out with a red
     cross (the token is gone), "mask" paints them the normalisation mean (grey: the model sees the mean input).
     uint8 (H*s, W*s, 3)."""
-    gh, gw = grid
-    ph, pw = patch_size
     im, draw, s = _enlarged_with_grid(crop, grid, patch_size)
     for k in patches:
-        r, c = divmod(int(k), gw)
-        box = [c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1]
+        box = _patch_box(k, grid[1], patch_size, s)
         if mode == "mask":
             draw.rectangle(box, fill=(124, 116, 104), outline=(255, 255, 0), width=2)  # about ImageNet's mean colour
         else:
@@ -618,14 +620,12 @@ HIGH_NORM_COLOUR = "#d62728"
 def norm_map_image(crop: np.ndarray, norm_map: np.ndarray, high_norm: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     """The patch tokens' norms over the crop (min-max scaled for display), each high-norm patch framed:
     crop uint8 (H, W, 3), norm_map float (gh, gw), high_norm bool (gh, gw) -> uint8 (H*s, W*s, 3), enlarged."""
-    ph, pw = patch_size
     s = display_scale(crop.shape[1])
     im = Image.fromarray(enlarge(overlay(crop, norm_map, patch_size), s))
     draw = ImageDraw.Draw(im)
     width = max(2, s + 1)
-    for r, c in zip(*np.nonzero(high_norm), strict=True):
-        draw.rectangle([c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1], outline=HIGH_NORM_FRAME,
-                       width=width)
+    for k in np.flatnonzero(high_norm):  # (gh, gw) -> patch indices, row-major
+        draw.rectangle(_patch_box(k, high_norm.shape[1], patch_size, s), outline=HIGH_NORM_FRAME, width=width)
     return np.asarray(im)
 
 
