@@ -24,7 +24,7 @@ def model_ui() -> models.ModelRequest | None:
     ViT-family name of timm's (with its pretrained tags) or a typed `hf-hub:` id. None while own weights are
     chosen but not uploaded yet. A name this server refuses: an error, and the model in use stays (and is named)."""
     server_device_or_stop()
-    _name_the_model_in_use()  # before the widget exists: afterwards its value can't be set in this run
+    refused_message = _take_back_the_refused_choice()  # before the widget exists: afterwards it can't be set
     choices = models.model_choices()
     options = models.picker_options()
     any_model = models.any_model_allowed()
@@ -32,7 +32,8 @@ def model_ui() -> models.ModelRequest | None:
     name = st.selectbox("Model", options, index=options.index(start) if start in options else 0, key=state.K_MODEL,
                         format_func=lambda n: choices.get(n, n), bind="query-params", accept_new_options=any_model,
                         help=text.MODEL_HELP_ANY if any_model else text.MODEL_HELP)
-    _say_why_the_last_choice_was_refused()
+    if refused_message:
+        st.error(refused_message)
     if name not in options:  # typed in (any model), or a value that never was an option
         name = name.strip()
         in_use = state.last_good_model() or models.ModelRequest(start)
@@ -95,16 +96,14 @@ def _choice_failed(message: str | None, shown: models.ModelRequest) -> None:
         st.error(message)
 
 
-def _name_the_model_in_use() -> None:
-    refused = st.session_state.get(_MODEL_REFUSED)
-    if refused is not None:
-        st.session_state[state.K_MODEL] = refused[1]
-
-
-def _say_why_the_last_choice_was_refused() -> None:
+def _take_back_the_refused_choice() -> str | None:
+    """In the rerun after `_choice_failed`, before the picker exists: set it to the model shown instead, and
+    return the message to show below it (None if there is none)."""
     refused = st.session_state.pop(_MODEL_REFUSED, None)
-    if refused is not None and refused[0]:
-        st.error(refused[0])
+    if refused is None:
+        return None
+    st.session_state[state.K_MODEL] = refused[1]
+    return refused[0]
 
 
 def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
