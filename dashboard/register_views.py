@@ -84,16 +84,11 @@ def row_norms(tokens: np.ndarray, row: int) -> np.ndarray:
     return np.linalg.norm(tokens[row].astype(np.float64), axis=-1).astype(np.float32)
 
 
-def high_norm_row(norms_row: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
-    """`analyses.high_norm_patches` of one row: norms (T,) -> bool (N,)."""
-    return analyses.high_norm_patches(norms_row[None], num_prefix_tokens)[0]  # (1, T) -> (1, N) -> (N,)
-
-
 def _norm_map_image(ctx: ViewContext, row: int, encoding: str) -> bytes:
     """Row `row`'s patch-token norms over the crop, high-norm patches framed."""
     g, cap = ctx.loaded.geometry, ctx.cap
     norms = row_norms(cap.tokens, row)  # (T,)
-    high = high_norm_row(norms, g.num_prefix_tokens).reshape(g.grid)  # (N,) -> (gh, gw)
+    high = analyses.high_norm_patches(norms, g.num_prefix_tokens).reshape(g.grid)  # (T,) -> (N,) -> (gh, gw)
     norm_map = norms[g.num_prefix_tokens:].reshape(g.grid)  # (N,) -> (gh, gw)
     return figures.encode(figures.norm_map_image(cap.input_image, norm_map, high, g.patch_size), encoding)
 
@@ -145,7 +140,7 @@ def _norms_at_layer(ctx: ViewContext) -> None:
                            format_func=figures.lens_row_name, bind="query-params",
                            help="the residual stream: the embeddings entering block 0, then the tokens after each block")
     norms = row_norms(cap.tokens, row)  # (T,)
-    high = high_norm_row(norms, p)  # (N,)
+    high = analyses.high_norm_patches(norms, p)  # (T,) -> (N,): it takes one row as well as all
     patch_norms = norms[p:]  # (N,)
     fence = float(analyses.high_norm_fence(patch_norms))
     left, right = st.columns([1, 1])
