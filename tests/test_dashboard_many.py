@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import APP, assert_healthy, drawn_image
+from conftest import assert_healthy, drawn_image, run_app
 from dashboard import many_images, state
 from dashboard.many_images import SetError, shapes_set, uploaded_set, zip_members
 from dashboard.models import ModelRequest, build_named_model
@@ -67,9 +67,7 @@ def as_written(markdown: str) -> str:
 
 
 def open_page(runtime) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    assert_healthy(at)
+    at = run_app(default_timeout=180)
     at.switch_page(PAGE).run()
     assert_healthy(at)
     assert at.button(key=many_images.K_RUN)
