@@ -380,13 +380,6 @@ def _head_classes(state: dict[str, torch.Tensor]) -> int | None:
 # can't make the loader allocate gigabytes before refusing it.
 
 
-def _numel(shape: tuple[int, ...] | list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Declared shapes of a .safetensors file, from its JSON header only, each checked against the bytes
     it points at. Raises WeightsError for a header that is damaged or claims more than the file holds."""
@@ -418,7 +411,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
             raise refuse(f"tensor {name[:80]!r} is not described properly") from e
-        if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len or end - begin != _numel(shape) * itemsize:
+        if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len or end - begin != math.prod(shape) * itemsize:
             raise refuse(f"tensor {name[:80]!r} declares {shape} but the file holds {max(end - begin, 0)} bytes for it")
         shapes[str(name)] = shape
     return shapes
@@ -467,16 +460,16 @@ def check_declared_shapes(path: Path, shapes: dict[str, tuple[int, ...]], probe:
     times over (a position embedding trained at a larger size is resampled), or a full-size head."""
     arch = _architecture_shapes(probe)
     width = getattr(probe, "num_features", 4096) if probe is not None else 4096
-    largest = max(_numel(s) for s in arch.values()) * 4 if arch else 2**28
+    largest = max(math.prod(s) for s in arch.values()) * 4 if arch else 2**28
     limit = max(largest, MAX_CLASSES * width)
     for name, shape in shapes.items():
-        if _numel(shape) > limit:
+        if math.prod(shape) > limit:
             raise WeightsError(
-                f"{path.name}: {name[:80]!r} declares {_numel(shape):,} values, more than "
+                f"{path.name}: {name[:80]!r} declares {math.prod(shape):,} values, more than "
                 f"{probe.__class__.__name__ if probe is not None else 'a ViT'} could use ({limit:,}): refused before loading."
             )
-    total = sum(_numel(s) for s in shapes.values())
-    if arch and total > 4 * sum(_numel(s) for s in arch.values()) + limit:
+    total = sum(math.prod(s) for s in shapes.values())
+    if arch and total > 4 * sum(math.prod(s) for s in arch.values()) + limit:
         raise WeightsError(f"{path.name} declares {total:,} values in all, far more than the architecture holds: refused.")
 
 
@@ -526,8 +519,8 @@ def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn
     no larger than the file): each tensor's view must lie within its own storage (a pickle can declare a huge
     tensor over one stored value, stride 0), and the shapes must fit the architecture."""
     for name, tensor in state.items():
-        needed = _numel(tensor.shape) * tensor.element_size()
-        if needed > tensor.untyped_storage().nbytes() and tensor.numel() > 0:
+        needed = tensor.numel() * tensor.element_size()
+        if needed > tensor.untyped_storage().nbytes():
             raise WeightsError(f"{path.name}: {name[:80]!r} declares {tuple(tensor.shape)} over less data: refused.")
     check_declared_shapes(path, {k: tuple(v.shape) for k, v in state.items()}, probe)
     head = state.get("head.weight")
