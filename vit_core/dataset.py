@@ -32,7 +32,7 @@ from . import analyses, explain
 from .capture import _register, attention_recorded, full_float32
 from .devices import describe_device
 from .errors import CaptureError, ImageError, ViTLensError
-from .export import json_bytes, npz_bytes
+from .export import faithfulness_summary, json_bytes, npz_bytes
 from .images import DRAFT_MIN_SIDE, UPLOAD_EXTENSIONS, load_image
 from .loading import Geometry, LoadedModel
 
@@ -375,8 +375,7 @@ class DatasetResult:
             "num_images": self.num_images,
             "num_labelled": self.num_labelled,
             "accuracy": self.accuracy,
-            "faithfulness": {name: {"deletion_auc": self.deletion_auc[name], "insertion_auc": self.insertion_auc[name]}
-                             for name in self.deletion_auc},
+            "faithfulness": faithfulness_summary(self.deletion_auc, self.insertion_auc),
             "mean_attention_distance_std": "population standard deviation over images (ddof 0)",
             "failures": [f"{name}: {reason}" for name, reason in self.failures],
         }

@@ -111,6 +111,11 @@ def explanation_arrays(relevance: explain.Relevance, lens: np.ndarray, token_nor
     return arrays
 
 
+def faithfulness_summary(deletion_auc: dict[str, float], insertion_auc: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The `.json`'s "faithfulness": name (the methods, then "random") -> {"deletion_auc", "insertion_auc"}."""
+    return {name: {"deletion_auc": deletion_auc[name], "insertion_auc": insertion_auc[name]} for name in deletion_auc}
+
+
 def explanation_export(
     loaded: LoadedModel, cap: Capture, image: Image.Image, target: int | str | None = None, steps: int = explain.DEFAULT_STEPS
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -123,10 +128,7 @@ def explanation_export(
     arrays = explanation_arrays(relevance, explain.logit_lens(loaded, cap), explain.token_norms(cap), faith)
     summary_part = {
         "target": relevance.target,
-        "faithfulness": {
-            name: {"deletion_auc": faith.deletion_auc[name], "insertion_auc": faith.insertion_auc[name]}
-            for name in faith.deletion
-        },
+        "faithfulness": faithfulness_summary(faith.deletion_auc, faith.insertion_auc),
         "unsupported": dict(relevance.unsupported),
     }
     return arrays, summary_part
