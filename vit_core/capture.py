@@ -181,9 +181,14 @@ def _finished(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """`t` (on any device) as a float32 numpy array on the host: the one copy off the device."""
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
 def _frozen(t: torch.Tensor) -> np.ndarray:
-    """A read-only float32 numpy copy on the host of `t` (on any device): the one copy off the device."""
-    array = t.detach().to(torch.float32).cpu().numpy()
+    """`to_host(t)`, made read-only."""
+    array = to_host(t)
     array.setflags(write=False)
     return array
 

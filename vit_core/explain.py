@@ -18,7 +18,7 @@ and its `requires_grad` restored, so no `.grad` is ever written to the model.
 
 The model may live on any device (`LoadedModel.device`): every tensor an entry point hands it is made
 there (`model_input`, `capture.on_model_device`), every pass runs in full float32 (`_model_pass`), and
-results come back to the host as float32 numpy (`_numpy`).
+results come back to the host as float32 numpy (`capture.to_host`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from . import analyses
-from .capture import Capture, _register, attention_recorded, full_float32, on_model_device, preprocess
+from .capture import Capture, _register, attention_recorded, full_float32, on_model_device, preprocess, to_host
 from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
 
@@ -188,11 +188,6 @@ class _Gradients:
     target: int
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """`t` (on any device) as a float32 numpy array on the host."""
-    return t.detach().to(torch.float32).cpu().numpy()
-
-
 def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | None) -> _Gradients:
     """One forward in float32 through the un-fused attention path and one backward of y_c to the
     post-softmax patterns and to `blocks[-1].norm1`'s output only (torch.autograd.grad with those
@@ -226,14 +221,14 @@ def _gradient_pass(loaded: LoadedModel, x: torch.Tensor, target: int | str | Non
         if len(live["pattern"]) != len(model.blocks) or len(live["norm1"]) != 1:
             raise CaptureError(f"expected one attention pattern per block ({len(model.blocks)}), got {len(live['pattern'])}: "
                                "this model's attention does not run through timm's standard path.")
-        c = resolve_target(loaded, _numpy(logits[0]), target)
+        c = resolve_target(loaded, to_host(logits[0]), target)
         grads = torch.autograd.grad(logits[0, c], [*live["pattern"], live["norm1"][0]])
     return _Gradients(
-        logits=_numpy(logits[0]),
-        pattern=_numpy(torch.cat(live["pattern"], dim=0)),  # L x (1, H, T, T) -> (L, H, T, T)
-        pattern_grad=_numpy(torch.cat(grads[:-1], dim=0)),
-        last_norm1=_numpy(live["norm1"][0][0]),  # (1, T, D) -> (T, D)
-        last_norm1_grad=_numpy(grads[-1][0]),
+        logits=to_host(logits[0]),
+        pattern=to_host(torch.cat(live["pattern"], dim=0)),  # L x (1, H, T, T) -> (L, H, T, T)
+        pattern_grad=to_host(torch.cat(grads[:-1], dim=0)),
+        last_norm1=to_host(live["norm1"][0][0]),  # (1, T, D) -> (T, D)
+        last_norm1_grad=to_host(grads[-1][0]),
         target=c,
     )
 
@@ -288,7 +283,7 @@ def logit_lens(loaded: LoadedModel, cap: Capture) -> np.ndarray:
     model = loaded.model
     tokens = on_model_device(model, torch.from_numpy(np.array(cap.tokens, dtype=np.float32)))  # (L+1, T, D)
     with _model_pass(loaded):
-        return _numpy(_head(model, tokens))  # (L+1, C)
+        return to_host(_head(model, tokens))  # (L+1, C)
 
 
 def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarray:
@@ -297,7 +292,7 @@ def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarra
     model, p = loaded.model, loaded.geometry.num_prefix_tokens
     patches = on_model_device(model, torch.from_numpy(np.array(cap.tokens[layer, p:], dtype=np.float32)))  # (N, D)
     with _model_pass(loaded):
-        return _numpy(model.head(model.fc_norm(model.norm(patches))))  # (N, C)
+        return to_host(model.head(model.fc_norm(model.norm(patches))))  # (N, C)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,7 +381,7 @@ def predict_intervened(loaded: LoadedModel, image: Image.Image | Capture, *, dro
     x = mask_patches(x, masked, geometry)
     with _model_pass(loaded), heads_ablated(model, ablate, ablation):
         tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
-        return _numpy(run_from_embedded(model, tokens)[0])  # (1, C) -> (C,)
+        return to_host(run_from_embedded(model, tokens)[0])  # (1, C) -> (C,)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -495,7 +490,7 @@ class _KeptSetProbs:
             with _model_pass(self.loaded):
                 logits = run_from_embedded(self.loaded.model, keep_tokens(
                     self.tokens, torch.from_numpy(kept), self.loaded.geometry.num_prefix_tokens))
-            probs = analyses.softmax(_numpy(logits))[:, self.target]  # (U, C) -> (U,)
+            probs = analyses.softmax(to_host(logits))[:, self.target]  # (U, C) -> (U,)
             self.known.update(zip(keys, probs.tolist(), strict=True))
         return np.array([self.known[r.tobytes()] for r in kept_sorted], dtype=np.float32)  # (B,)
 
