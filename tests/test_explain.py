@@ -193,6 +193,18 @@ def test_a_capture_stands_for_its_image(tiny, image):
     assert cap.input_tensor.flags.writeable is False  # the shared capture was not made writable or changed
 
 
+def test_token_norms_of_one_row_equal_that_row_of_all(tiny, image):
+    """token_norms(cap, row) is row `row` of token_norms(cap), bit for bit, and both are the float64 norms."""
+    cap = run_with_capture(tiny, image)
+    every = explain.token_norms(cap)  # (L+1, T)
+    assert every.shape == cap.tokens.shape[:2] and every.dtype == np.float32
+    np.testing.assert_array_equal(every, np.linalg.norm(cap.tokens.astype(np.float64), axis=-1).astype(np.float32))
+    for row in range(every.shape[0]):
+        one = explain.token_norms(cap, row)  # (T,)
+        assert one.dtype == np.float32
+        np.testing.assert_array_equal(one, every[row])
+
+
 def test_relevance_pass_leaves_the_model_as_it_was(tiny, image):
     model = tiny.model
     blocks = list(model.blocks)

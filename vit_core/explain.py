@@ -131,9 +131,12 @@ def gradcam_map(activations: np.ndarray, grad: np.ndarray, grid: tuple[int, int]
     return np.maximum(activations.astype(np.float64) @ weights, 0).reshape(grid).astype(np.float32)
 
 
-def token_norms(cap: Capture) -> np.ndarray:
-    """Euclidean norm of every token entering block 0 and after each block: (L+1, T) float32."""
-    return np.linalg.norm(cap.tokens.astype(np.float64), axis=-1).astype(np.float32)
+def token_norms(cap: Capture, row: int | None = None) -> np.ndarray:
+    """Euclidean norm of every token entering block 0 and after each block: (L+1, T) float32, in float64 sums.
+    `row`: only that row of the residual stream (0: entering block 0, l: after block l), (T,): a slider
+    move needs one row, a 25th of the work of all of a ViT-L/14's."""
+    tokens = cap.tokens if row is None else cap.tokens[row]  # (L+1, T, D) or (T, D)
+    return np.linalg.norm(tokens.astype(np.float64), axis=-1).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
