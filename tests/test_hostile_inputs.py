@@ -91,11 +91,16 @@ def test_a_header_claiming_more_data_than_the_file_holds_is_refused(tmp_path):
         load_model(ARCH, weights=path, **TINY)
 
 
-def test_the_class_count_is_capped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])  # the header's declaration; a pickle's tensors once read
+def test_the_class_count_is_capped(tmp_path, monkeypatch, suffix):
     from vit_core import loading
 
-    path = tmp_path / "ft.safetensors"
-    save_file({"head.weight": torch.zeros(12, 192), "head.bias": torch.zeros(12)}, str(path))
+    path = tmp_path / f"ft{suffix}"
+    head = {"head.weight": torch.zeros(12, 192), "head.bias": torch.zeros(12)}
+    if suffix == ".safetensors":
+        save_file(head, str(path))
+    else:
+        torch.save(head, path)
     monkeypatch.setattr(loading, "MAX_CLASSES", 10)
     with pytest.raises(WeightsError, match=r"head of 12 classes; ViT Lens loads 1 to 10"):
         load_model(ARCH, weights=path, **TINY)

@@ -523,9 +523,9 @@ def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn
         if needed > tensor.untyped_storage().nbytes():
             raise WeightsError(f"{path.name}: {name[:80]!r} declares {tuple(tensor.shape)} over less data: refused.")
     check_declared_shapes(path, {k: tuple(v.shape) for k, v in state.items()}, probe)
-    head = state.get("head.weight")
-    if head is not None and head.ndim == 2:
-        check_head_classes(path, int(head.shape[0]))
+    classes = _head_classes(state)
+    if classes is not None:
+        check_head_classes(path, classes)
 
 
 def _load_weights_into(model: VisionTransformer, path: Path, state: dict[str, torch.Tensor] | None, name: str) -> None:
