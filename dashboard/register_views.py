@@ -77,17 +77,10 @@ def _where(row: int) -> str:
     return "in the embeddings" if row == 0 else figures.lens_row_name(row)
 
 
-def row_norms(tokens: np.ndarray, row: int) -> np.ndarray:
-    """The norms of one row of the residual stream: tokens (L+1, T, D) -> float32 (T,), computed exactly as
-    `explain.token_norms` computes every row (float64 sums). A slider move needs one row: all rows of a
-    ViT-L/14 at 518 px cost about 0.5 s here, one row about 1/25 of that."""
-    return np.linalg.norm(tokens[row].astype(np.float64), axis=-1).astype(np.float32)
-
-
 def _norm_map_image(ctx: ViewContext, row: int, encoding: str) -> bytes:
     """Row `row`'s patch-token norms over the crop, high-norm patches framed."""
     g, cap = ctx.loaded.geometry, ctx.cap
-    norms = row_norms(cap.tokens, row)  # (T,)
+    norms = explain.token_norms(cap, row)  # (T,)
     high = analyses.high_norm_patches(norms, g.num_prefix_tokens).reshape(g.grid)  # (T,) -> (N,) -> (gh, gw)
     norm_map = norms[g.num_prefix_tokens:].reshape(g.grid)  # (N,) -> (gh, gw)
     return figures.encode(figures.norm_map_image(cap.input_image, norm_map, high, g.patch_size), encoding)
@@ -95,7 +88,7 @@ def _norm_map_image(ctx: ViewContext, row: int, encoding: str) -> bytes:
 
 def _token_norms_png(ctx: ViewContext, row: int) -> bytes:
     g = ctx.loaded.geometry
-    norms = row_norms(ctx.cap.tokens, row)  # (T,)
+    norms = explain.token_norms(ctx.cap, row)  # (T,)
     patch_norms = norms[g.num_prefix_tokens:]  # (N,)
     return figures.token_norms_png(patch_norms, float(analyses.high_norm_fence(patch_norms)),
                                    norms[:g.num_prefix_tokens], g.prefix_names,
@@ -139,7 +132,7 @@ def _norms_at_layer(ctx: ViewContext) -> None:
     row = st.select_slider("Tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=K_NORM_LAYER,
                            format_func=figures.lens_row_name, bind="query-params",
                            help="the residual stream: the embeddings entering block 0, then the tokens after each block")
-    norms = row_norms(cap.tokens, row)  # (T,)
+    norms = explain.token_norms(cap, row)  # (T,)
     high = analyses.high_norm_patches(norms, p)  # (T,) -> (N,): it takes one row as well as all
     patch_norms = norms[p:]  # (N,)
     fence = float(analyses.high_norm_fence(patch_norms))
