@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from . import analyses, explain
-from .capture import Capture
+from .capture import Capture, to_host
 from .loading import LoadedModel
 
 PCA_COMPONENTS = 28  # the paper's Fig. 7 (left) shows 28
@@ -24,12 +24,12 @@ PCA_COMPONENTS = 28  # the paper's Fig. 7 (left) shows 28
 
 def patch_embed_weight(loaded: LoadedModel) -> np.ndarray:
     """The patch-embedding Conv2d weight: (D, C, ph, pw) float32."""
-    return loaded.model.patch_embed.proj.weight.detach().to(torch.float32).cpu().numpy()
+    return to_host(loaded.model.patch_embed.proj.weight)
 
 
 def patch_embed_bias(loaded: LoadedModel) -> np.ndarray | None:
     bias = loaded.model.patch_embed.proj.bias
-    return None if bias is None else bias.detach().to(torch.float32).cpu().numpy()
+    return None if bias is None else to_host(bias)
 
 
 def pos_embed_rows(loaded: LoadedModel) -> np.ndarray | None:
@@ -37,7 +37,7 @@ def pos_embed_rows(loaded: LoadedModel) -> np.ndarray | None:
     pos = getattr(loaded.model, "pos_embed", None)
     if pos is None or not isinstance(pos, torch.nn.Parameter):
         return None
-    return pos.detach().to(torch.float32).cpu().numpy()[0]  # (1, T_pe, D) -> (T_pe, D)
+    return to_host(pos)[0]  # (1, T_pe, D) -> (T_pe, D)
 
 
 # Per-model analyses depend on the weights only: computed once per loaded model, not per image.
