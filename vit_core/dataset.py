@@ -236,7 +236,7 @@ def reductions_recorded(loaded: LoadedModel, store: _BatchReductions, distance: 
     def reduce_tokens(tokens: torch.Tensor) -> None:
         store.high_norm_rate.append(high_norm_rates(token_norms(tokens), p))
         if logit_lens:
-            store.lens_top1.append(explain._head(model, tokens).argmax(dim=-1))  # (B, C) -> (B,)
+            store.lens_top1.append(explain.head_logits(model, tokens).argmax(dim=-1))  # (B, C) -> (B,)
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(attention_recorded(model, reduce_pattern))

@@ -274,7 +274,7 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: in
 # Logit lens
 
 
-def _head(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def head_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The model's own head path on a token sequence: forward_head(norm(tokens)). (B, T, D) -> (B, C)"""
     return model.forward_head(model.norm(tokens))
 
@@ -286,7 +286,7 @@ def logit_lens(loaded: LoadedModel, cap: Capture) -> np.ndarray:
     model = loaded.model
     tokens = on_model_device(model, torch.from_numpy(np.array(cap.tokens, dtype=np.float32)))  # (L+1, T, D)
     with _model_pass(loaded):
-        return to_host(_head(model, tokens))  # (L+1, C)
+        return to_host(head_logits(model, tokens))  # (L+1, C)
 
 
 def patch_logit_lens(loaded: LoadedModel, cap: Capture, layer: int) -> np.ndarray:
@@ -309,7 +309,7 @@ def embedded_tokens(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def run_from_embedded(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The rest of timm's forward from what enters `patch_drop` (any sequence length): (B, T', D) -> (B, C)."""
-    return _head(model, model.blocks(model.norm_pre(model.patch_drop(tokens))))
+    return head_logits(model, model.blocks(model.norm_pre(model.patch_drop(tokens))))
 
 
 def keep_tokens(tokens: torch.Tensor, kept_patches: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
