@@ -150,6 +150,17 @@ def attention_recorded(model: torch.nn.Module, record: Callable[[torch.Tensor], 
 
 
 @contextlib.contextmanager
+def tokens_recorded(model: torch.nn.Module, record: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Inside the block, a forward hands `record` the token sequence (B, T, D) entering block 0, then after
+    each block (before the final norm): L+1 calls in order. Hooks removed on exit, also when the forward raises."""
+    with contextlib.ExitStack() as stack:
+        _register(stack, model, model.blocks[0].register_forward_pre_hook(lambda m, args: record(args[0])))
+        for blk in model.blocks:
+            _register(stack, model, blk.register_forward_hook(lambda m, i, o: record(o)))
+        yield
+
+
+@contextlib.contextmanager
 def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
     """Inside the block, a forward pass in eval mode appends every intermediate the result needs
     (attention, tokens, patch embeddings, head input) to `store`; mode and hooks restored on exit."""
@@ -161,10 +172,9 @@ def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.
         stack.callback(model.train, model.training)
         model.eval()
         stack.enter_context(attention_recorded(model, lambda pattern: keep("pattern", pattern)))
+        stack.enter_context(tokens_recorded(model, lambda tokens: keep("tokens", tokens)))
         hooks = [  # (how to register, the hook): each handle is in the stack as soon as it exists
             (model.patch_embed.register_forward_hook, lambda m, i, o: keep("patch_embeddings", o)),
-            (model.blocks[0].register_forward_pre_hook, lambda m, args: keep("tokens", args[0])),
-            *((blk.register_forward_hook, lambda m, i, o: keep("tokens", o)) for blk in model.blocks),
             (model.norm.register_forward_hook, lambda m, i, o: keep("final_tokens", o)),
             (model.head.register_forward_pre_hook, lambda m, args: keep("pre_logits", args[0])),
         ]

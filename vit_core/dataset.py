@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import analyses, explain
-from .capture import _register, attention_recorded, full_float32
+from .capture import attention_recorded, full_float32, tokens_recorded
 from .devices import describe_device
 from .errors import CaptureError, ImageError, ViTLensError
 from .export import faithfulness_summary, json_bytes, npz_bytes
@@ -240,9 +240,7 @@ def reductions_recorded(loaded: LoadedModel, store: _BatchReductions, distance: 
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(attention_recorded(model, reduce_pattern))
-        _register(stack, model, model.blocks[0].register_forward_pre_hook(lambda m, args: reduce_tokens(args[0])))
-        for blk in model.blocks:
-            _register(stack, model, blk.register_forward_hook(lambda m, i, o: reduce_tokens(o)))
+        stack.enter_context(tokens_recorded(model, reduce_tokens))
         yield
 
 
