@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,14 @@ def hooks_on(model: torch.nn.Module) -> int:
     written for."""
     assert int(torch.__version__.split(".")[0]) == 2, f"hooks_on reads torch 2.x internals; check it for {torch.__version__}"
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def encoded(picture: Image.Image | np.ndarray, fmt: str = "PNG", **save_options) -> bytes:
+    """The file bytes of a picture (a PIL image or a uint8 array) in format `fmt` (Pillow's save options)."""
+    image = picture if isinstance(picture, Image.Image) else Image.fromarray(picture)
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **save_options)
+    return buffer.getvalue()
 
 
 def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Image:

@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from conftest import encoded
+
 RED, WHITE, BLACK, GREEN = (220, 30, 30), (255, 255, 255), (0, 0, 0), (10, 200, 30)
 
 
@@ -28,12 +30,6 @@ class Case:
     refused: str | None = None  # regex of the message, if the app must refuse it
     crop: Callable[[np.ndarray], None] | None = None  # asserts on the crop the model saw, if analysed
     note: str | None = None  # a caption the app must show (what it did to the file)
-
-
-def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    im.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -100,9 +96,9 @@ def corpus() -> list[Case]:
 
     add(Case("empty", "IMG_0001.jpg", b"", refused="empty"))
     add(Case("text_named_jpg", "notes.jpg", b"Remember: homework due Friday!\n" * 20, refused="not an image"))
-    photo = encode(noise(1, (96, 96)), "JPEG", quality=90)
+    photo = encoded(noise(1, (96, 96)), "JPEG", quality=90)
     add(Case("truncated_jpeg", "IMG_0002.jpg", photo[: len(photo) // 2], refused="damaged or truncated|not an image"))
-    drawing = encode(noise(2, (96, 96)), "PNG")
+    drawing = encoded(noise(2, (96, 96)), "PNG")
     add(Case("truncated_png", "drawing.png", drawing[: len(drawing) // 2], refused="damaged or truncated|not an image"))
     add(Case("decompression_bomb", "bomb.png", png_header_only(20000, 20000), refused="MP"))
     add(Case("svg", "logo.png", b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
@@ -121,30 +117,31 @@ def corpus() -> list[Case]:
     eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\n%%EOF\n"
     add(Case("eps_named_png", "poster.png", eps, refused="not an image ViT Lens can read"))
 
-    add(Case("cmyk_jpeg", "print.jpg", encode(Image.new("RGB", (64, 64), RED).convert("CMYK"), "JPEG", quality=95),
+    add(Case("cmyk_jpeg", "print.jpg", encoded(Image.new("RGB", (64, 64), RED).convert("CMYK"), "JPEG", quality=95),
              crop=close_to(RED, tol=30), note="Converted from CMYK"))
     ramp = np.tile(np.linspace(0, 65535, 256), (256, 1)).astype(np.uint16)  # (256, 256): dark left, bright right
-    add(Case("png_16bit", "scan16.png", encode(Image.fromarray(ramp), "PNG"), crop=ramp_left_to_right))
+    add(Case("png_16bit", "scan16.png", encoded(Image.fromarray(ramp), "PNG"), crop=ramp_left_to_right))
     palette = Image.new("P", (64, 64), 0)
     palette.putpalette([*RED, 0, 0, 255] + [0] * 762)  # index 0 red, index 1 blue (transparent)
     palette.paste(1, (32, 0, 64, 64))
-    add(Case("palette_transparency", "sticker.png", encode(palette, "PNG", transparency=1),
+    add(Case("palette_transparency", "sticker.png", encoded(palette, "PNG", transparency=1),
              crop=halves(RED, WHITE, axis=1, tol=8), note="on white"))
     la = Image.new("LA", (64, 64), (0, 0))  # black, fully transparent on the right
     la.paste((0, 255), (0, 0, 32, 64))  # opaque black on the left
-    add(Case("la", "mask.png", encode(la, "PNG"), crop=halves(BLACK, WHITE, axis=1, tol=8), note="on white"))
+    add(Case("la", "mask.png", encoded(la, "PNG"), crop=halves(BLACK, WHITE, axis=1, tol=8), note="on white"))
     frames = [Image.new("RGB", (64, 64), c) for c in [(255, 0, 0), (0, 255, 0), (0, 0, 255)]]
-    add(Case("animated_gif", "party.gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0),
+    animated = encoded(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    add(Case("animated_gif", "party.gif", animated,
              crop=close_to((255, 0, 0), tol=8), note="first of its 3 frames"))
     stored = np.zeros((60, 120, 3), dtype=np.uint8)  # stored landscape: left half red, right half black
     stored[:, :60] = RED
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display": shown portrait, red on top
-    add(Case("exif_rotated", "IMG_0003.jpg", encode(Image.fromarray(stored), "JPEG", exif=exif, quality=95),
+    add(Case("exif_rotated", "IMG_0003.jpg", encoded(Image.fromarray(stored), "JPEG", exif=exif, quality=95),
              crop=halves(RED, BLACK, axis=0), note="EXIF"))
-    add(Case("one_pixel", "dot.png", encode(Image.new("RGB", (1, 1), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
-    add(Case("very_wide", "panorama.png", encode(Image.new("RGB", (10000, 10), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
+    add(Case("one_pixel", "dot.png", encoded(Image.new("RGB", (1, 1), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
+    add(Case("very_wide", "panorama.png", encoded(Image.new("RGB", (10000, 10), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
     blocks = np.random.default_rng(3).integers(0, 256, (30, 40, 3), dtype=np.uint8)
     big = np.asarray(Image.fromarray(blocks).resize((6000, 4500), Image.NEAREST))  # 27 MP, a legal phone photo
-    add(Case("huge_photo", "IMG_0004.jpg", encode(Image.fromarray(big), "JPEG", quality=80), crop=mean_colour_like(big)))
+    add(Case("huge_photo", "IMG_0004.jpg", encoded(Image.fromarray(big), "JPEG", quality=80), crop=mean_colour_like(big)))
     return cases

@@ -7,15 +7,12 @@ its weights exist. `st.cache_resource` persists across tests in one process, so 
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
-from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from conftest import REPO as ROOT
-from conftest import assert_healthy, run_app
+from conftest import assert_healthy, encoded, run_app
 from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
 from dashboard.views import VIEWS, outside_its_world
 from vit_core import TEACHING_MODEL
@@ -28,12 +25,6 @@ def shown(at: AppTest) -> tuple:
     charts = tuple(c.proto.spec for c in at.get("plotly_chart"))
     texts = tuple(m.value for m in at.markdown) + tuple(m.value for m in at.caption) + tuple(m.value for m in at.metric)
     return images, charts, texts
-
-
-def png(rgb: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def test_every_view_renders_on_a_tiny_model(tiny_env):
@@ -101,7 +92,7 @@ def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny_env):
         assert at.get("image")
 
     rng = np.random.default_rng(0)
-    good = png(rng.integers(0, 255, size=(120, 160, 3), dtype=np.uint8))
+    good = encoded(rng.integers(0, 255, size=(120, 160, 3), dtype=np.uint8))
     at.file_uploader(key="upload").set_value(("noise.png", good, "image/png")).run()
     assert_healthy(at)
     assert not at.error

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import assert_healthy, drawn_image, run_app
+from conftest import assert_healthy, drawn_image, encoded, run_app
 from dashboard import many_images, state
 from dashboard.many_images import SetError, shapes_set, uploaded_set, zip_members
 from dashboard.models import ModelRequest, build_named_model
@@ -43,9 +43,7 @@ def tiny_model():
 
 
 def png(seed: int, size: tuple[int, int] = (60, 80)) -> bytes:
-    buffer = io.BytesIO()
-    drawn_image(seed, size).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encoded(drawn_image(seed, size))
 
 
 def zipped(members: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:

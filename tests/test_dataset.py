@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import drawn_image, hooks_on
+from conftest import drawn_image, encoded, hooks_on
 from vit_core import CaptureError, analyses, explain, load_model, recording_hooks_on, run_with_capture
 from vit_core.dataset import (
     DatasetError,
@@ -33,14 +33,8 @@ from vit_core.dataset import (
 ATOL = 1e-4  # pixels: float32 sums over 196 keys of distances up to ~300 px, in another order
 
 
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def drawn_sources(count: int, size: tuple[int, int] = (240, 320)) -> list[tuple[str, bytes]]:
-    return [(f"image{i}.png", png(drawn_image(i, size))) for i in range(count)]
+    return [(f"image{i}.png", encoded(drawn_image(i, size))) for i in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +181,7 @@ def write_folder(root: Path, layout: dict[str, bytes]) -> Path:
 
 def test_unreadable_files_are_reported_and_skipped(tiny):
     good = drawn_sources(3)
-    truncated = png(drawn_image(9))[:200]
+    truncated = encoded(drawn_image(9))[:200]
     sources = [good[0], ("notes.png", b"just some text"), good[1], ("empty.jpg", b""), ("cut.png", truncated), good[2]]
     seen = []
     result = analyze_dataset(tiny, sources, batch_size=4, progress=lambda d, t: seen.append((d, t)))
@@ -225,7 +219,7 @@ def test_worker_processes_give_the_same_result(tiny, tmp_path):
 
 
 def test_list_images_is_recursive_sorted_and_keeps_image_suffixes(tmp_path):
-    data = png(drawn_image(0, (48, 48)))
+    data = encoded(drawn_image(0, (48, 48)))
     write_folder(tmp_path, {"b/z.PNG": data, "a.jpg": data, "b/a/deep.webp": data, "notes.txt": b"x", "b/c.tiff": data,
                             ".hidden/x.png": data, "b/.x.png": data, "model.safetensors": b"x"})
     assert [p.relative_to(tmp_path).as_posix() for p in list_images(tmp_path)] == [

@@ -11,13 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import encoded
 from vit_core import ImageError, decode_image, run_with_capture
-
-
-def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    im.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
 
 
 def solid(color, size=(32, 24), mode="RGB") -> Image.Image:
@@ -68,7 +63,7 @@ def test_a_format_pillow_reads_but_vit_lens_does_not_offer_is_refused():
 def test_zip_is_refused():
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr("a.png", encode(solid("red"), "PNG"))
+        z.writestr("a.png", encoded(solid("red"), "PNG"))
     with pytest.raises(ImageError, match="zip"):
         decode_image(buffer.getvalue())
 
@@ -76,7 +71,7 @@ def test_zip_is_refused():
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_truncated_files_are_refused(fmt):
     rng = np.random.default_rng(0)
-    data = encode(Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)), fmt)
+    data = encoded(Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)), fmt)
     with pytest.raises(ImageError, match="damaged or truncated|not an image"):
         decode_image(data[: len(data) // 2])
 
@@ -96,7 +91,7 @@ def test_missing_file_is_an_image_error(tmp_path):
 
 def test_cmyk_jpeg_keeps_its_colour():
     red = solid((220, 30, 30)).convert("CMYK")
-    decoded = decode_image(encode(red, "JPEG", quality=95))
+    decoded = decode_image(encoded(red, "JPEG", quality=95))
     assert decoded.image.mode == "RGB"
     r, g, b = np.asarray(decoded.image).reshape(-1, 3).mean(0)
     assert r > 180 and g < 80 and b < 80
@@ -104,7 +99,7 @@ def test_cmyk_jpeg_keeps_its_colour():
 
 def test_16bit_png_is_scaled_not_clipped():
     ramp = (np.linspace(0, 65535, 256 * 4).reshape(4, 256)).astype(np.uint16)
-    data = encode(Image.fromarray(ramp), "PNG")
+    data = encoded(Image.fromarray(ramp), "PNG")
     assert Image.open(io.BytesIO(data)).mode.startswith("I")
     pixels = np.asarray(decode_image(data).image)[..., 0]
     assert pixels.min() == 0 and pixels.max() == 255
@@ -139,7 +134,7 @@ def test_a_failure_after_the_pixels_are_read_is_an_image_error(monkeypatch):
     exif = Image.Exif()
     exif[0x0112] = 6  # rotated: exif_transpose runs (an upright image skips it)
     with pytest.raises(ImageError, match="damaged"):
-        decode_image(encode(solid((1, 2, 3)), "JPEG", exif=exif))
+        decode_image(encoded(solid((1, 2, 3)), "JPEG", exif=exif))
 
 
 def test_a_missing_file_is_named_without_its_folder(tmp_path):
@@ -152,7 +147,7 @@ def test_palette_png_with_transparency_is_composited_on_white():
     im = Image.new("P", (20, 10), 0)
     im.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)  # index 0 red, index 1 blue
     im.paste(1, (10, 0, 20, 10))
-    data = encode(im, "PNG", transparency=1)  # the blue half is transparent
+    data = encoded(im, "PNG", transparency=1)  # the blue half is transparent
     pixels = np.asarray(decode_image(data).image)
     assert tuple(pixels[5, 2]) == (255, 0, 0)
     assert tuple(pixels[5, 15]) == (255, 255, 255)
@@ -160,21 +155,21 @@ def test_palette_png_with_transparency_is_composited_on_white():
 
 def test_la_and_rgba_composite_on_white():
     la = Image.new("LA", (4, 4), (0, 0))  # black, fully transparent
-    assert tuple(np.asarray(decode_image(encode(la, "PNG")).image)[0, 0]) == (255, 255, 255)
+    assert tuple(np.asarray(decode_image(encoded(la, "PNG")).image)[0, 0]) == (255, 255, 255)
     rgba = Image.new("RGBA", (4, 4), (0, 0, 0, 128))  # black at half opacity -> mid grey
-    assert abs(int(np.asarray(decode_image(encode(rgba, "PNG")).image)[0, 0, 0]) - 127) <= 1
+    assert abs(int(np.asarray(decode_image(encoded(rgba, "PNG")).image)[0, 0, 0]) - 127) <= 1
 
 
 def test_one_bit_and_grayscale():
     one_bit = Image.new("1", (8, 8), 1)
-    assert tuple(np.asarray(decode_image(encode(one_bit, "PNG")).image)[0, 0]) == (255, 255, 255)
+    assert tuple(np.asarray(decode_image(encoded(one_bit, "PNG")).image)[0, 0]) == (255, 255, 255)
     gray = Image.new("L", (8, 8), 77)
-    assert tuple(np.asarray(decode_image(encode(gray, "PNG")).image)[0, 0]) == (77, 77, 77)
+    assert tuple(np.asarray(decode_image(encoded(gray, "PNG")).image)[0, 0]) == (77, 77, 77)
 
 
 def test_animated_gif_gives_its_first_frame():
     frames = [solid(c) for c in [(255, 0, 0), (0, 255, 0), (0, 0, 255)]]
-    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    data = encoded(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
     decoded = decode_image(data)
     r, g, b = np.asarray(decoded.image)[0, 0]
     assert r > 200 and g < 50 and b < 50
@@ -186,7 +181,7 @@ def test_exif_rotated_jpeg_is_turned_upright():
     im[:, :20] = (255, 0, 0)  # stored: left half red, 40 wide x 20 high
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
-    decoded = decode_image(encode(Image.fromarray(im), "JPEG", exif=exif, quality=95))
+    decoded = decode_image(encoded(Image.fromarray(im), "JPEG", exif=exif, quality=95))
     assert decoded.image.size == (20, 40)  # displayed portrait
     pixels = np.asarray(decoded.image)
     assert pixels[5, 10, 0] > 200 and pixels[35, 10, 0] < 50  # red is now the top half
@@ -195,7 +190,7 @@ def test_exif_rotated_jpeg_is_turned_upright():
 
 @pytest.mark.parametrize("size", [(1, 1), (10000, 10), (10, 10000)])
 def test_extreme_aspect_ratios_reach_the_model(tiny, size):
-    decoded = decode_image(encode(Image.new("RGB", size, (10, 200, 30)), "PNG"))
+    decoded = decode_image(encoded(Image.new("RGB", size, (10, 200, 30)), "PNG"))
     cap = run_with_capture(tiny, decoded.image)
     assert cap.input_image.shape == (224, 224, 3)
     assert np.isfinite(cap.logits).all()
@@ -207,7 +202,7 @@ def test_huge_but_legal_photo_decodes(tiny):
     rng = np.random.default_rng(1)
     small = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
     big = Image.fromarray(small).resize((6000, 4500), Image.NEAREST)  # 27 MP
-    data = encode(big, "JPEG", quality=80)
+    data = encoded(big, "JPEG", quality=80)
     assert decode_image(data, min_side=0).image.size == (6000, 4500)  # full size on request
     decoded = decode_image(data)  # by default at 1/4: its shorter side 1125 >= DRAFT_MIN_SIDE
     assert decoded.image.size == (1500, 1125) and decoded.reduction == 4 and decoded.source_size == (6000, 4500)
@@ -230,7 +225,7 @@ def test_large_jpegs_decode_at_the_smallest_scale_that_keeps_min_side(size, min_
     from vit_core.images import draft_size
 
     asked = draft_size(size, min_side)
-    data = encode(Image.new("RGB", size, (90, 140, 200)), "JPEG", quality=70)  # encoded once, up to 48 MP
+    data = encoded(Image.new("RGB", size, (90, 140, 200)), "JPEG", quality=70)  # encoded once, up to 48 MP
     im = Image.open(io.BytesIO(data))
     if asked is not None:
         im.draft(None, asked)
@@ -245,7 +240,7 @@ def test_a_reduced_decode_is_deterministic_and_close_to_the_full_one(tiny):
     model's crop from the reduced decode is close to the crop from the full-size one (it is a downscale either way)."""
     rng = np.random.default_rng(3)
     small = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    photo = encode(Image.fromarray(small).resize((4032, 3024), Image.BICUBIC), "JPEG", quality=90)
+    photo = encoded(Image.fromarray(small).resize((4032, 3024), Image.BICUBIC), "JPEG", quality=90)
     first, second = decode_image(photo), decode_image(photo)
     assert first.reduction == 4 and np.array_equal(np.asarray(first.image), np.asarray(second.image))
     reduced = run_with_capture(tiny, first.image).input_image.astype(int)
@@ -258,7 +253,7 @@ def test_exif_rotated_large_jpeg_is_reduced_and_turned_upright():
     im[:, :2000] = (255, 0, 0)  # stored landscape, left half red
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
-    decoded = decode_image(encode(Image.fromarray(im), "JPEG", exif=exif, quality=90))
+    decoded = decode_image(encoded(Image.fromarray(im), "JPEG", exif=exif, quality=90))
     assert decoded.reduction == 2 and decoded.image.size == (1200, 2000)  # upright portrait, at 1/2
     pixels = np.asarray(decoded.image)
     assert pixels[100, 600, 0] > 200 and pixels[1900, 600, 0] < 50  # red is the top half
@@ -287,7 +282,7 @@ def test_pixel_decodes_at_once_are_limited(monkeypatch):
                 busy[0] -= 1
 
     monkeypatch.setattr(images, "_pixels", slow_pixels)
-    data = encode(solid((1, 2, 3)), "PNG")
+    data = encoded(solid((1, 2, 3)), "PNG")
     threads = [threading.Thread(target=decode_image, args=(data,)) for _ in range(6)]
     for t in threads:
         t.start()
@@ -336,7 +331,7 @@ def test_a_big_16_bit_png_decodes_in_bounded_memory(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["WEBP", "BMP", "TIFF"])
 def test_other_formats(fmt):
-    decoded = decode_image(encode(solid((0, 128, 255)), fmt, **({"lossless": True} if fmt == "WEBP" else {})))
+    decoded = decode_image(encoded(solid((0, 128, 255)), fmt, **({"lossless": True} if fmt == "WEBP" else {})))
     assert tuple(np.asarray(decoded.image)[0, 0]) == (0, 128, 255)
     assert decoded.source_format == fmt
 
@@ -351,6 +346,6 @@ def test_a_model_with_a_large_input_gets_a_large_jpeg_decoded_no_smaller_than_it
     large = load_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=896)
     assert usual.decode_min_side == DRAFT_MIN_SIDE
     assert large.decode_min_side >= 896 > DRAFT_MIN_SIDE
-    photo = encode(Image.new("RGB", (4032, 3024), (90, 140, 200)), "JPEG", quality=70)
+    photo = encoded(Image.new("RGB", (4032, 3024), (90, 140, 200)), "JPEG", quality=70)
     assert decode_image(photo, usual.decode_min_side).image.size == (1008, 756)  # 1/4
     assert decode_image(photo, large.decode_min_side).image.size == (2016, 1512)  # 1/2: 756 would be < 896

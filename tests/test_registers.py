@@ -16,16 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import io
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 import vit_core
-from conftest import assert_healthy, drawn_image, run_app
+from conftest import assert_healthy, drawn_image, encoded, run_app
 from dashboard import figures, register_views
 from dashboard.image_choice import ImageChoice
 from dashboard.models import TEST_TINY, ModelRequest, build_named_model
@@ -40,12 +38,6 @@ PLANTED = {
     "no_prefix": ("vit_base_patch16_siglip_224", dict(embed_dim=64, num_heads=4, depth=2), 30),  # 14 x 14, no prefix token
     "registers": ("vit_small_patch14_reg4_dinov2", dict(embed_dim=64, num_heads=4, depth=2, img_size=112), 45),  # 8 x 8, +4 REG
 }
-
-
-def png(rgb: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,7 +58,7 @@ def planted_model(key: str) -> vit_core.LoadedModel:
 def planted_context(key: str) -> ViewContext:
     """The planted model, a drawn image and its capture, as the views get them."""
     loaded = planted_model(key)
-    data = png(np.asarray(drawn_image(3)))
+    data = encoded(np.asarray(drawn_image(3)))
     picture = vit_core.decode_image(data).image
     image = ImageChoice("drawn.png", hashlib.sha256(data).hexdigest(), data, picture.size, (), picture)
     request = ModelRequest(f"planted-{key}")  # a name of its own: figure cache keys hold the request's key
@@ -257,7 +249,7 @@ def planted_image(row: int, col: int) -> bytes:
     yy, xx = np.mgrid[0:16, 0:16]
     top, left = 12 + 16 * row, 12 + 16 * col
     picture[top:top + 16, left:left + 16] = np.where(((yy // 2 + xx // 2) % 2)[..., None] == 0, 255, 0)
-    return png(picture)
+    return encoded(picture)
 
 
 def test_the_tab_in_the_app_marks_a_patch_planted_in_the_image(tiny_env):
