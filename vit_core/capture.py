@@ -4,8 +4,10 @@
 the recording context managers (`attention_recorded`, `_intermediates_recorded`) and are removed on
 their way out, as is the one module flag they change (`attn.fused_attn`: timm's fused SDPA path
 never materialises the attention matrix); `recording_hooks_on(model)` counts the ones still
-registered (0 outside a pass). The result holds CPU float32 numpy arrays with the batch axis
-removed, made read-only, so it can be cached and shared between sessions without copies.
+registered (0 outside a pass). Passes on one model run one at a time, or, after
+`set_parallel_passes(n)`, up to n at once sharing one set of hooks that hands each thread's tensors to
+that thread's pass (a server's classroom burst: see "Passes at once" below). The result holds CPU
+float32 numpy arrays with the batch axis removed, made read-only, so it can be cached and shared between sessions without copies.
 
 The model may live on any device (`LoadedModel.device`): its input is made there
 (`on_model_device`), each intermediate is copied to the host once, in `_frozen`, and a CUDA pass runs
@@ -168,6 +170,15 @@ def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.
     def keep(key: str, tensor: torch.Tensor) -> None:
         store.setdefault(key, []).append(tensor.detach())
 
+    with _intermediates_kept(model, keep):
+        yield
+
+
+@contextlib.contextmanager
+def _intermediates_kept(model: torch.nn.Module, keep: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
+    """Inside the block, a forward pass in eval mode hands `keep(key, tensor)` every intermediate the result
+    needs (keys "pattern", "tokens", "patch_embeddings", "final_tokens", "pre_logits"); mode and hooks
+    restored on exit."""
     with contextlib.ExitStack() as stack:
         stack.callback(model.train, model.training)
         model.eval()
@@ -181,6 +192,161 @@ def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.
         for register, hook in hooks:
             _register(stack, model, register(hook))
         yield
+
+
+# ----------------------------------------------------------------------------------------------
+# Passes at once. A capture pass of a shared model holds the model's lock (`LoadedModel.lock`) for its
+# recording hooks and the `fused_attn` flags, which are per-model state. With `set_parallel_passes(n)`
+# (n > 1) up to n capture passes share one hold of the lock and one set of hooks: the first pass of a
+# group takes the lock and installs them, the last one to end removes them and lets the lock go, and each
+# hook hands what it sees to the pass of the thread that runs it (a thread-local store), so a pass records
+# its own forward and nothing of the others. Other holders of the lock (the explanation passes, the
+# dataset's reductions) wait for the group to end, as they waited for a single pass before.
+#
+# On a CPU, n passes at once each run with 1/n of torch's threads ("narrow"): a forward whose OpenMP threads
+# share the cores with other work waits at every barrier for the thread that lost its core (on 2 cores,
+# a 2-thread ViT-B/16 forward took 1.7 s beside one busy core, a 1-thread one 0.5 s). A pass that finds
+# nobody waiting runs alone with all the threads ("wide"), and later arrivals wait for it to end.
+
+_MAX_PASSES_PER_GROUP = 8  # then the group closes, so that a waiting explanation pass gets the lock between bursts
+
+
+@dataclass
+class _Parallel:
+    passes: int = 1  # capture passes of one model at once
+    narrow_threads: int = 1  # torch threads of each of them when several run (or wait)
+
+
+_parallel = _Parallel()
+
+
+def set_parallel_passes(passes: int, threads: int | None = None) -> None:
+    """Let up to `passes` capture passes of one model run at once, each with `threads // passes` torch
+    threads (`threads`: torch's thread count, by default the current one) when more than one wants to run.
+    1 (the default) runs them one at a time with all of torch's threads."""
+    if passes < 1:
+        raise ValueError(f"passes must be at least 1, got {passes}")
+    _parallel.passes = passes
+    _parallel.narrow_threads = max(1, (threads or torch.get_num_threads()) // passes)
+
+
+def parallel_passes() -> int:
+    """How many capture passes of one model may run at once (`set_parallel_passes`)."""
+    return _parallel.passes
+
+
+_this_thread = threading.local()  # .recording: (model, keep) of the capture pass this thread runs, if any
+
+
+def _keep_for_this_thread(model: torch.nn.Module) -> Callable[[str, torch.Tensor], None]:
+    """A `keep` for hooks shared by concurrent passes: it hands each tensor to the pass of the calling thread
+    (hooks run in the thread of the forward that triggers them); a forward of another thread keeps nothing."""
+
+    def keep(key: str, tensor: torch.Tensor) -> None:
+        recording = getattr(_this_thread, "recording", None)
+        if recording is not None and recording[0] is model:
+            recording[1](key, tensor)
+
+    return keep
+
+
+class _PassGroup:
+    """The capture passes of one model running now, with the hooks and the hold of the model's lock they share."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.running = 0  # passes inside the group now
+        self.waiting = 0  # passes waiting to get in
+        self.admitted = 0  # passes the current group let in so far
+        self.opening = False  # a first pass is taking the lock and installing the hooks
+        self.narrow = False  # the group runs narrow passes (others may join) rather than one wide pass
+        self.hooks: contextlib.ExitStack | None = None
+        self.lock: threading.Lock | None = None  # the model lock the group holds
+
+    def _may_join(self) -> bool:
+        return (self.running > 0 and not self.opening and self.narrow and self.running < _parallel.passes
+                and self.admitted < _MAX_PASSES_PER_GROUP)
+
+    def enter(self, loaded: LoadedModel) -> bool:
+        """Wait until this pass may run, taking the lock and installing the hooks if it is the group's first;
+        returns whether it runs narrow."""
+        with self.cond:
+            self.waiting += 1
+            try:
+                while not (self._may_join() or (self.running == 0 and not self.opening)):
+                    self.cond.wait()
+            finally:
+                self.waiting -= 1
+            if self.running > 0:
+                self.running += 1
+                self.admitted += 1
+                return True
+            self.opening = True
+        hooks = contextlib.ExitStack()
+        try:
+            loaded.lock.acquire()
+            try:
+                hooks.enter_context(_intermediates_kept(loaded.model, _keep_for_this_thread(loaded.model)))
+            except BaseException:
+                hooks.close()
+                loaded.lock.release()
+                raise
+        except BaseException:
+            with self.cond:
+                self.opening = False
+                self.cond.notify_all()
+            raise
+        with self.cond:
+            self.opening = False
+            self.hooks, self.lock = hooks, loaded.lock
+            self.running, self.admitted = 1, 1
+            self.narrow = _parallel.passes > 1 and self.waiting > 0
+            self.cond.notify_all()
+            return self.narrow
+
+    def leave(self) -> None:
+        """End one pass; the last one of the group removes the hooks and releases the model's lock."""
+        with self.cond:
+            self.running -= 1
+            if self.running:
+                return
+            hooks, lock, self.hooks, self.lock = self.hooks, self.lock, None, None
+            try:
+                hooks.close()
+            finally:
+                lock.release()
+                self.cond.notify_all()
+
+
+_groups: weakref.WeakKeyDictionary[torch.nn.Module, _PassGroup] = weakref.WeakKeyDictionary()
+_groups_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _capture_pass(loaded: LoadedModel, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
+    """Inside the block, this thread's forward of `loaded.model` (in eval mode, un-fused attention) appends
+    every intermediate the result needs to `store`, as `_intermediates_recorded` does, while up to
+    `parallel_passes()` such passes run at once (see above). Hooks, flags, mode, the lock and this thread's
+    torch thread count are restored on exit, also when the forward raises."""
+    model = loaded.model
+    with _groups_lock:
+        group = _groups.setdefault(model, _PassGroup())
+
+    def keep(key: str, tensor: torch.Tensor) -> None:
+        store.setdefault(key, []).append(tensor.detach())
+
+    narrow = group.enter(loaded)
+    threads = torch.get_num_threads()
+    try:
+        _this_thread.recording = (model, keep)
+        if narrow and threads != _parallel.narrow_threads:
+            torch.set_num_threads(_parallel.narrow_threads)
+        yield
+    finally:
+        _this_thread.recording = None
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        group.leave()
 
 
 def _finished(device: torch.device) -> None:
@@ -211,16 +377,17 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     """Preprocess `image` as the model's pretrained config says, run one hooked forward pass, and
     return every intermediate as numpy.
 
-    Safe to call from many threads on one shared `loaded`: passes are serialised by its lock (the
-    hooks and the attention flag are per-model state). Raises CaptureError if the model did not
+    Safe to call from many threads on one shared `loaded`: passes hold its lock (the hooks and the
+    attention flag are per-model state), one at a time, or up to `parallel_passes()` at once, each
+    recording only its own forward (`set_parallel_passes`). Raises CaptureError if the model did not
     produce exactly one attention pattern per block.
     """
     model, geometry = loaded.model, loaded.geometry
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
-    with loaded.lock:
+    with _capture_pass(loaded, store):
         started = time.perf_counter()
-        with torch.inference_mode(), full_float32(loaded.device), _intermediates_recorded(model, store):
+        with torch.inference_mode(), full_float32(loaded.device):
             logits = model(on_model_device(model, x))  # (1, C), on the model's device
         _finished(logits.device)  # a GPU runs asynchronously: time the pass, not its launch
         seconds = time.perf_counter() - started

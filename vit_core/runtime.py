@@ -34,3 +34,22 @@ def configure_threads(threads: int | None = None) -> int:
         torch.set_num_threads(threads)
     _logger.info("torch threads: %d", threads)
     return threads
+
+
+PARALLEL_PASSES_ENV = "VIT_LENS_PARALLEL_PASSES"
+MAX_PARALLEL_PASSES = 4  # on a larger machine each of 4 passes at once gets a quarter of the threads
+
+
+def configure_parallel_passes(threads: int, passes: int | None = None) -> int:
+    """For a server of many sessions: let up to `passes` (else $VIT_LENS_PARALLEL_PASSES, else the
+    thread count, at most 4) capture passes of one model run at once, each with `threads // passes`
+    torch threads when several want to run (`vit_core.capture.set_parallel_passes`); returns it.
+
+    On the 2-core development machine, in a burst of 30 students' uploads (scripts/loadtest.py), two 1-thread
+    forwards at once are not slowed by the other sessions' figures the way one 2-thread forward is."""
+    from .capture import set_parallel_passes
+
+    passes = passes or int(os.environ.get(PARALLEL_PASSES_ENV, "0")) or min(threads, MAX_PARALLEL_PASSES)
+    set_parallel_passes(passes, threads)
+    _logger.info("capture passes at once: %d", passes)
+    return passes

@@ -1,0 +1,185 @@
+"""Capture passes at once (`set_parallel_passes`): each records only its own forward, exactly; the shared hooks,
+flags, mode, lock and thread counts come back afterwards, also when one of the passes raises."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import drawn_image, hooks_on
+from vit_core import capture, recording_hooks_on, run_with_capture
+from vit_core.runtime import PARALLEL_PASSES_ENV, configure_parallel_passes
+
+
+@pytest.fixture
+def two_at_once():
+    capture.set_parallel_passes(2, threads=2)
+    yield
+    capture.set_parallel_passes(1)
+
+
+def patch_mlp(model, inside):
+    """Call `inside()` in blocks[1]'s MLP, in the middle of every forward; returns the undo."""
+    mlp = model.blocks[1].mlp
+    original = mlp.forward
+
+    def forward(self, x):
+        inside()
+        return original(x)
+
+    mlp.forward = types.MethodType(forward, mlp)
+    return lambda: mlp.__dict__.pop("forward")
+
+
+def arrive_together(loaded, work, count):
+    """Run `work(i)` in `count` threads that all wait for the model while the lock is held (as by an
+    explanation pass), so the first pass to get it finds the others waiting; returns (results, errors)."""
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = work(i)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    with loaded.lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # one opening the group (blocked on the lock), the others waiting
+            group = capture._groups.get(loaded.model)
+            if group is not None and group.opening and group.waiting == count - 1:
+                break
+            time.sleep(0.01)
+    for t in threads:
+        t.join(timeout=60)
+    return results, errors
+
+
+def assert_restored(loaded):
+    model = loaded.model
+    assert hooks_on(model) == 0 and recording_hooks_on(model) == 0
+    assert all(blk.attn.fused_attn for blk in model.blocks)
+    assert not loaded.lock.locked()
+
+
+def test_two_passes_run_at_once_each_recording_exactly_its_own(tiny, two_at_once):
+    images = [drawn_image(seed) for seed in (3, 4)]
+    alone = [run_with_capture(tiny, im) for im in images]
+    both_inside = threading.Barrier(2, timeout=20)  # passes run one at a time: the first waits here in vain
+    seen = []
+
+    def inside():
+        seen.append((torch.get_num_threads(), tiny.lock.locked()))
+        both_inside.wait()
+
+    threads_before = torch.get_num_threads()
+    undo = patch_mlp(tiny.model, inside)
+    try:
+        results, errors = arrive_together(tiny, lambda i: run_with_capture(tiny, images[i]), 2)
+    finally:
+        undo()
+    assert not errors, errors
+    assert seen == [(1, True), (1, True)]  # narrow (2 threads // 2 passes), under the one hold of the model's lock
+    for i, expected in enumerate(alone):
+        for field in ("pattern", "tokens", "patch_embeddings", "final_tokens", "pre_logits", "logits", "input_image"):
+            np.testing.assert_array_equal(getattr(results[i], field), getattr(expected, field), err_msg=field)
+    assert not np.array_equal(results[0].logits, results[1].logits)
+    assert_restored(tiny)
+    assert torch.get_num_threads() == threads_before
+
+
+def test_a_pass_that_finds_nobody_waiting_runs_with_every_thread(tiny, image, two_at_once):
+    seen = []
+    undo = patch_mlp(tiny.model, lambda: seen.append(torch.get_num_threads()))
+    try:
+        run_with_capture(tiny, image)
+    finally:
+        undo()
+    assert seen == [torch.get_num_threads()] == [2]
+    assert_restored(tiny)
+
+
+def test_one_of_two_passes_raising_leaves_the_other_exact_and_the_model_clean(tiny, two_at_once):
+    images = [drawn_image(seed) for seed in (5, 6)]
+    expected = run_with_capture(tiny, images[1])
+    both_inside = threading.Barrier(2, timeout=20)
+    tiny.model.train()  # the caller's mode comes back
+
+    def inside():
+        both_inside.wait()
+        if threading.current_thread().name == "boom":
+            raise RuntimeError("boom")
+
+    def work(i):
+        threading.current_thread().name = "boom" if i == 0 else "fine"
+        return run_with_capture(tiny, images[i])
+
+    undo = patch_mlp(tiny.model, inside)
+    try:
+        results, errors = arrive_together(tiny, work, 2)
+    finally:
+        undo()
+    assert [(i, str(e)) for i, e in errors] == [(0, "boom")]
+    np.testing.assert_array_equal(results[1].pattern, expected.pattern)
+    np.testing.assert_array_equal(results[1].logits, expected.logits)
+    assert tiny.model.training
+    tiny.model.eval()
+    assert_restored(tiny)
+
+
+def test_more_passes_than_lanes_all_come_back_exact(tiny, two_at_once):
+    images = [drawn_image(seed) for seed in range(6)]
+    alone = [run_with_capture(tiny, im) for im in images]
+    results, errors = arrive_together(tiny, lambda i: run_with_capture(tiny, images[i]), len(images))
+    assert not errors, errors
+    for i, expected in enumerate(alone):
+        np.testing.assert_array_equal(results[i].pattern, expected.pattern)
+        np.testing.assert_array_equal(results[i].tokens, expected.tokens)
+    assert_restored(tiny)
+
+
+def test_a_forward_of_another_thread_records_nothing_into_a_pass(tiny, image, two_at_once):
+    """The shared hooks hand tensors only to the pass of the thread that runs the forward."""
+    other_thread_ran = threading.Event()
+
+    def plain_forward_elsewhere():  # what a forward outside any capture would be (the lock is the group's)
+        with torch.inference_mode():
+            tiny.model(torch.zeros(1, 3, 224, 224))
+        other_thread_ran.set()
+
+    def inside():
+        if not other_thread_ran.is_set() and threading.current_thread().name != "elsewhere":
+            t = threading.Thread(target=plain_forward_elsewhere, name="elsewhere")
+            t.start()
+            t.join(timeout=20)
+
+    undo = patch_mlp(tiny.model, inside)
+    try:
+        cap = run_with_capture(tiny, image)  # would raise CaptureError on 2 patterns per block
+    finally:
+        undo()
+    assert other_thread_ran.is_set()
+    assert cap.pattern.shape[0] == tiny.geometry.num_layers
+    np.testing.assert_array_equal(cap.logits, run_with_capture(tiny, image).logits)
+    assert_restored(tiny)
+
+
+def test_the_server_runs_as_many_passes_at_once_as_threads_at_most_four(monkeypatch):
+    monkeypatch.delenv(PARALLEL_PASSES_ENV, raising=False)
+    try:
+        assert configure_parallel_passes(2) == capture.parallel_passes() == 2
+        assert capture._parallel.narrow_threads == 1
+        assert configure_parallel_passes(16) == 4 and capture._parallel.narrow_threads == 4
+        monkeypatch.setenv(PARALLEL_PASSES_ENV, "1")  # one at a time, with every thread
+        assert configure_parallel_passes(2) == capture.parallel_passes() == 1
+    finally:
+        capture.set_parallel_passes(1)
+    with pytest.raises(ValueError):
+        capture.set_parallel_passes(0)
