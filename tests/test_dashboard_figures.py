@@ -225,3 +225,56 @@ def test_cached_figure_builds_each_setting_once():
     assert state.cached_figure(_figure_a, source, 2, encoding="png") != first
     assert state.cached_figure(_figure_a, source, 1, encoding="jpeg") != first
     assert len(_BUILT) == 3
+
+
+def _picture_of(data: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_map_and_token_matrix_are_drawn_without_matplotlib(monkeypatch):
+    """Both are on the path of every new image (the rollout map, the pipeline's token matrix): PIL, not a
+    matplotlib figure (50-350 ms of savefig each on the 2-core machine)."""
+    def no_matplotlib(*args, **kwargs):
+        raise AssertionError("a matplotlib figure was made")
+
+    monkeypatch.setattr(figures, "Figure", no_matplotlib)
+    monkeypatch.setattr(figures, "figure_png", no_matplotlib)
+    rng = np.random.default_rng(5)
+    assert is_png(figures.map_png(rng.random(GRID), "rollout", cmap=figures.ATTENTION_CMAP, label="share"))
+    assert is_png(figures.token_matrix_png(rng.normal(size=(21, 16)), "tokens", 1))
+
+
+def test_map_png_shows_every_cell_in_its_colour_and_frames_the_highlight():
+    amap = np.arange(20, dtype=np.float32).reshape(GRID) / 19  # every cell its own colour
+    picture = _picture_of(figures.map_png(amap, "m", vmin=0, vmax=1, highlight=7))
+    colours = figures.colorize(amap, figures.SIMILARITY_CMAP, 0, 1)  # (gh, gw, 3)
+    scale = max(1, round(figures.MAP_DISPLAY_SIDE / max(GRID)))
+    ys, xs = np.nonzero(np.all(picture == colours[0, 0], axis=-1))
+    top, left = ys.min(), xs.min()  # where cell (0, 0) begins
+    for r in range(GRID[0]):
+        for c in range(GRID[1]):
+            centre = picture[top + r * scale + scale // 2, left + c * scale + scale // 2]
+            np.testing.assert_array_equal(centre, colours[r, c], err_msg=f"cell {r, c}")
+    r, c = divmod(7, GRID[1])
+    np.testing.assert_array_equal(picture[top + r * scale, left + c * scale + scale // 2], [255, 0, 0])  # the frame
+    np.testing.assert_array_equal(picture[top + scale // 2, left + scale // 2], colours[0, 0])  # no frame elsewhere
+
+
+def test_token_matrix_keeps_each_entry_and_marks_the_prefix_rows():
+    rng = np.random.default_rng(6)
+    tokens = rng.normal(size=(21, 16)).astype(np.float32)  # small: one pixel per entry
+    picture = _picture_of(figures.token_matrix_png(tokens, "tokens", 2))
+    lim = float(np.percentile(np.abs(tokens), 99))
+    colours = figures.colorize(tokens, "RdBu_r", -lim, lim)  # (T, D, 3)
+    found = [(y, x) for y in range(picture.shape[0] - 21) for x in range(picture.shape[1] - 16)
+             if np.array_equal(picture[y, x:x + 16], colours[0])]
+    assert len(found) == 1
+    top, left = found[0]
+    np.testing.assert_array_equal(picture[top:top + 21, left:left + 16], colours)  # every entry, none hidden
+    # the prefix tokens (rows 0-1) are set apart by marks on both sides at the boundary, outside the matrix
+    np.testing.assert_array_equal(picture[top + 2, left - 8:left - 1], np.zeros((7, 3)))
+    np.testing.assert_array_equal(picture[top + 2, left + 17:left + 23], np.zeros((6, 3)))
