@@ -183,3 +183,65 @@ def test_the_server_runs_as_many_passes_at_once_as_threads_at_most_four(monkeypa
         capture.set_parallel_passes(1)
     with pytest.raises(ValueError):
         capture.set_parallel_passes(0)
+
+
+def queue_up(loaded, work, names):
+    """Start one thread per name, each only once the one before is waiting for the model (whose lock is held,
+    as by an explanation pass), then let them go; returns (results by name, errors by name)."""
+    results, errors = {}, {}
+
+    def run(name):
+        try:
+            results[name] = work(name)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors[name] = e
+
+    threads = []
+    group = capture._groups.setdefault(loaded.model, capture._PassGroup())
+    with loaded.lock:
+        for name in names:
+            tickets = group.tickets
+            threads.append(threading.Thread(target=run, args=(name,), name=name))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while group.tickets == tickets and time.monotonic() < deadline:  # until it is in the queue
+                time.sleep(0.005)
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a pass never got its turn"
+    return results, errors
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_passes_get_in_in_the_order_they_came(tiny, image, passes):
+    capture.set_parallel_passes(passes, threads=2)
+    order = []
+    undo = patch_mlp(tiny.model, lambda: order.append(threading.current_thread().name))
+    try:
+        names = [f"pass{i}" for i in range(8)]
+        results, errors = queue_up(tiny, lambda name: run_with_capture(tiny, image), names)
+    finally:
+        undo()
+        capture.set_parallel_passes(1)
+    assert not errors
+    if passes == 1:
+        assert order == names
+    else:  # two at a time: each pair in either order, the pairs in order
+        assert [sorted(order[i:i + 2]) for i in range(0, 8, 2)] == [sorted(names[i:i + 2]) for i in range(0, 8, 2)]
+    assert_restored(tiny)
+
+
+def test_a_pass_that_stops_waiting_does_not_hold_up_the_ones_behind_it(tiny, image, two_at_once, monkeypatch):
+    group = capture._groups.setdefault(tiny.model, capture._PassGroup())
+    wait = group.cond.wait
+
+    def impatient_wait(*args, **kwargs):
+        if threading.current_thread().name == "impatient":
+            raise KeyboardInterrupt
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(group.cond, "wait", impatient_wait)
+    results, errors = queue_up(tiny, lambda name: run_with_capture(tiny, image), ["first", "impatient", "third"])
+    assert set(results) == {"first", "third"} and isinstance(errors["impatient"], KeyboardInterrupt)
+    assert group.serving == group.tickets and not group.abandoned
+    assert_restored(tiny)

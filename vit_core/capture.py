@@ -208,7 +208,7 @@ def _intermediates_kept(model: torch.nn.Module, keep: Callable[[str, torch.Tenso
 # a 2-thread ViT-B/16 forward took 1.7 s beside one busy core, a 1-thread one 0.5 s). A pass that finds
 # nobody waiting runs alone with all the threads ("wide"), and later arrivals wait for it to end.
 
-_MAX_PASSES_PER_GROUP = 8  # then the group closes, so that a waiting explanation pass gets the lock between bursts
+_MAX_PASSES_PER_GROUP = 16  # then the group closes, so that a waiting explanation pass gets the lock between bursts
 
 
 @dataclass
@@ -257,11 +257,21 @@ class _PassGroup:
         self.cond = threading.Condition()
         self.running = 0  # passes inside the group now
         self.waiting = 0  # passes waiting to get in
+        self.tickets = 0  # tickets handed out: passes get in in the order they came (a Condition wakes any waiter)
+        self.serving = 0  # the ticket whose turn it is
+        self.abandoned: set[int] = set()  # tickets of passes that stopped waiting
         self.admitted = 0  # passes the current group let in so far
         self.opening = False  # a first pass is taking the lock and installing the hooks
         self.narrow = False  # the group runs narrow passes (others may join) rather than one wide pass
         self.hooks: contextlib.ExitStack | None = None
         self.lock: threading.Lock | None = None  # the model lock the group holds
+
+    def _next_in_line(self) -> None:
+        """Under `cond`: skip abandoned tickets and wake the waiters, so the one whose turn it is can look."""
+        while self.serving in self.abandoned:
+            self.abandoned.discard(self.serving)
+            self.serving += 1
+        self.cond.notify_all()
 
     def _may_join(self) -> bool:
         return (self.running > 0 and not self.opening and self.narrow and self.running < _parallel.passes
@@ -271,12 +281,19 @@ class _PassGroup:
         """Wait until this pass may run, taking the lock and installing the hooks if it is the group's first;
         returns whether it runs narrow."""
         with self.cond:
+            ticket, self.tickets = self.tickets, self.tickets + 1
             self.waiting += 1
             try:
-                while not (self._may_join() or (self.running == 0 and not self.opening)):
+                while ticket != self.serving or not (self._may_join() or (self.running == 0 and not self.opening)):
                     self.cond.wait()
+            except BaseException:  # interrupted while waiting: its turn is skipped, not waited for by the others
+                self.abandoned.add(ticket)
+                self._next_in_line()
+                raise
             finally:
                 self.waiting -= 1
+            self.serving += 1
+            self._next_in_line()
             if self.running > 0:
                 self.running += 1
                 self.admitted += 1
