@@ -9,15 +9,17 @@ from __future__ import annotations
 import functools
 import gc
 
-from vit_core.runtime import configure_parallel_passes, configure_threads
+from vit_core.runtime import configure_parallel_passes, configure_switch_interval, configure_threads
 
 
 @functools.cache
 def configure_torch_threads() -> int:
-    """Size torch's thread pool from the container's CPU quota, once (the pool is process-wide), and let as many
-    sessions' forward passes run at once, each on its share of the threads (vit_core.runtime.configure_parallel_passes)."""
+    """Size torch's thread pool from the container's CPU quota, once (the pool is process-wide), let as many
+    sessions' forward passes run at once, each on its share of the threads (vit_core.runtime.configure_parallel_passes),
+    and hand the GIL over more often, so a forward waits less for it (vit_core.runtime.configure_switch_interval)."""
     threads = configure_threads()
     configure_parallel_passes(threads)
+    configure_switch_interval()
     return threads
 
 

@@ -105,3 +105,16 @@ def test_default_query_token_is_the_class_token_else_the_centre_patch():
     assert default_query_token(Geometry(prefix_names=(), **args)) == 24  # row 3, col 3 of 7 x 7
     wider = geometry_at(Geometry(prefix_names=(), **args), (4, 6))
     assert wider.center_patch == 2 * 6 + 3 and wider.img_size == (128, 192)
+
+
+def test_the_server_process_runs_passes_at_once_and_hands_the_gil_over_often():
+    """dashboard.process sets what a server of many sessions needs, in its own process (a subprocess here:
+    the settings are process-wide): torch's threads, two capture passes at once on 2 threads, a 0.5 ms GIL switch."""
+    code = ("import sys, torch; from dashboard import process; from vit_core import capture; "
+            "process.configure_torch_threads(); "
+            "print(torch.get_num_threads(), capture.parallel_passes(), sys.getswitchinterval())")
+    env = {**os.environ, "VIT_LENS_THREADS": "2"}
+    env.pop("VIT_LENS_PARALLEL_PASSES", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    threads, passes, interval = out.stdout.split()
+    assert (int(threads), int(passes), float(interval)) == (2, 2, 0.0005)

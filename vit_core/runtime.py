@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -53,3 +54,20 @@ def configure_parallel_passes(threads: int, passes: int | None = None) -> int:
     set_parallel_passes(passes, threads)
     _logger.info("capture passes at once: %d", passes)
     return passes
+
+
+SERVER_SWITCH_INTERVAL = 0.0005  # seconds: Python's default is 0.005
+
+
+def configure_switch_interval(seconds: float = SERVER_SWITCH_INTERVAL) -> float:
+    """For a server whose forward passes share the GIL with many sessions' Python work: hand the GIL over
+    after `seconds` instead of Python's 5 ms; returns the previous interval.
+
+    A forward pass gives the GIL up around each of its few hundred torch operations and must get it back
+    after each; a thread running Python (a figure, a protobuf message) keeps it for up to the whole interval
+    meanwhile. Measured on the 2-core development machine (ViT-B/16, 1 torch thread, beside one thread
+    running pure Python): 1.52 s a forward at 5 ms, 0.64 s at 1 ms, 0.53 s at 0.5 ms (0.45 s alone)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    _logger.info("GIL switch interval: %.2f ms", seconds * 1000)
+    return previous
