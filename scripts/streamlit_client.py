@@ -33,6 +33,7 @@ from websockets.sync.client import connect
 
 XSRF_COOKIE = "_streamlit_xsrf"
 DONE = (ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY)
+DOWNLOAD_ATTEMPTS = 3  # a made download dropped before its fetch (a Streamlit 1.67 race, see download) is asked for again
 
 
 class ProtocolError(RuntimeError):
@@ -232,9 +233,10 @@ class StreamlitSession:
     def download(self, key: str) -> bytes:
         """The file behind the download button with ``key``, as clicking it fetches it.
 
-        A deferred file (made on click) that is gone by the time it is fetched is asked for once more, as a user
-        clicks again: Streamlit (1.67) drops a made file once two runs of *any* session have finished since,
-        so under load the fetch can lose that race (listed in ``retries``).
+        A deferred file (made on click) that is gone by the time it is fetched is asked for again, up to
+        DOWNLOAD_ATTEMPTS times in all, as a user clicks again: Streamlit (1.67) drops a made file once two
+        runs of *any* session have finished since, so under load the fetch can lose that race (each retry is
+        listed in ``retries``).
         """
         button = self.elements.get(key)
         if button is None:
@@ -243,7 +245,9 @@ class StreamlitSession:
             got = self._http("GET", button.url)
         else:
             got = self._http("GET", self._make_deferred(button.deferred_file_id))
-            if got.status_code == 404:
+            for _ in range(DOWNLOAD_ATTEMPTS - 1):
+                if got.status_code != 404:
+                    break
                 self.retries.append(f"download {key}: the made file was already dropped (HTTP 404), asked again")
                 got = self._http("GET", self._make_deferred(button.deferred_file_id))
         got.raise_for_status()

@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -118,3 +119,12 @@ def test_the_server_process_runs_passes_at_once_and_hands_the_gil_over_often():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     threads, passes, interval = out.stdout.split()
     assert (int(threads), int(passes), float(interval)) == (2, 2, 0.0005)
+
+
+def test_the_server_runs_no_full_garbage_collection_after_every_run():
+    """Streamlit's runner.postScriptGC (a gc.collect(2) after each run) holds the GIL for the whole collection:
+    under 30 students' uploads it was the largest single holder of it, stalling every forward pass."""
+    import tomllib
+
+    config = tomllib.loads((Path(models.__file__).parent / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False
