@@ -245,3 +245,25 @@ def test_a_pass_that_stops_waiting_does_not_hold_up_the_ones_behind_it(tiny, ima
     assert set(results) == {"first", "third"} and isinstance(errors["impatient"], KeyboardInterrupt)
     assert group.serving == group.tickets and not group.abandoned
     assert_restored(tiny)
+
+
+def test_a_free_lane_is_taken_while_the_other_pass_still_runs(tiny, image, two_at_once):
+    """Three passes, two lanes: the third starts as soon as the first ends, not when both of the first two have."""
+    third_started = threading.Event()
+    second_saw_the_third = []
+
+    def inside():
+        name = threading.current_thread().name
+        if name == "second":
+            second_saw_the_third.append(third_started.wait(timeout=20))
+        elif name == "third":
+            third_started.set()
+
+    undo = patch_mlp(tiny.model, inside)
+    try:
+        results, errors = queue_up(tiny, lambda name: run_with_capture(tiny, image), ["first", "second", "third"])
+    finally:
+        undo()
+    assert not errors and set(results) == {"first", "second", "third"}
+    assert second_saw_the_third == [True]
+    assert_restored(tiny)

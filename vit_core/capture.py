@@ -326,6 +326,7 @@ class _PassGroup:
         with self.cond:
             self.running -= 1
             if self.running:
+                self.cond.notify_all()  # a lane is free: the next one in line may join the passes still running
                 return
             hooks, lock, self.hooks, self.lock = self.hooks, self.lock, None, None
             try:
