@@ -4,7 +4,8 @@ Every shape image holds exactly ONE of the 8 shapes (``CLASS_NAMES``), drawn the
 (a ``Style``): filled or outlined with a thin to thick pen, with a steady or a wobbly hand (a star also
 as a pentagram, a cross as two strokes, an arrow as a line with a V head), at 18-92 % of the image side
 (``EXTENT_RANGE``), anywhere, at any rotation, on a plain, gradient, striped, noisy or paper background,
-with or without clutter, and sometimes photographed (light gradient, paper grain, blur, JPEG).
+with or without clutter, and sometimes photographed (light gradient, paper grain, blur, JPEG; half of
+those show the sheet at an angle on a table, its edges in view).
 The 9th class, ``OTHER``, holds no shape: clutter only, photo-like scenes and textures, faces, scribbles,
 an empty page. The model's labels are ``LABELS`` (the shapes, then ``other``).
 
@@ -25,6 +26,7 @@ heart; arrow: a shaft and a head.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Sequence
@@ -56,6 +58,7 @@ BACKGROUNDS = ("plain", "gradient", "stripes", "noise", "paper")
 ASPECT_RANGE = (0.88, 1.14)  # width / height stretch of the unit shape (mild: a stretched circle is no circle)
 MIN_COLOUR_DISTANCE = 120.0  # RGB distance between the ink and every background colour
 MIN_STROKE_PX = 0.9  # the thinnest pen, in pixels of the final image
+PAGE_ON_TABLE_P = 0.5  # share of photographs that show the sheet of paper on a table, its edges in view
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class Style:
     background: str  # one of BACKGROUNDS
     clutter: bool  # thin lines, dots and specks that are not a shape
     photo: bool  # photographed: light gradient, grain, blur, JPEG
-    extent: float  # target extent of the object, fraction of the image side
+    extent: float  # target extent of the object, fraction of the image side (before a photo on a table shrinks it)
+    on_table: bool = False  # photographed as a sheet lying on a table (decided while drawing: draw_sample sets it)
 
     @property
     def name(self) -> str:
@@ -349,6 +353,46 @@ def _photograph(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(Image.open(buffer).convert("RGB"), dtype=np.float32)
 
 
+def _homography(src: np.ndarray, dst: np.ndarray) -> list[float]:
+    """The 8 coefficients of the projective map taking the 4 points ``dst`` to ``src`` (PIL's PERSPECTIVE
+    transform maps each output pixel back to the input): src, dst (4, 2)."""
+    rows, rhs = [], []
+    for (u, v), (x, y) in zip(src, dst, strict=True):
+        rows += [[x, y, 1, 0, 0, 0, -u * x, -u * y], [0, 0, 0, x, y, 1, -v * x, -v * y]]
+        rhs += [u, v]
+    return np.linalg.solve(np.array(rows, dtype=np.float64), np.array(rhs, dtype=np.float64)).tolist()
+
+
+def _warp(channels: np.ndarray, coeffs: list[float], fill: float = 0.0) -> np.ndarray:
+    """Warp float maps (H, W, C) with PIL's bilinear projective transform, channel by channel."""
+    size = channels.shape[1], channels.shape[0]
+    out = [np.asarray(Image.fromarray(np.ascontiguousarray(channels[..., c])).transform(
+        size, Image.PERSPECTIVE, coeffs, Image.BILINEAR, fillcolor=fill)) for c in range(channels.shape[-1])]
+    return np.stack(out, axis=-1)
+
+
+def _page_on_table(img: np.ndarray, maps: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The picture as a sheet of paper photographed on a table: the whole image becomes a page seen at an
+    angle (a perspective quadrilateral about 70-100 % of the frame's side, so that its edges and corners
+    are in view), on a darker table around it. img (H, W, 3) float; ``maps`` (H, W, K) float (the ink
+    and silhouette coverages) get the same warp. Returns (img, maps)."""
+    size = img.shape[0]
+    side = rng.uniform(0.7, 1.0) * size
+    centre = size / 2 + rng.uniform(-0.08, 0.08, size=2) * size
+    tilt = rng.uniform(-0.35, 0.35)  # radians: the page lies a little rotated
+    rot = np.array([[math.cos(tilt), -math.sin(tilt)], [math.sin(tilt), math.cos(tilt)]])
+    corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], dtype=np.float64) * side / 2
+    corners = corners @ rot.T + centre + rng.normal(0, 0.05 * size, size=(4, 2))  # the camera's angle
+    page = np.array([[0, 0], [size, 0], [size, size], [0, size]], dtype=np.float64)
+    coeffs = _homography(page, corners)
+    alpha = _warp(np.ones((size, size, 1), np.float32), coeffs)  # (H, W, 1): 1 on the page
+    table_colour = rng.uniform(20, 170) * rng.uniform(0.6, 1.0, size=3)  # wood, a desk, a dark cloth
+    table = table_colour * (1 + 0.3 * (_smooth_field(rng, size, int(rng.integers(2, 10))) - 0.5))
+    shadow = 1 - rng.uniform(0, 0.25) * (1 - alpha)  # the page's shadow darkens the table a little
+    warped = _warp(img.astype(np.float32), coeffs)
+    return alpha * warped + (1 - alpha) * table * shadow, _warp(maps.astype(np.float32), coeffs)
+
+
 # ----------------------------------------------------------------------------- placing and drawing a shape
 
 
@@ -565,6 +609,13 @@ def draw_sample(rng: np.random.Generator, size: int = IMAGE_SIZE, label: int | N
             img = _draw_clutter(rng, img, size)
         coverage, region, bbox = _shape_coverage(rng, CLASS_NAMES[label], style, size)
         img = _composite(img, coverage, _ink_colour(rng, bg_colours))
+    if style.photo and rng.uniform() < PAGE_ON_TABLE_P:
+        style = dataclasses.replace(style, on_table=True)
+        img, maps = _page_on_table(img, np.stack([coverage, region], axis=-1), rng)
+        coverage, region = maps[..., 0], maps[..., 1]
+        if region.max() >= 0.5:  # the object moved with its page
+            ys, xs = np.nonzero(region >= 0.5)
+            bbox = (float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1))
     if style.photo:
         img = _photograph(img, rng)
     img = img + rng.normal(0, rng.uniform(0, 5), size=img.shape).astype(np.float32)  # sensor noise
