@@ -1,0 +1,27 @@
+#!/bin/bash
+# Compare variants of the Shapes ViT recipe on a GPU machine: one data pool drawn once, the variants trained
+# side by side on it (they share the GPU, so their timings are not the recipe's), then quick figures of each.
+#
+#   VARIANTS="A:--drloc-weight 0.2;B:--drloc-weight 0.3" OUT=/tmp/sweep bash scripts/teaching_sweep.sh
+#
+# Each variant is "name:extra train flags"; all start from the shipped recipe (TrainConfig's defaults).
+# This is how the DRLoc weights in vit_core/teaching/train.py were compared (three at a time on one H100).
+set -u
+OUT=${OUT:-/tmp/sweep}; mkdir -p "$OUT"
+POOL=${POOL:-/tmp/shapes_pool.npz}
+python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" || exit 3
+python -c "
+import time
+from vit_core.teaching.train import TrainConfig, make_train_set
+t = time.time(); make_train_set(TrainConfig(gen_workers=16, data_cache='$POOL')); print('pool', round(time.time() - t, 1), 's', flush=True)
+" || exit 4
+run() {  # name, extra flags
+  python -m vit_core.teaching.train --out "$OUT/$1" --device cuda --precision bf16 --data-cache "$POOL" --log-every 500 "${@:2}" \
+    > "$OUT/$1.log" 2>&1 && python scripts/teaching_quick_eval.py "$OUT/$1" --threads 5 >> "$OUT/$1.log" 2>&1
+  tail -2 "$OUT/$1.log"
+}
+IFS=';' read -ra LIST <<< "${VARIANTS:?VARIANTS=\"name:flags;name:flags\"}"
+for v in "${LIST[@]}"; do
+  run "${v%%:*}" ${v#*:} &
+done
+wait
