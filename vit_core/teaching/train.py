@@ -100,11 +100,11 @@ class TrainConfig:
     drloc_weight: float = 0.2
     drloc_pairs: int = 64
     # The (learned) position embedding starts "random" (timm's trunc_normal, std 0.02, as in the paper) or
-    # from 2D "sincos" values (as big_vision and MAE do). Without DRLoc, the random start ended with little grid
-    # structure (Spearman 0.17-0.21 in two H100 runs at 6 x 192; 0.16 at 4 x 256 with masked token labelling,
-    # 3,000 steps): every augmentation and the data are
-    # mirror-symmetric, so the embedding learned the distance to the border and nothing of left/right or
-    # up/down. With DRLoc at weight 0.1 / 0.2 / 0.3 / 1.0 it reached 0.43 / 0.65 / 0.81 / 0.87 (H100 runs side
+    # from 2D "sincos" values (as big_vision and MAE do). Without DRLoc, the random start ended with little
+    # grid structure (Spearman 0.17-0.21 in two H100 runs at 6 x 192; 0.16 at 4 x 256 with masked token
+    # labelling, 3,000 steps): the data and every augmentation are mirror-symmetric, so the embedding learned
+    # the distance to the border and nothing of left/right or up/down. With DRLoc at weight 0.1 / 0.2 / 0.3 /
+    # 1.0 it reached 0.43 / 0.65 / 0.81 / 0.87 (H100 runs side
     # by side on one pool; rollout mass 56.9 / 58.1 / 58.6 / 56.6 % on 450 held-out images, sin-cos without
     # DRLoc 63.8 %). The shipped weights are the 0.2 run (0.3 did as well, but its weights were not kept).
     pos_embed_init: str = "random"
@@ -499,7 +499,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
     log.info("generated %d training images in %.1f s (%.0f img/s)", len(labels), data_s, len(labels) / data_s)
 
     device = torch.device(cfg.device)
-    torch.manual_seed(cfg.seed)  # the model's init, then the token head's
+    torch.manual_seed(cfg.seed)  # the model's init, then the training-only heads' (token head, then localiser)
     model = create_untrained(cfg).to(device)
     heads = TrainingHeads(cfg, model.num_classes).to(device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -539,11 +539,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="vit_core/assets/shapes_vit", help="output folder")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):  # --flag / --no-flag (type=bool would read "False" as True)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
-        else:
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
+                            default=getattr(defaults, f.name))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
