@@ -104,9 +104,9 @@ class TrainConfig:
     # grid structure (Spearman 0.17-0.21 in two H100 runs at 6 x 192; 0.16 at 4 x 256 with masked token
     # labelling, 3,000 steps): the data and every augmentation are mirror-symmetric, so the embedding learned
     # the distance to the border and nothing of left/right or up/down. With DRLoc at weight 0.1 / 0.2 / 0.3 /
-    # 1.0 it reached 0.43 / 0.65 / 0.81 / 0.87 (H100 runs side
-    # by side on one pool; rollout mass 56.9 / 58.1 / 58.6 / 56.6 % on 450 held-out images, sin-cos without
-    # DRLoc 63.8 %). The shipped weights are the 0.2 run (0.3 did as well, but its weights were not kept).
+    # 1.0 it reached 0.43 / 0.65 / 0.81 / 0.87 (H100 runs side by side on one pool; rollout mass 56.9 / 58.1 /
+    # 58.6 / 56.6 % on 450 held-out images, sin-cos without DRLoc 63.8 %). The shipped weights are the 0.2 run
+    # (0.3 did as well, but its weights were not kept).
     pos_embed_init: str = "random"
     data_cache: str = ""  # an .npz path: load the pool from there if present, else draw it and save it there
     # runtime
