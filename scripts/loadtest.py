@@ -559,10 +559,12 @@ def server_log_problems(log_path: Path) -> list[str]:
 def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bool = True, url: str | None = None,
         server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
         stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
-        photo_size: tuple[int, int] | None = None, browsers: int = 0) -> dict:
+        photo_size: tuple[int, int] | None = None, browsers: int = 0, keep_downloads: bool = False) -> dict:
     """Run the load test; returns the report as a dict (also printed unless quiet).
 
-    `browsers` of the `sessions` are chromium pages, the others protocol clients (streamlit_client)."""
+    `browsers` of the `sessions` are chromium pages, the others protocol clients (streamlit_client).
+    The sessions' downloads are deleted once compared (a ViT-B/16-384 run writes 13 GB of them) unless
+    `keep_downloads`."""
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -607,6 +609,8 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             problems = compare(loaded, image_bytes, saved.read_bytes())
             if problems:
                 mismatches.append(f"session {r.index}, {name}: {'; '.join(problems)}")
+    if not keep_downloads:
+        shutil.rmtree(workdir / "downloads", ignore_errors=True)
     expected_downloads = sessions * images
     errors = [e for r in results for e in r.errors]
     if compared != expected_downloads:
@@ -666,6 +670,8 @@ def main() -> None:
     parser.add_argument("--step-timeout", type=float, default=300, help="seconds any one step may take")
     parser.add_argument("--deadline", type=float, default=1500, help="seconds the whole browser part may take")
     parser.add_argument("--workdir", type=Path, help="where images, downloads, the server log and screenshots go")
+    parser.add_argument("--keep-downloads", action="store_true",
+                        help="keep the sessions' downloads in the workdir (by default deleted once compared)")
     parser.add_argument("--photo", default="4032x3024", help="size of each session's first image, a JPEG like a "
                                                               "phone's (WxH; 0 for a small one); later ones are 480x360 PNG/JPEG")
     args = parser.parse_args()
@@ -677,6 +683,7 @@ def main() -> None:
     configure_threads()
     report = run(args.sessions, args.model, not args.pretrained, args.url, args.server_pid, args.images, args.changes,
                  args.step_timeout, deadline_s=args.deadline, workdir=args.workdir, browsers=args.browsers,
+                 keep_downloads=args.keep_downloads,
                  photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
     sys.exit(0 if report["ok"] else 1)
 

@@ -263,6 +263,7 @@ def test_load_test_sessions_each_get_their_own_analysis(tmp_path):
     assert not report["errors"] and not report["server_log"], report
     assert len(report["new_image"]) == 3 and len(report["control"]) == 6
     assert (tmp_path / "after_the_class.png").stat().st_size > 10_000
+    assert not (tmp_path / "downloads").exists()  # compared, then deleted (13 GB for a ViT-B/16-384 class)
 
 
 def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path):
