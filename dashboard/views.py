@@ -138,8 +138,9 @@ def _pipeline_figures(ctx: ViewContext) -> None:
     with cols[1]:
         show_picture(cached_figure(_crop_grid_png, ctx),
                      "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
-    block = cols[2].slider("Tokens after block", 0, g.num_layers, g.num_layers, key="pipe_block",
-                           help="0 = the tokens entering the first block")
+    block = cols[2].slider("Blocks applied", 0, g.num_layers, g.num_layers, key="pipe_block",
+                           help="0 = the tokens entering block 0 (the first); n = the tokens after n blocks, i.e. "
+                                "after block n - 1 (blocks are numbered from 0, as in the Attention tab)")
     with cols[2]:
         show_picture(cached_figure(_tokens_png, ctx, block), "pipe_tokens", f"{ctx.stem}_tokens_{block}")
     with cols[3]:
