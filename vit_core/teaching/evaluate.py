@@ -45,6 +45,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vit_core import analyses
 from vit_core.capture import attention_recorded
+from vit_core.images import load_image
 from vit_core.teaching.data import (
     ASPECT_RANGE,
     CLASS_NAMES,
@@ -298,8 +299,6 @@ def evaluate_second_drawer(model: VisionTransformer, drawer: ModuleType, n: int 
 def evaluate_page_photos(model: VisionTransformer, photos: ModuleType, n: int = PAGE_PHOTOS_SIZE) -> dict:
     """Accuracy on phone photos of pen drawings on paper (tests/page_photos.py, never trained on), each decoded
     like an upload (``vit_core.images.load_image``) and preprocessed by timm's eval transform (resize, centre crop)."""
-    from vit_core.images import load_image
-
     transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model), is_training=False)
     jpegs, labels, metas = photos.make_set(n, seed=PAGE_PHOTOS_SEED)
     assert tuple(photos.CLASSES) == CLASS_NAMES, (photos.CLASSES, CLASS_NAMES)
@@ -608,7 +607,7 @@ shapes were called `other`.
 ### Phone photos of drawings on paper (`tests/page_photos.py`)
 
 {metrics['page_photos_size']} photos (seed {metrics['page_photos_seed']}), 1200 x 900 or 900 x 1200 JPEGs of a pen drawing on a
-sheet of paper (drawn at the photo's resolution, so the pen is under a pixel wide at the model's input; once or
+sheet of paper (drawn at the photo's resolution, so the pen is about a pixel wide or less at the model's input; once or
 twice over the line; sometimes marker-filled), the sheet on a table at an angle or filling the frame, uneven light, blur;
 each decoded like an upload and centre-cropped by timm's eval transform. Never used in training; its own code.
 Accuracy {metrics['page_photos_accuracy']:.1%} (sheet on a table {metrics['page_photos_on_table_accuracy']:.1%}, filling the
