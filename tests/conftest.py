@@ -14,6 +14,27 @@ REPO = Path(__file__).resolve().parent.parent  # vit_core and dashboard are impo
 
 torch.set_num_threads(2)
 
+
+def _compiles_take_turns() -> None:
+    """AppTest compiles the app script on every run, each time with a new ScriptCache; the server compiles it
+    once, under its one cache's lock. CPython 3.11 can fail when two threads compile at once ("SystemError:
+    AST constructor recursion depth mismatch", seen in the tests that run sessions in threads), so in tests
+    the compiles take turns, as they do in the server."""
+    import threading
+
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+    lock, compile_script = threading.Lock(), ScriptCache.get_bytecode
+
+    def get_bytecode(self, script_path):
+        with lock:
+            return compile_script(self, script_path)
+
+    ScriptCache.get_bytecode = get_bytecode
+
+
+_compiles_take_turns()
+
 # Small members of each branch of timm's VisionTransformer family: (name, create_model kwargs).
 SMALL = dict(embed_dim=64, num_heads=4, depth=2)
 FAMILY = {
