@@ -164,11 +164,11 @@ def test_crop_follows_the_model_preprocessing(tiny):
 
 def test_hook_counts_see_hooks_inside_a_pass_and_a_leaked_one(tiny, image):
     """Both counters are live: 0 outside, every recording hook inside a pass, and a hook left behind counts."""
-    from vit_core.capture import _intermediates_recorded
+    from vit_core.capture import _intermediates_kept
 
     model, g = tiny.model, tiny.geometry
     expected = 2 * g.num_layers + 4  # attention per block, output per block, blocks[0] input, patch_embed, norm, head
-    with _intermediates_recorded(model, {}):
+    with _intermediates_kept(model, lambda key, tensor: None):
         assert recording_hooks_on(model) == hooks_on(model) == expected
     assert recording_hooks_on(model) == hooks_on(model) == 0
 

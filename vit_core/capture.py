@@ -1,7 +1,7 @@
 """One forward pass with forward hooks, returned as one frozen result.
 
 `run_with_capture` is the only place that touches the model during a pass. Hooks exist only inside
-the recording context managers (`attention_recorded`, `_intermediates_recorded`) and are removed on
+the recording context managers (`attention_recorded`, `_intermediates_kept`) and are removed on
 their way out, as is the one module flag they change (`attn.fused_attn`: timm's fused SDPA path
 never materialises the attention matrix); `recording_hooks_on(model)` counts the ones still
 registered (0 outside a pass). Passes on one model run one at a time, or, after
@@ -159,18 +159,6 @@ def tokens_recorded(model: torch.nn.Module, record: Callable[[torch.Tensor], Non
         _register(stack, model, model.blocks[0].register_forward_pre_hook(lambda m, args: record(args[0])))
         for blk in model.blocks:
             _register(stack, model, blk.register_forward_hook(lambda m, i, o: record(o)))
-        yield
-
-
-@contextlib.contextmanager
-def _intermediates_recorded(model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
-    """Inside the block, a forward pass in eval mode appends every intermediate the result needs
-    (attention, tokens, patch embeddings, head input) to `store`; mode and hooks restored on exit."""
-
-    def keep(key: str, tensor: torch.Tensor) -> None:
-        store.setdefault(key, []).append(tensor.detach())
-
-    with _intermediates_kept(model, keep):
         yield
 
 
@@ -343,7 +331,7 @@ _groups_lock = threading.Lock()
 @contextlib.contextmanager
 def _capture_pass(loaded: LoadedModel, store: dict[str, list[torch.Tensor]]) -> Iterator[None]:
     """Inside the block, this thread's forward of `loaded.model` (in eval mode, un-fused attention) appends
-    every intermediate the result needs to `store`, as `_intermediates_recorded` does, while up to
+    every intermediate the result needs to `store` (through `_intermediates_kept`), while up to
     `parallel_passes()` such passes run at once (see above). Hooks, flags, mode, the lock and this thread's
     torch thread count are restored on exit, also when the forward raises."""
     model = loaded.model
