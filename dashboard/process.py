@@ -29,11 +29,12 @@ _heap_frozen = False
 def freeze_long_lived_heap() -> None:
     """Once per process, after the first full page: hide everything alive from the cyclic garbage collector.
 
-    Streamlit runs a full ``gc.collect(2)`` after every script run (``runner.postScriptGC``). With
-    torch, timm, plotly and matplotlib imported that is ~485k objects and took 257 ms per rerun on the
-    2-core machine: most of a control change in the browser. Those objects live as long as the server;
-    ``gc.freeze`` moves them to a generation the collector skips (after it: 0 ms). Reference counting
-    still frees them as usual; only reference cycles alive right now would never be collected.
+    With torch, timm, plotly and matplotlib imported a full collection walks ~485k objects: 257 ms on the
+    2-core machine when Streamlit still ran ``gc.collect(2)`` after every script run (``runner.postScriptGC``,
+    now off in the shipped config; Python's own full collections, and a config that turns it back on, still
+    walk them). Those objects live as long as the server; ``gc.freeze`` moves them to a generation the
+    collector skips (after it: 0 ms). Reference counting still frees them as usual; only reference cycles
+    alive right now would never be collected.
     """
     global _heap_frozen
     if not _heap_frozen:
