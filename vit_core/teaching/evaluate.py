@@ -32,6 +32,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -295,11 +296,16 @@ def evaluate_second_drawer(model: VisionTransformer, drawer: ModuleType, n: int 
     }
 
 
+def eval_transform(model: VisionTransformer) -> Callable[[Image.Image], torch.Tensor]:
+    """timm's eval transform of the model's resolved data config (resize, centre crop, normalise): PIL -> (3, H, W)."""
+    return timm.data.create_transform(**timm.data.resolve_model_data_config(model), is_training=False)
+
+
 @torch.inference_mode()
 def evaluate_page_photos(model: VisionTransformer, photos: ModuleType, n: int = PAGE_PHOTOS_SIZE) -> dict:
     """Accuracy on phone photos of pen drawings on paper (tests/page_photos.py, never trained on), each decoded
     like an upload (``vit_core.images.load_image``) and preprocessed by timm's eval transform (resize, centre crop)."""
-    transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model), is_training=False)
+    transform = eval_transform(model)
     jpegs, labels, metas = photos.make_set(n, seed=PAGE_PHOTOS_SEED)
     assert tuple(photos.CLASSES) == CLASS_NAMES, (photos.CLASSES, CLASS_NAMES)
     preds = np.array([int(model(transform(load_image(jpeg))[None]).argmax()) for jpeg in jpegs])
@@ -320,8 +326,7 @@ def outside_world(model: VisionTransformer) -> dict:
     """What the model says about a real photograph (matplotlib's bundled portrait of Grace Hopper)."""
     import matplotlib.cbook
 
-    data_config = timm.data.resolve_model_data_config(model)
-    transform = timm.data.create_transform(**data_config, is_training=False)
+    transform = eval_transform(model)
     with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
         photo = Image.open(f).convert("RGB")
     probs = model(transform(photo)[None]).softmax(-1)[0]
