@@ -17,7 +17,7 @@ t = time.time(); make_train_set(TrainConfig(gen_workers=16, data_cache='$POOL'))
 " || exit 4
 run() {  # name, extra flags
   python -m vit_core.teaching.train --out "$OUT/$1" --device cuda --precision bf16 --data-cache "$POOL" --log-every 500 "${@:2}" \
-    > "$OUT/$1.log" 2>&1 && python scripts/teaching_quick_eval.py "$OUT/$1" --threads 5 >> "$OUT/$1.log" 2>&1
+    > "$OUT/$1.log" 2>&1 && PYTHONPATH=. python scripts/teaching_quick_eval.py "$OUT/$1" --threads 5 >> "$OUT/$1.log" 2>&1
   tail -2 "$OUT/$1.log"
 }
 IFS=';' read -ra LIST <<< "${VARIANTS:?VARIANTS=\"name:flags;name:flags\"}"

@@ -17,17 +17,21 @@ from vit_core.teaching.data import CLASS_NAMES, LABELS, OTHER, make_dataset
 from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, batch_transform, load_shapes_vit
 from vit_core.teaching.train import (
     TrainConfig,
+    TrainingHeads,
     create_untrained,
     dihedral_augment,
     init_sincos_pos_embed,
     lr_at,
+    make_optimizer,
     make_train_set,
     model_transform,
     patch_cover,
     relative_localisation_loss,
+    run_steps,
     save,
     token_label_loss,
     train,
+    training_losses,
 )
 
 ASSET = Path(__file__).resolve().parent.parent / "vit_core" / "assets" / "shapes_vit"
@@ -138,9 +142,9 @@ def test_other_is_what_is_not_a_shape(shipped):
     """Outside its world: "other" images of the generator are called other, and a real photograph is never
     a confident shape."""
     model, _, metrics = shipped
-    images, _, labels = make_dataset(90, seed=12)
+    images, _, labels = make_dataset(900, seed=12)  # 100 of them "other": of 10, one ambiguous scribble is 10 %
     other = labels == LABELS.index(OTHER)
-    assert (ev.predict(model, images[other]) == LABELS.index(OTHER)).mean() >= 0.9
+    assert (ev.predict(model, images[other]) == LABELS.index(OTHER)).mean() >= 0.9  # measured: 97 % (card: 98.8 % of 250)
     photo = ev.outside_world(model)
     assert photo["photo_top_label"] == OTHER or photo["photo_top_probability"] < 0.5, photo
     assert photo["photo_top_label"] == metrics["photo_top_label"]
@@ -290,14 +294,63 @@ def test_token_label_loss_targets():
     assert token_label_loss(wrong, labels, cover).item() > 10
 
 
-def test_training_with_token_labels_and_drloc_reduces_all_three_losses():
+@pytest.mark.parametrize("block", [-1, 0])  # the dense terms on the output, or on block 0's tokens
+def test_training_with_token_labels_and_drloc_reduces_all_three_losses(block):
     cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, num_train=256, chunk_size=128, gen_workers=1, steps=40,
                       batch_size=32, lr=3e-3, warmup_steps=5, label_smoothing=0.0, log_every=20, token_label_weight=1.0,
-                      drloc_weight=1.0)
+                      drloc_weight=1.0, token_label_block=block, drloc_block=block)
     _, summary = train(cfg)
     assert summary["final_loss"] < summary["first_loss"]
     assert summary["final_token_loss"] < summary["first_token_loss"]
     assert summary["final_drloc_loss"] < summary["first_drloc_loss"]
+
+
+def test_dense_terms_on_an_earlier_block_leave_the_later_blocks_to_the_class_token():
+    """Read from block 0 of 2, token labels and DRLoc send no gradient into block 1 (nor the final norm); the class
+    loss does. Read from the output, they reach block 1."""
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 96, 96), torch.tensor([0, 1, 2, 8])
+    cover, pairs = torch.rand(4, 12, 12), torch.randint(144, (4, 8, 2))
+
+    def dense_grad_into_last_block(block: int) -> float:
+        cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, token_label_block=block, drloc_block=block)
+        model, heads = create_untrained(cfg), TrainingHeads(cfg, 9)
+        losses = training_losses(model, heads, (x, y, cover), cfg, pairs)
+        (losses.token_loss + losses.drloc_loss).backward(retain_graph=True)
+        dense = sum(p.grad.abs().sum().item() for p in model.blocks[1].parameters() if p.grad is not None)
+        assert model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0  # block 0 learns from them either way
+        model.zero_grad()
+        losses.loss.backward()
+        assert model.blocks[1].attn.qkv.weight.grad.abs().sum() > 0  # the class loss reaches the last block
+        return dense
+
+    assert dense_grad_into_last_block(0) == 0
+    assert dense_grad_into_last_block(-1) > 0
+    with pytest.raises(ValueError, match="drloc_block 2"):
+        TrainConfig(depth=2, token_label_block=0, drloc_block=2)
+
+
+def test_position_embedding_has_its_own_learning_rate():
+    """pos_embed_lr_scale puts the position embedding alone in a group whose lr run_steps scales; at 1x the groups
+    are the usual two (decay, no decay)."""
+    def trained_groups(scale: float) -> tuple[list[dict], dict]:
+        cfg = TrainConfig(embed_dim=32, depth=2, num_heads=2, pos_embed_lr_scale=scale, token_label_block=0,
+                          drloc_block=0, num_train=64, chunk_size=64, gen_workers=1, steps=2, batch_size=16,
+                          warmup_steps=0)
+        model = create_untrained(cfg)
+        heads = TrainingHeads(cfg, model.num_classes)
+        opt = make_optimizer(cfg, list(model.named_parameters()) + list(heads.named_parameters()))
+        run_steps(model, heads, opt, make_train_set(cfg), cfg)
+        pos = [g for g in opt.param_groups if any(p is model.pos_embed for p in g["params"])]
+        assert len(pos) == 1
+        return opt.param_groups, pos[0]
+
+    plain, pos_group = trained_groups(1.0)
+    assert len(plain) == 2 and all(g["lr"] == plain[0]["lr"] for g in plain)
+    scaled, pos_group = trained_groups(10.0)
+    assert len(scaled) == 3 and len(pos_group["params"]) == 1 and pos_group["weight_decay"] == 0.0
+    assert pos_group["lr"] == pytest.approx(10 * scaled[0]["lr"]) and scaled[0]["lr"] == pytest.approx(plain[0]["lr"])
+    assert sum(len(g["params"]) for g in scaled) == sum(len(g["params"]) for g in plain)
 
 
 def test_relative_localisation_loss_targets():

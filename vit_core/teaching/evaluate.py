@@ -433,7 +433,8 @@ def _missed(metrics: dict) -> str:
     missed = [TARGETS[key].label for key in TARGETS if metrics.get(key) is None or metrics[key] < TARGETS[key].minimum]
     if not missed:
         return ""
-    return f"**Targets not reached by this model: {'; '.join(missed)}.** See the metrics above.\n\n"
+    return (f"**Targets not reached by this model: {'; '.join(missed)}.** See the metrics above; the recipes tried "
+            "and what each traded are listed in `TrainConfig` (`vit_core/teaching/train.py`).\n\n")
 
 
 def _mad_table(metrics: dict) -> str:
@@ -473,8 +474,17 @@ def _token_labelling(t: dict, num_patches: int) -> str:
             "besides the class token's label, every patch token is trained through a linear head that exists only "
             "in training to predict which shape covers its patch (soft target: the share of the patch inside the "
             "shape's silhouette on the image's class, the rest on \"background\"), "
-            f"{num_patches} targets per image instead of one; the shipped model is the plain ViT without that head. "
+            f"{num_patches} targets per image instead of one, read from {_dense_tokens(t.get('token_label_block', -1))}; "
+            "the shipped model is the plain ViT without that head. "
             f"Loss of that term {t['first_token_loss']} (first 20 steps) -> {t['final_token_loss']} (last 100);\n")
+
+
+def _dense_tokens(block: int) -> str:
+    """Which tokens a dense training term reads, in the card's words."""
+    if block < 0:
+        return "the model's output tokens"
+    return (f"the tokens after block {block} (0-based, through a LayerNorm that exists only in training), which leaves "
+            "the later blocks to the class token: nothing asks their heads to stay local")
 
 
 def _pos_embed_init(t: dict) -> str:
@@ -486,8 +496,11 @@ def _pos_embed_init(t: dict) -> str:
                 "its first principal component is the distance to the image border) and no local head in any "
                 "layer, so the shipped model starts from sin-cos and the Spearman target \"from a random start\" "
                 "is not met")
-    return ("randomly initialised (trunc normal, std 0.02), as in the paper, and trained like every other weight: "
-            "the grid it shows is learned (see DRLoc below)")
+    rate = t.get("pos_embed_lr_scale", 1.0)
+    return ("randomly initialised (trunc normal, std 0.02), as in the paper, and trained like every other weight"
+            + (f" at {rate:g}x the learning rate (so that where a patch is can weigh against what it shows; at 1x the "
+               "first layer attended almost uniformly)" if rate != 1.0 else "")
+            + ": the grid it shows is learned (see DRLoc below)")
 
 
 def _relative_localisation(t: dict) -> str:
@@ -495,8 +508,9 @@ def _relative_localisation(t: dict) -> str:
     if not t.get("drloc_weight"):
         return ""
     return (f"- dense relative localisation (DRLoc; Liu et al., NeurIPS 2021, \"Efficient Training of Visual Transformers "
-            f"with Small Datasets\"), weight {t['drloc_weight']}: for {t['drloc_pairs']} random pairs of output patch tokens "
-            "per image, an MLP that exists only in training predicts their grid offset (dx, dy) / grid side (L1 loss). "
+            f"with Small Datasets\"), weight {t['drloc_weight']}: for {t['drloc_pairs']} random pairs of patch tokens "
+            f"per image ({_dense_tokens(t.get('drloc_block', -1))}), an MLP that exists only in training predicts their "
+            "grid offset (dx, dy) / grid side (L1 loss). "
             "Only the position embedding tells a token where it is, so the embedding has to carry the grid. Without "
             "it, the random start ended with little grid structure (Spearman 0.16-0.21 in three H100 runs: the data "
             "and augmentations are mirror-symmetric, and the embedding learned only the distance to the border). "
@@ -506,7 +520,8 @@ def _relative_localisation(t: dict) -> str:
 def _recipe_flags(t: dict) -> str:
     """The training command's flags that spell out the recipe's defaults."""
     shown = ("seed", "num_train", "steps", "batch_size", "lr", "warmup_steps", "img_size", "embed_dim", "depth",
-             "num_heads", "mlp_ratio", "pos_embed_init", "token_label_weight", "drloc_weight")
+             "num_heads", "mlp_ratio", "pos_embed_init", "pos_embed_lr_scale", "token_label_weight", "token_label_block",
+             "drloc_weight", "drloc_block")
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in t.items() if k in shown)
 
 
