@@ -59,7 +59,7 @@ from vit_core.teaching.data import (
     make_dataset,
 )
 from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, load_shapes_vit
-from vit_core.teaching.train import init_sincos_pos_embed, model_transform, patch_cover
+from vit_core.teaching.train import init_sincos_pos_embed, model_transform, patch_cover, tokens_read
 
 log = logging.getLogger(__name__)
 
@@ -480,11 +480,10 @@ def _token_labelling(t: dict, num_patches: int) -> str:
 
 
 def _dense_tokens(block: int) -> str:
-    """Which tokens a dense training term reads, in the card's words."""
+    """Which tokens a dense training term reads (train.tokens_read), and what reading an earlier block is for."""
     if block < 0:
-        return "the model's output tokens"
-    return (f"the tokens after block {block} (0-based, through a LayerNorm that exists only in training), which leaves "
-            "the later blocks to the class token: nothing asks their heads to stay local")
+        return tokens_read(block)
+    return f"{tokens_read(block)}, which leaves the later blocks to the class token: nothing asks their heads to stay local"
 
 
 def _pos_embed_init(t: dict) -> str:

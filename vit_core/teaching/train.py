@@ -337,18 +337,18 @@ def draw_train_set(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def make_optimizer(cfg: TrainConfig, named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases, norms, position embedding and class token (the usual ViT split)."""
+    """AdamW with no weight decay on biases, norms, position embedding and class token (the usual ViT split);
+    unless ``pos_embed_lr_scale`` is 1, the position embedding has a group of its own whose ``lr_scale``
+    run_steps applies."""
 
     def decays(name: str, p: torch.Tensor) -> bool:
         return p.ndim >= 2 and name not in ("pos_embed", "cls_token")
 
-    def own_rate(name: str) -> bool:
-        return name == "pos_embed" and cfg.pos_embed_lr_scale != 1.0
-
+    own_rate = {"pos_embed"} if cfg.pos_embed_lr_scale != 1.0 else set()
     groups = [{"params": [p for n, p in named if decays(n, p)], "weight_decay": cfg.weight_decay},
-              {"params": [p for n, p in named if not decays(n, p) and not own_rate(n)], "weight_decay": 0.0}]
-    if cfg.pos_embed_lr_scale != 1.0:
-        groups.append({"params": [p for n, p in named if own_rate(n)], "weight_decay": 0.0,
+              {"params": [p for n, p in named if not decays(n, p) and n not in own_rate], "weight_decay": 0.0}]
+    if own_rate:
+        groups.append({"params": [p for n, p in named if n in own_rate], "weight_decay": 0.0,
                        "lr_scale": cfg.pos_embed_lr_scale})
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
@@ -562,7 +562,6 @@ def summarise(cfg: TrainConfig, results: list[StepResult], n_images: int, n_para
         "relative_localisation": (f"DRLoc (weight {cfg.drloc_weight}): {cfg.drloc_pairs} random pairs of patch tokens "
                                   f"({tokens_read(cfg.drloc_block)}) per image, a training-only MLP predicts their grid "
                                   "offset (L1)" if drloc_losses else "off"),
-        "pos_embed_lr": f"{cfg.pos_embed_lr_scale} x lr",
         **({"first_drloc_loss": round(float(np.mean(drloc_losses[:20])), 4),
             "final_drloc_loss": round(float(np.mean(drloc_losses[-100:])), 4)} if drloc_losses else {}),
         "torch_version": torch.__version__,
