@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import gc
 
-from vit_core.runtime import configure_parallel_passes, configure_switch_interval, configure_threads
+from vit_core.runtime import configure_parallel_passes, configure_switch_interval, configure_threads, configure_traced_forward
 
 
 @functools.cache
@@ -20,6 +20,7 @@ def configure_torch_threads() -> int:
     threads = configure_threads()
     configure_parallel_passes(threads)
     configure_switch_interval()
+    configure_traced_forward()
     return threads
 
 

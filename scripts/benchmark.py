@@ -4,6 +4,8 @@
 
 1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward,
    `run_with_capture`, capture + all per-image analyses of the export.
+1b. The capture as the dashboard's server runs it (1 torch thread, GIL switch 0.5 ms), eager and traced
+   (vit_core/capture.py, "A forward without the GIL"), alone and beside a thread running Python.
 2. Dashboard, server side (AppTest, no browser): a new image with each view open; every view with the
    capture cached (a tab switch); each control change. AppTest reruns the whole script, so these
    are an upper bound of a fragment rerun.
@@ -33,12 +35,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: see vi
 
 import argparse
 import asyncio
+import contextlib
 import io
 import statistics
+import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -46,8 +51,9 @@ from PIL import Image
 
 from dashboard.views import VIEWS
 from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model, preprocess, run_with_capture
+from vit_core.capture import set_traced_forward
 from vit_core.export import analysis_arrays, model_arrays
-from vit_core.runtime import configure_threads
+from vit_core.runtime import configure_switch_interval, configure_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,6 +125,63 @@ def core(model: str, repeats: int) -> dict[str, float]:
     print(f"once per model (filter PCA, position-embedding similarity): {per_model_seconds * 1e3:.0f} ms")
     return {name: statistics.median(samples) for name, samples in times.items()} | {
         f"{name} ratio": ratio for name, ratio in ratios.items()}
+
+
+@contextlib.contextmanager
+def python_running_beside() -> Iterator[None]:
+    """Inside the block, another thread runs pure Python (as a server's other sessions do: scripts, figures,
+    protobuf), taking the GIL whenever a forward lets it go."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def server_capture(model: str, repeats: int) -> dict[str, float]:
+    """Section 1b: the capture as the dashboard's server runs it (1 torch thread, a narrow pass; GIL switch
+    every 0.5 ms), eager and traced (vit_core.capture, "A forward without the GIL"), alone and beside a
+    thread running Python. Medians in seconds."""
+    loaded = load_model(model, pretrained=False)
+    image = sample_image()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    previous_interval = configure_switch_interval()
+
+    def eager() -> None:
+        set_traced_forward(False)
+        run_with_capture(loaded, image)
+
+    def traced() -> None:
+        set_traced_forward(True)
+        run_with_capture(loaded, image)
+
+    try:
+        traced()  # records the trace (not timed)
+        alone = interleaved_times({"eager": eager, "traced": traced}, repeats, warmups=1)
+        with python_running_beside():
+            beside = interleaved_times({"eager": eager, "traced": traced}, repeats, warmups=1)
+    finally:
+        set_traced_forward(False)
+        torch.set_num_threads(threads)
+        sys.setswitchinterval(previous_interval)
+    print(f"\n== 1b. the server's capture: {model}, 1 torch thread, GIL switch 0.5 ms, "
+          f"median of {repeats} interleaved rounds, ms")
+    print(f"{'':40s} {'alone':>8s} {'beside a Python thread':>24s}")
+    result = {}
+    for name in ("eager", "traced"):
+        result[f"{name} alone"], result[f"{name} beside"] = statistics.median(alone[name]), statistics.median(beside[name])
+        print(f"{'run_with_capture, ' + name:40s} {result[f'{name} alone'] * 1e3:8.0f} {result[f'{name} beside'] * 1e3:24.0f}")
+    return result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,6 +368,10 @@ def main() -> None:
     rows.append(("run_with_capture", f"{cap * 1e3:.0f} ms ({cap_ratio:.2f}x)", "<= 1.15x", cap_ratio <= 1.15))
     full = c["run_with_capture + all analyses"]
     rows.append(("capture + all analyses", f"{full * 1e3:.0f} ms ({full_ratio:.2f}x)", "", None))
+    sc = server_capture(args.model, max(3, args.repeats // 3))
+    for name in ("eager", "traced"):
+        rows.append((f"server capture beside Python, {name}",
+                     f"{sc[f'{name} beside'] * 1e3:.0f} ms (alone {sc[f'{name} alone'] * 1e3:.0f})", "", None))
     if not args.no_explain:
         e = explanations(args.model, max(3, args.repeats // 3))
         rows.append(("relevance pass (all maps)", f"{e['relevance'] * 1e3:.0f} ms ({e['relevance ratio']:.2f}x)",

@@ -56,6 +56,22 @@ def configure_parallel_passes(threads: int, passes: int | None = None) -> int:
     return passes
 
 
+TRACED_FORWARD_ENV = "VIT_LENS_TRACED_FORWARD"
+
+
+def configure_traced_forward(enabled: bool | None = None) -> bool:
+    """For a server: run capture passes on the CPU through a trace of the hooked forward, which runs
+    without the GIL and returns the same numbers bit for bit (`vit_core.capture.set_traced_forward`); on
+    unless `enabled` is False or $VIT_LENS_TRACED_FORWARD is 0. Returns whether it is on."""
+    from .capture import set_traced_forward
+
+    if enabled is None:
+        enabled = os.environ.get(TRACED_FORWARD_ENV, "1") != "0"
+    set_traced_forward(enabled)
+    _logger.info("traced capture forward: %s", "on" if enabled else "off")
+    return enabled
+
+
 SERVER_SWITCH_INTERVAL = 0.0005  # seconds: Python's default is 0.005
 
 
