@@ -8,6 +8,9 @@ registered (0 outside a pass). Passes on one model run one at a time, or, after
 `set_parallel_passes(n)`, up to n at once sharing one set of hooks that hands each thread's tensors to
 that thread's pass (a server's classroom burst: see "Passes at once" below). The result holds CPU
 float32 numpy arrays with the batch axis removed, made read-only, so it can be cached and shared between sessions without copies.
+A server sets `set_traced_forward(True)`: on a CPU the hooked forward is then recorded once per model as a
+TorchScript trace that returns the same tensors bit for bit and runs without the GIL ("A forward without
+the GIL" below).
 
 The model may live on any device (`LoadedModel.device`): its input is made there
 (`on_model_device`), each intermediate is copied to the host once, in `_frozen`, and a CUDA pass runs
