@@ -399,8 +399,8 @@ _tracing = _Tracing()
 
 def set_traced_forward(enabled: bool) -> None:
     """Run capture passes of models on the CPU through a trace of the hooked forward (see above): the same
-    numbers, bit for bit, without the GIL during the forward. Off by default: the trace costs two forwards
-    more, once per model, which a server earns back and a single analysis does not."""
+    numbers, bit for bit, without the GIL during the forward. Off by default: recording and checking the
+    trace costs five forwards more, once per model, which a server earns back and a single analysis does not."""
     _tracing.enabled = enabled
 
 
