@@ -78,6 +78,17 @@ def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Imag
     return Image.fromarray(img.astype(np.uint8))
 
 
+@pytest.fixture(autouse=True)
+def traced_forward_as_it_was():
+    """The dashboard turns the traced capture forward on process-wide (dashboard.process, on every AppTest run);
+    each test starts from, and leaves, the library's default (eager) unless it asks otherwise."""
+    from vit_core import capture
+
+    capture.set_traced_forward(False)
+    yield
+    capture.set_traced_forward(False)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """A 2-block random-init vit_tiny_patch16_224 (14 x 14 patches of 16 px, 1 class token)."""

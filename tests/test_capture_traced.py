@@ -88,6 +88,25 @@ def test_a_trace_whose_numbers_differ_from_the_eager_forward_is_not_used(traced,
     assert capture._tracing.traced[loaded.model] is None
 
 
+def test_a_pass_on_a_model_that_carries_someone_elses_hook_runs_eager(traced, monkeypatch, image):
+    """A trace would skip a hook registered on the model outside the capture (a probe of one's own)."""
+    loaded = fresh_tiny()
+    run_with_capture(loaded, image)  # records the trace
+    lanes = []
+    real_on_a_lane = capture._on_a_lane
+    monkeypatch.setattr(capture, "_on_a_lane", lambda traced, x: lanes.append(1) or real_on_a_lane(traced, x))
+    seen = []
+    handle = loaded.model.head.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
+    try:
+        with_probe = run_with_capture(loaded, image)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and lanes == []  # eager: the probe saw the forward
+    assert_same_capture(run_with_capture(loaded, image), with_probe)
+    assert lanes == [1]  # without it, traced again
+    assert_restored(loaded)
+
+
 def test_two_traced_passes_at_once_each_get_exactly_their_own(traced, image):
     loaded = fresh_tiny()
     images = [drawn_image(seed) for seed in (7, 8, 9)]

@@ -469,13 +469,21 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
 def _traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]]) -> _Traced | None:
     """Inside a capture pass, with tracing on and the model on the CPU: the model's trace, recorded now if it
     has none yet; None where the model stays eager."""
-    if not _tracing.enabled or loaded.device.type != "cpu" or not hasattr(torch, "jit"):
+    if not _tracing.enabled or loaded.device.type != "cpu" or not hasattr(torch, "jit") or _foreign_hooks(loaded.model):
         return None
     with _tracing.lock:
         if loaded.model not in _tracing.traced:
             _tracing.traced[loaded.model] = _trace(loaded, x, store)
         traced = _tracing.traced[loaded.model]
     return traced if traced is not None and traced.input_shape == tuple(x.shape) else None
+
+
+def _foreign_hooks(model: torch.nn.Module) -> bool:
+    """Whether a module of `model` carries a forward hook or pre-hook that no capture recording registered
+    (someone's own probe): a trace would skip it, so such a pass runs eager. (torch lists a module's hooks
+    only in these dictionaries.)"""
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    return hooks > recording_hooks_on(model)
 
 
 def _on_a_lane(traced: _Traced, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
