@@ -40,6 +40,7 @@ import torch
 import vit_core
 from vit_core.devices import resolve_device
 from vit_core.loading import MAX_LABEL_FILE_BYTES, TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
+from vit_core.runtime import setting_on
 
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
@@ -66,19 +67,14 @@ MODEL_CHOICES: dict[str, str] = {
 }
 
 
-def _setting_on(variable: str) -> bool:
-    """A server setting that is on unless the variable says 0/off/false/no."""
-    return os.environ.get(variable, "on").strip().lower() not in ("0", "off", "false", "no")
-
-
 def weights_uploads_allowed() -> bool:
     """Whether sessions may upload their own weights files ($VIT_LENS_WEIGHTS_UPLOADS)."""
-    return _setting_on("VIT_LENS_WEIGHTS_UPLOADS")
+    return setting_on("VIT_LENS_WEIGHTS_UPLOADS")
 
 
 def any_model_allowed() -> bool:
     """Whether the picker offers any ViT-family model by name or hf-hub id ($VIT_LENS_ANY_MODEL)."""
-    return _setting_on("VIT_LENS_ANY_MODEL")
+    return setting_on("VIT_LENS_ANY_MODEL")
 
 
 def device_setting() -> str:

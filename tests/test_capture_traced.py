@@ -150,8 +150,10 @@ def test_the_server_turns_it_on_and_an_environment_variable_turns_it_off(monkeyp
     monkeypatch.delenv(TRACED_FORWARD_ENV, raising=False)
     try:
         assert configure_traced_forward() is True and capture._tracing.enabled
-        monkeypatch.setenv(TRACED_FORWARD_ENV, "0")
-        assert configure_traced_forward() is False and not capture._tracing.enabled
+        for off in ("0", "off"):  # as the other server settings (VIT_LENS_WEIGHTS_UPLOADS=off)
+            capture.set_traced_forward(True)
+            monkeypatch.setenv(TRACED_FORWARD_ENV, off)
+            assert configure_traced_forward() is False and not capture._tracing.enabled
     finally:
         capture.set_traced_forward(False)
     code = ("from dashboard import process; from vit_core import capture; "

@@ -13,6 +13,11 @@ import torch
 _logger = logging.getLogger(__name__)
 
 
+def setting_on(variable: str) -> bool:
+    """A server setting that is on unless the environment variable says 0/off/false/no."""
+    return os.environ.get(variable, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
 def cpu_quota() -> int:
     """CPUs this process may really use: the cgroup quota and affinity mask, not the host's cores.
 
@@ -62,11 +67,11 @@ TRACED_FORWARD_ENV = "VIT_LENS_TRACED_FORWARD"
 def configure_traced_forward(enabled: bool | None = None) -> bool:
     """For a server: run capture passes on the CPU through a trace of the hooked forward, which runs
     without the GIL and returns the same numbers bit for bit (`vit_core.capture.set_traced_forward`); on
-    unless `enabled` is False or $VIT_LENS_TRACED_FORWARD is 0. Returns whether it is on."""
+    unless `enabled` is False or $VIT_LENS_TRACED_FORWARD says off (`setting_on`). Returns whether it is on."""
     from .capture import set_traced_forward
 
     if enabled is None:
-        enabled = os.environ.get(TRACED_FORWARD_ENV, "1") != "0"
+        enabled = setting_on(TRACED_FORWARD_ENV)
     set_traced_forward(enabled)
     _logger.info("traced capture forward: %s", "on" if enabled else "off")
     return enabled
