@@ -345,7 +345,7 @@ def test_position_embedding_has_its_own_learning_rate():
         assert len(pos) == 1
         return opt.param_groups, pos[0]
 
-    plain, pos_group = trained_groups(1.0)
+    plain, _ = trained_groups(1.0)
     assert len(plain) == 2 and all(g["lr"] == plain[0]["lr"] for g in plain)
     scaled, pos_group = trained_groups(10.0)
     assert len(scaled) == 3 and len(pos_group["params"]) == 1 and pos_group["weight_decay"] == 0.0
