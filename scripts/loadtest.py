@@ -164,6 +164,49 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (its threads included, its children not)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+
+
+def _machine_seconds() -> tuple[float, float]:
+    """(all, busy) CPU seconds of the whole machine since boot, from /proc/stat (busy: not idle or iowait)."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz
+
+
+class CpuMeter:
+    """Where the machine's CPU went between start() and stop(): the server (with its children), this process
+    (the protocol clients) and everything else. Tells whether a run was CPU-bound and who took the CPU."""
+
+    def __init__(self, server_pid: int | None):
+        self.server_pid = server_pid
+
+    def _read(self) -> tuple[float, ...]:
+        server = [0.0, 0.0]
+        for pid in [self.server_pid] + _children(self.server_pid) if self.server_pid else []:
+            server = [a + b for a, b in zip(server, _cpu_seconds(pid), strict=True)]
+        return (*_machine_seconds(), *server, sum(_cpu_seconds(os.getpid())))
+
+    def start(self) -> None:
+        self._begin = self._read()
+
+    def stop(self) -> dict:
+        end = self._read()
+        total, busy, server_user, server_system, clients = (b - a for a, b in zip(self._begin, end, strict=True))
+        server = server_user + server_system
+        return {"machine_cpu_s": total, "busy_cpu_s": busy, "server_cpu_s": server if self.server_pid else None,
+                "server_system_cpu_s": server_system, "clients_cpu_s": clients, "other_cpu_s": busy - server - clients}
+
+
 class RssSampler:
     """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak)."""
 
@@ -240,9 +283,8 @@ class SessionResult:
     new_image: list[float] = field(default_factory=list)
     control: list[float] = field(default_factory=list)
     control_kinds: list[str] = field(default_factory=list)  # "layer slider" or "head select", per control entry
-    # (file name, image bytes, the downloaded .npz on disk): kept on disk, not in memory, since 60 exports of
-    # ViT-B/16-384 are 60 x 200 MB
-    downloads: list[tuple[str, bytes, Path]] = field(default_factory=list)
+    # (file name, image bytes, the downloaded .npz: its bytes, or the file it was saved to; see DownloadStore)
+    downloads: list[tuple[str, bytes, bytes | Path]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see streamlit_client)
 
@@ -361,6 +403,30 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
     return result
 
 
+class DownloadStore:
+    """The protocol sessions' downloads until they are compared: in memory while they fit `memory_mb`, on disk
+    beyond. Mid-storm, writing a 31 MB export to disk costs this machine about 90 ms of CPU (plus the kernel's
+    writeback), taken from the server the test measures; 60 exports of ViT-B/16-384 (13 GB) don't fit in memory."""
+
+    def __init__(self, workdir: Path, memory_mb: float):
+        self.workdir, self.room = workdir, int(memory_mb * 2**20)
+        self._lock = threading.Lock()
+
+    def keep(self, session: int, step: int, data: bytes) -> bytes | Path:
+        with self._lock:
+            fits = len(data) <= self.room
+            self.room -= len(data) if fits else 0
+        if fits:
+            return data
+        saved = download_path(self.workdir, session, step)
+        saved.write_bytes(data)
+        return saved
+
+    @staticmethod
+    def read(kept: bytes | Path) -> bytes:
+        return kept if isinstance(kept, bytes) else kept.read_bytes()
+
+
 def download_path(workdir: Path, session: int, step: int) -> Path:
     """Where session `session`'s download number `step` is kept until it is compared."""
     folder = workdir / "downloads"
@@ -369,7 +435,7 @@ def download_path(workdir: Path, session: int, step: int) -> Path:
 
 
 def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], changes: int, step_timeout_s: float,
-                         start_delay: float, workdir: Path) -> SessionResult:
+                         start_delay: float, store: DownloadStore) -> SessionResult:
     """The same steps as `run_session`, sent as Streamlit's own messages (see streamlit_client): no page is drawn.
 
     Latencies run from the message sent to the run finished and every media file it referenced fetched;
@@ -408,9 +474,8 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
                 result.control.append(time.perf_counter() - started)
                 result.control_kinds.append(move.kind)
                 check(run, f"control change {change}", move.expected)
-            saved = download_path(workdir, index, len(result.downloads))
-            saved.write_bytes(page.download("dl_npz"))
-            result.downloads.append((name, data, saved))
+            kept = store.keep(index, len(result.downloads), page.download("dl_npz"))
+            result.downloads.append((name, data, kept))
     except Exception as e:  # noqa: BLE001 - a timeout or a refused message is a finding, not a crash of the tool
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
@@ -444,19 +509,20 @@ def lowered(executable: str, workdir: Path) -> str:
     return str(wrapper)
 
 
-async def drive(url: str, sessions: int, images: int, changes: int, step_timeout_s: float, stagger_s: float,
-                workdir: Path, screenshot: Path | None, photo_size: tuple[int, int] | None = None,
-                browsers: int = 0) -> list[SessionResult]:
-    """Run every session at once: the first `browsers` as chromium pages, the rest as
-    protocol clients (one thread each); then, if `screenshot`, one more page to show the app still answers."""
+async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
+                stagger_s: float, workdir: Path, screenshot: Path | None, browsers: int = 0,
+                downloads_in_memory_mb: float = 0) -> list[SessionResult]:
+    """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
+    as protocol clients (one thread each); then, if `screenshot`, one more page to show the app still answers."""
+    sessions = len(prepared)
     browsers = min(browsers, sessions)
-    prepared = prepare_images(sessions, images, workdir, photo_size)
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
     threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers), thread_name_prefix="session")
+    store = DownloadStore(workdir, downloads_in_memory_mb)
     try:
         loop = asyncio.get_running_loop()
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
-                                         i * stagger_s, workdir) for i in range(browsers, sessions)]
+                                         i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers and screenshot is None:
             return list(await asyncio.gather(*protocol))
         return await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot,
@@ -559,12 +625,14 @@ def server_log_problems(log_path: Path) -> list[str]:
 def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bool = True, url: str | None = None,
         server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
         stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
-        photo_size: tuple[int, int] | None = None, browsers: int = 0, keep_downloads: bool = False) -> dict:
+        photo_size: tuple[int, int] | None = None, browsers: int = 0, keep_downloads: bool = False,
+        downloads_in_memory_mb: float = 4096) -> dict:
     """Run the load test; returns the report as a dict (also printed unless quiet).
 
     `browsers` of the `sessions` are chromium pages, the others protocol clients (streamlit_client).
-    The sessions' downloads are deleted once compared (a ViT-B/16-384 run writes 13 GB of them) unless
-    `keep_downloads`."""
+    The protocol sessions' downloads are held in memory up to `downloads_in_memory_mb`, the rest on disk
+    (see DownloadStore); those on disk are deleted once compared, unless `keep_downloads`, which also writes
+    the ones in memory there (a ViT-B/16-384 run makes 13 GB of them)."""
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -583,30 +651,42 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             f" x {images} images x {changes} control changes, model {model}"
             f"{' (random init)' if random_init and model != TEST_TINY else ''}"
             f"{f', first image a {photo_size[0]}x{photo_size[1]} photo' if photo_size else ''}")
+        # drawn before the clock starts: a 12 MP photo takes 0.3 CPU-s to make, and nobody's device makes it
+        prepared = prepare_images(sessions, images, workdir, photo_size)
+        cpu = CpuMeter(server_pid)
+        cpu.start()
         t0 = time.perf_counter()
         try:
             results = asyncio.run(asyncio.wait_for(
-                drive(url, sessions, images, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
-                      photo_size, browsers),
+                drive(url, prepared, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
+                      browsers, downloads_in_memory_mb),
                 timeout=deadline_s))
         except TimeoutError:
             results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]
         storm_s = time.perf_counter() - t0
+        cpu_use = cpu.stop()
     finally:
         if sampler:
             sampler.__exit__()
         if proc is not None:
             stop_server(proc)
 
-    say(f"all sessions done in {storm_s:.1f} s; comparing every download with a standalone run...")
+    say(f"all sessions done in {storm_s:.1f} s; CPU in that time: {cpu_use['busy_cpu_s']:.1f} of the machine's"
+        f" {cpu_use['machine_cpu_s']:.1f} CPU-s busy ({os.cpu_count()} CPUs): server"
+        f" {cpu_use['server_cpu_s'] or 0:.1f} (in the kernel {cpu_use['server_system_cpu_s']:.1f}),"
+        f" this script's clients {cpu_use['clients_cpu_s']:.1f}, the rest {cpu_use['other_cpu_s']:.1f}")
+    say("comparing every download with a standalone run...")
     loaded = reference_model(model, random_init)
     capture_mb, budget_mb = capture_sizes(loaded)
     mismatches: list[str] = []
     compared = 0
     for r in results:
-        for name, image_bytes, saved in r.downloads:
+        for step, (name, image_bytes, kept) in enumerate(r.downloads):
             compared += 1
-            problems = compare(loaded, image_bytes, saved.read_bytes())
+            npz = DownloadStore.read(kept)
+            if keep_downloads and isinstance(kept, bytes):
+                download_path(workdir, r.index, step).write_bytes(npz)
+            problems = compare(loaded, image_bytes, npz)
             if problems:
                 mismatches.append(f"session {r.index}, {name}: {'; '.join(problems)}")
     if not keep_downloads:
@@ -624,7 +704,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "clients": [r.client for r in results],
         "retries": [x for r in results for x in r.retries],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
-        "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir),
+        "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir), "cpu": cpu_use,
         "capture_mb": capture_mb, "capture_budget_mb": budget_mb,
     }
     for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
@@ -672,6 +752,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where images, downloads, the server log and screenshots go")
     parser.add_argument("--keep-downloads", action="store_true",
                         help="keep the sessions' downloads in the workdir (by default deleted once compared)")
+    parser.add_argument("--downloads-in-memory-mb", type=float, default=4096,
+                        help="hold the sessions' downloads in memory up to this much, the rest on disk (MiB)")
     parser.add_argument("--photo", default="4032x3024", help="size of each session's first image, a JPEG like a "
                                                               "phone's (WxH; 0 for a small one); later ones are 480x360 PNG/JPEG")
     args = parser.parse_args()
@@ -683,7 +765,7 @@ def main() -> None:
     configure_threads()
     report = run(args.sessions, args.model, not args.pretrained, args.url, args.server_pid, args.images, args.changes,
                  args.step_timeout, deadline_s=args.deadline, workdir=args.workdir, browsers=args.browsers,
-                 keep_downloads=args.keep_downloads,
+                 keep_downloads=args.keep_downloads, downloads_in_memory_mb=args.downloads_in_memory_mb,
                  photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
     sys.exit(0 if report["ok"] else 1)
 

@@ -241,17 +241,20 @@ class StreamlitSession:
         button = self.elements.get(key)
         if button is None:
             raise KeyError(f"no download button with key {key!r} on the page")
+        # streamed, then read in one call: `.content` would gather a 31 MB export in 10 kB pieces in Python
         if button.url:  # an eager file: its URL is in the element
-            got = self._http("GET", button.url)
+            got = self._http("GET", button.url, stream=True)
         else:
-            got = self._http("GET", self._make_deferred(button.deferred_file_id))
+            got = self._http("GET", self._make_deferred(button.deferred_file_id), stream=True)
             for _ in range(DOWNLOAD_ATTEMPTS - 1):
                 if got.status_code != 404:
                     break
+                got.close()
                 self.retries.append(f"download {key}: the made file was already dropped (HTTP 404), asked again")
-                got = self._http("GET", self._make_deferred(button.deferred_file_id))
-        got.raise_for_status()
-        return got.content
+                got = self._http("GET", self._make_deferred(button.deferred_file_id), stream=True)
+        with got:
+            got.raise_for_status()
+            return got.raw.read(decode_content=True)
 
     def _make_deferred(self, file_id: str) -> str:
         """Ask the server to run a deferred download's callable; returns the made file's path."""

@@ -264,9 +264,42 @@ def test_load_test_sessions_each_get_their_own_analysis(tmp_path):
     assert len(report["new_image"]) == 3 and len(report["control"]) == 6
     assert (tmp_path / "after_the_class.png").stat().st_size > 10_000
     assert not (tmp_path / "downloads").exists()  # compared, then deleted (13 GB for a ViT-B/16-384 class)
+    assert report["cpu"]["server_cpu_s"] > 0 and report["cpu"]["busy_cpu_s"] >= report["cpu"]["server_cpu_s"] * 0.5
 
 
-def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path):
+def test_load_test_holds_downloads_in_memory_up_to_its_budget_then_on_disk(tmp_path):
+    store = loadtest.DownloadStore(tmp_path, memory_mb=1000 / 2**20)  # room for 1,000 bytes
+    first, second, third = b"a" * 600, b"b" * 600, b"c" * 300
+    kept = [store.keep(0, 0, first), store.keep(0, 1, second), store.keep(1, 0, third)]
+    assert kept[0] is first and kept[2] is third  # in memory while they fit
+    assert kept[1] == loadtest.download_path(tmp_path, 0, 1) and kept[1].read_bytes() == second  # beyond: on disk
+    assert [loadtest.DownloadStore.read(k) for k in kept] == [first, second, third]
+
+
+def test_load_test_cpu_meter_counts_the_server_and_its_children(tmp_path):
+    """The CPU the load test reports for the server is the server's (and its children's), not its own."""
+    import subprocess
+    import sys
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
+                               f"subprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"])
+    try:
+        meter = loadtest.CpuMeter(parent.pid)
+        meter.start()
+        time.sleep(2.5)  # the child starts, burns 0.6 CPU-s and sleeps
+        use = meter.stop()
+    finally:
+        for child in loadtest._children(parent.pid):
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait()
+    assert 0.5 <= use["server_cpu_s"] <= 1.5, use
+    assert use["clients_cpu_s"] < 0.3, use  # this process slept
+    assert use["busy_cpu_s"] >= 0.5 and use["machine_cpu_s"] >= 2.0, use
+
+
+def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path, reference):
     """scripts/streamlit_client.py against a live server: widgets by key, texts, a refused widget key."""
     from streamlit_client import StreamlitSession
 
@@ -283,6 +316,7 @@ def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path):
         assert page.fragments["layer"]  # the attention controls live in a fragment: reruns are the fragment's
         run = page.set("head", "head 2")
         assert any("head 2" in t for t in run.texts) and not run.exceptions
+        assert loadtest.compare(reference, data, page.download("dl_npz")) == []  # the export of this image
         with pytest.raises(KeyError, match="no widget"):
             page.set("no_such_widget", 1)
         page.close()
