@@ -108,17 +108,21 @@ def test_default_query_token_is_the_class_token_else_the_centre_patch():
     assert wider.center_patch == 2 * 6 + 3 and wider.img_size == (128, 192)
 
 
-def test_the_server_process_runs_passes_at_once_and_hands_the_gil_over_often():
+@pytest.mark.parametrize("traced, interval", [("on", 0.002), ("off", 0.0005)])
+def test_the_server_process_runs_passes_at_once_and_hands_the_gil_over_often(traced, interval):
     """dashboard.process sets what a server of many sessions needs, in its own process (a subprocess here:
-    the settings are process-wide): torch's threads, two capture passes at once on 2 threads, a 0.5 ms GIL switch."""
+    the settings are process-wide): torch's threads, two capture passes at once on 2 threads, the traced forward
+    unless turned off, and a GIL switch every 2 ms with it (it needs the GIL only to start and end), every
+    0.5 ms without (an eager forward needs it between operations)."""
     code = ("import sys, torch; from dashboard import process; from vit_core import capture; "
             "process.configure_torch_threads(); "
-            "print(torch.get_num_threads(), capture.parallel_passes(), sys.getswitchinterval())")
-    env = {**os.environ, "VIT_LENS_THREADS": "2"}
+            "print(torch.get_num_threads(), capture.parallel_passes(), capture.traced_forward_enabled(), "
+            "sys.getswitchinterval())")
+    env = {**os.environ, "VIT_LENS_THREADS": "2", "VIT_LENS_TRACED_FORWARD": traced}
     env.pop("VIT_LENS_PARALLEL_PASSES", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    threads, passes, interval = out.stdout.split()
-    assert (int(threads), int(passes), float(interval)) == (2, 2, 0.0005)
+    threads, passes, enabled, got = out.stdout.split()
+    assert (int(threads), int(passes), enabled, float(got)) == (2, 2, str(traced == "on"), interval)
 
 
 def test_the_server_runs_no_full_garbage_collection_after_every_run():

@@ -404,6 +404,10 @@ def set_traced_forward(enabled: bool) -> None:
     _tracing.enabled = enabled
 
 
+def traced_forward_enabled() -> bool:
+    return _tracing.enabled
+
+
 class _Recorder(torch.nn.Module):
     """The model's forward returning (logits, *intermediates): traced once, with the capture hooks on."""
 

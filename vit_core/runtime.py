@@ -77,17 +77,22 @@ def configure_traced_forward(enabled: bool | None = None) -> bool:
     return enabled
 
 
-SERVER_SWITCH_INTERVAL = 0.0005  # seconds: Python's default is 0.005
+SERVER_SWITCH_INTERVAL = 0.0005  # seconds, with eager forwards: Python's default is 0.005
+TRACED_SERVER_SWITCH_INTERVAL = 0.002  # seconds, with traced forwards (see configure_switch_interval)
 
 
 def configure_switch_interval(seconds: float = SERVER_SWITCH_INTERVAL) -> float:
     """For a server whose forward passes share the GIL with many sessions' Python work: hand the GIL over
     after `seconds` instead of Python's 5 ms; returns the previous interval.
 
-    A forward pass gives the GIL up around each of its few hundred torch operations and must get it back
-    after each; a thread running Python (a figure, a protobuf message) keeps it for up to the whole interval
-    meanwhile. Measured on the 2-core development machine (ViT-B/16, 1 torch thread, beside one thread
-    running pure Python): 1.52 s a forward at 5 ms, 0.64 s at 1 ms, 0.53 s at 0.5 ms (0.45 s alone)."""
+    An eager forward pass gives the GIL up around each of its few hundred torch operations and must get it
+    back after each; a thread running Python (a figure, a protobuf message) keeps it for up to the whole
+    interval meanwhile. Measured on the 2-core development machine (ViT-B/16, 1 torch thread, beside one
+    thread running pure Python): 1.52 s a forward at 5 ms, 0.64 s at 1 ms, 0.53 s at 0.5 ms (0.45 s alone).
+    A traced forward (vit_core.capture, "A forward without the GIL") takes the GIL only to start and end, and
+    every handover costs the kernel a wake-up: with it, TRACED_SERVER_SWITCH_INTERVAL (2 ms) served 30
+    sessions' uploads faster than 0.5 ms (scripts/loadtest.py, alternate runs: new-image median 9.2 and 9.4 s
+    against 10.4 and 9.8 s, control changes 0.08-0.09 s in both; 5 ms, one run: 9.5 s)."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(seconds)
     _logger.info("GIL switch interval: %.2f ms", seconds * 1000)
