@@ -15,7 +15,8 @@ Playwright). Every session at the same time:
      and waits until the views of the open tab are shown;
   3. opens the Attention tab and changes the layer slider / head select a few times, each time
      waiting until the new map is shown (and checking that it says the layer and head asked for);
-  4. downloads the sidebar's `.npz` export of what it shows;
+  4. downloads the sidebar's `.npz` export of what it shows (kept in memory up to
+     --downloads-in-memory-mb, beyond that on disk);
   and repeats 2-4 with a second image. Sessions are staggered by a fraction of a second, so
   uploads, forwards and control changes of different sessions interleave.
 Afterwards every downloaded `.npz` is compared with `vit_core.run_with_capture` +
@@ -33,7 +34,9 @@ exception or timeout. All traffic goes to 127.0.0.1; the run is bounded by --dea
 Why protocol clients: the clients run on the server's machine. Thirty chromium pages need most of
 2 cores to draw, so on a small machine they starve the server they are measuring (30 pages on this
 2-core machine never finished). Students' pages run on their own devices; protocol clients load the
-server exactly as those pages do and cost the machine almost nothing. With --browsers > 1 the pages
+server exactly as those pages do, for a fraction of the CPU (30 of them: about 6 CPU-seconds in a 33 s
+storm of ViT-B/16 on 2 cores, a tenth of the machine; the report says how much in each run: the
+server's, the clients' and the rest's CPU-seconds while the sessions ran). With --browsers > 1 the pages
 are kept to the last CPU (at the lowest priority) and the server to the others (at nice -10 when run
 as root), and they poll for "rendered" every 200 ms, not 50: their latencies are an upper bound of
 what students on their own devices see.

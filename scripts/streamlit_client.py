@@ -10,8 +10,9 @@ running app, as the browser's page does:
   * after every run it fetches each ``/media/...`` file the run referenced (images, figures), as a
     page loads its pictures.
 It keeps what each run showed (texts, exceptions, widgets by key) so a caller can check it, and
-measures nothing itself. Thirty of these cost the machine almost nothing, so a load test on one
-small machine measures the server, not thirty renderers competing with it for the CPU.
+measures nothing itself. Thirty of these take a tenth of a 2-core machine (scripts/loadtest.py reports
+how much), so a load test on one small machine measures the server, not thirty renderers competing with
+it for the CPU.
 
 Widgets are found by their key: Streamlit's element id for a keyed widget ends in ``-<key>``.
 """
