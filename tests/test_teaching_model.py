@@ -249,6 +249,24 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
         torch.testing.assert_close(reloaded(x), model(x))
 
 
+def test_a_second_stage_starts_from_the_first_stages_weights_and_keeps_its_record(tmp_path):
+    small = dict(embed_dim=32, depth=2, num_heads=2, num_train=128, chunk_size=128, gen_workers=1, batch_size=32,
+                 log_every=1, token_label_weight=0.0, drloc_weight=0.0)
+    first, first_summary = train(TrainConfig(steps=3, **small))
+    save(first, TrainConfig(steps=3, **small), first_summary, tmp_path / "first")
+    # at learning rate 0 (warmup and floor) the second stage's 2 steps change no weight: it starts where the first ended
+    second_cfg = TrainConfig(steps=2, seed=1, lr=0.0, min_lr=0.0, init_from=str(tmp_path / "first"), **small)
+    second, second_summary = train(second_cfg)
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    save(second, second_cfg, second_summary, tmp_path / "first")  # over the first: its record is read beforehand
+    config = json.loads((tmp_path / "first" / "config.json").read_text())
+    assert config["train"]["init_from"] == str(tmp_path / "first") and config["train"]["seed"] == 1
+    assert [stage["steps"] for stage in config["earlier_stages"]] == [3] and "init_from" in config["earlier_stages"][0]
+    with pytest.raises(RuntimeError):  # another architecture's weights are refused
+        train(TrainConfig(steps=1, **{**small, "embed_dim": 64}, init_from=str(tmp_path / "first")))
+
+
 def test_patch_cover_is_the_object_share_of_each_patch():
     masks = np.zeros((1, 16, 16), dtype=bool)
     masks[0, 0:8, 0:8] = True  # patch (0, 0) full
