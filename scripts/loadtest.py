@@ -205,7 +205,7 @@ class CpuMeter:
     def stop(self) -> dict:
         end = self._read()
         total, busy, server_user, server_system, clients = (b - a for a, b in zip(self._begin, end, strict=True))
-        server = server_user + server_system
+        server = server_user + server_system  # 0 without a server pid: "other" then holds the server
         return {"machine_cpu_s": total, "busy_cpu_s": busy, "server_cpu_s": server if self.server_pid else None,
                 "server_system_cpu_s": server_system, "clients_cpu_s": clients, "other_cpu_s": busy - server - clients}
 
@@ -674,9 +674,10 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         if proc is not None:
             stop_server(proc)
 
+    server_cpu = "unknown (no --server-pid)" if cpu_use["server_cpu_s"] is None else (
+        f"{cpu_use['server_cpu_s']:.1f} (in the kernel {cpu_use['server_system_cpu_s']:.1f})")
     say(f"all sessions done in {storm_s:.1f} s; CPU in that time: {cpu_use['busy_cpu_s']:.1f} of the machine's"
-        f" {cpu_use['machine_cpu_s']:.1f} CPU-s busy ({os.cpu_count()} CPUs): server"
-        f" {cpu_use['server_cpu_s'] or 0:.1f} (in the kernel {cpu_use['server_system_cpu_s']:.1f}),"
+        f" {cpu_use['machine_cpu_s']:.1f} CPU-s busy ({os.cpu_count()} CPUs): server {server_cpu},"
         f" this script's clients {cpu_use['clients_cpu_s']:.1f}, the rest {cpu_use['other_cpu_s']:.1f}")
     say("comparing every download with a standalone run...")
     loaded = reference_model(model, random_init)
