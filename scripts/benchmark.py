@@ -330,7 +330,9 @@ def browser(model: str, images: int, changes: int) -> dict[str, float]:
     healthy = time.perf_counter() - started
     try:
         with loadtest.RssSampler(proc.pid) as rss:
-            result = asyncio.run(loadtest.drive(url, 1, images, changes, 120, 0, workdir, None, browsers=1))[0]
+            prepared = loadtest.prepare_images(1, images, workdir)
+            store = loadtest.DownloadStore(workdir, memory_mb=0)  # a page saves its downloads itself
+            result = asyncio.run(loadtest.drive(url, prepared, changes, 120, 0, workdir, None, store, browsers=1))[0]
     finally:
         loadtest.stop_server(proc)
     if result.errors:

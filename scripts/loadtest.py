@@ -513,15 +513,15 @@ def lowered(executable: str, workdir: Path) -> str:
 
 
 async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
-                stagger_s: float, workdir: Path, screenshot: Path | None, browsers: int = 0,
-                downloads_in_memory_mb: float = 0) -> list[SessionResult]:
+                stagger_s: float, workdir: Path, screenshot: Path | None, store: DownloadStore,
+                browsers: int = 0) -> list[SessionResult]:
     """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
-    as protocol clients (one thread each); then, if `screenshot`, one more page to show the app still answers."""
+    as protocol clients (one thread each, their downloads kept in `store`); then, if `screenshot`, one more page
+    to show the app still answers."""
     sessions = len(prepared)
     browsers = min(browsers, sessions)
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
     threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers), thread_name_prefix="session")
-    store = DownloadStore(workdir, downloads_in_memory_mb)
     try:
         loop = asyncio.get_running_loop()
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
@@ -662,7 +662,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         try:
             results = asyncio.run(asyncio.wait_for(
                 drive(url, prepared, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
-                      browsers, downloads_in_memory_mb),
+                      DownloadStore(workdir, downloads_in_memory_mb), browsers),
                 timeout=deadline_s))
         except TimeoutError:
             results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]

@@ -522,3 +522,16 @@ def test_no_network_with_a_populated_hub_cache_uses_the_cached_weights(browser, 
     assert "offline" not in text.lower() and "RANDOM weights" not in text
     assert "Model vit_tiny_patch16_224" in text
     assert message_s < 15 and rendered_s < 30, (message_s, rendered_s)
+
+
+@needs_chromium
+def test_the_benchmark_drives_one_browser_session_through_the_load_test(capsys):
+    """scripts/benchmark.py's browser section reuses the load test's session driver: a change of that driver's
+    signature must not leave the benchmark broken (it did once: only this catches it)."""
+    import math
+
+    import benchmark
+
+    figures = benchmark.browser(TEST_TINY, images=1, changes=1)
+    assert "browser errors" not in capsys.readouterr().out
+    assert all(math.isfinite(figures[k]) and figures[k] > 0 for k in ("cold start", "new image", "control change"))
