@@ -149,15 +149,15 @@ def test_the_trace_keeps_no_hooks_and_no_model_alive(traced, image):
 def test_the_server_turns_it_on_and_an_environment_variable_turns_it_off(monkeypatch):
     monkeypatch.delenv(TRACED_FORWARD_ENV, raising=False)
     try:
-        assert configure_traced_forward() is True and capture._tracing.enabled
+        assert configure_traced_forward() is True and capture.traced_forward_enabled()
         for off in ("0", "off"):  # as the other server settings (VIT_LENS_WEIGHTS_UPLOADS=off)
             capture.set_traced_forward(True)
             monkeypatch.setenv(TRACED_FORWARD_ENV, off)
-            assert configure_traced_forward() is False and not capture._tracing.enabled
+            assert configure_traced_forward() is False and not capture.traced_forward_enabled()
     finally:
         capture.set_traced_forward(False)
     code = ("from dashboard import process; from vit_core import capture; "
-            "process.configure_torch_threads(); print(capture._tracing.enabled)")
+            "process.configure_torch_threads(); print(capture.traced_forward_enabled())")
     env = {k: v for k, v in os.environ.items() if k != TRACED_FORWARD_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.split()[-1] == "True"  # the library default stays eager; the server process traces

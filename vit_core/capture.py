@@ -405,6 +405,7 @@ def set_traced_forward(enabled: bool) -> None:
 
 
 def traced_forward_enabled() -> bool:
+    """Whether capture passes run traced where they can (`set_traced_forward`)."""
     return _tracing.enabled
 
 

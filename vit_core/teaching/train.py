@@ -54,7 +54,7 @@ from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_core.teaching.data import LABELS, draw_set
-from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, batch_transform
+from vit_core.teaching.model import SHAPES_VIT_TIMM_NAME, WEIGHTS_FILE, batch_transform, read_config
 
 log = logging.getLogger(__name__)
 
@@ -587,7 +587,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
     torch.manual_seed(cfg.seed)  # the model's init, then the training-only heads' (token head, then localiser)
     model = create_untrained(cfg)
     if cfg.init_from:
-        model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))  # strict: same architecture
+        model.load_state_dict(load_file(str(Path(cfg.init_from) / WEIGHTS_FILE)))  # strict: cfg's architecture
     model = model.to(device)
     heads = TrainingHeads(cfg, model.num_classes).to(device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -606,22 +606,23 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None) -> tuple[VisionTr
 
 
 def save(model: VisionTransformer, cfg: TrainConfig, summary: dict, out_dir: str | Path) -> None:
-    """Write model.safetensors, config.json and labels.txt (the format the loader reads)."""
-    out = Path(out_dir)
-    if cfg.init_from:
-        before = json.loads((Path(cfg.init_from) / "config.json").read_text())
-        earlier = before.get("earlier_stages", []) + [before["train"]]
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"))
+    """Write model.safetensors, config.json and labels.txt (the format the loader reads).
+
+    A second stage's config.json also keeps the records of the stages before it, first first (read before
+    anything is written: `out_dir` may be the folder it started from)."""
     config = {
         "name": MODEL_NAME,
         "model_args": model_args_from(cfg),
         "pretrained_cfg": pretrained_cfg_from(cfg),
         "train": summary,
     }
-    if cfg.init_from:  # the stages before this one, first first (read before anything is written: out may be init_from)
-        config["earlier_stages"] = earlier
+    if cfg.init_from:
+        before = read_config(cfg.init_from)
+        config["earlier_stages"] = before.get("earlier_stages", []) + [before["train"]]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_FILE))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "labels.txt").write_text("\n".join(LABELS) + "\n")
     log.info("saved %s", out)
