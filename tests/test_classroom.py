@@ -106,6 +106,7 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
     barrier = threading.Barrier(sessions)
 
     def student(i: int) -> None:
+        at = None
         try:
             at = run_app(view="Attention")
             barrier.wait(timeout=120)  # everyone uploads at once
@@ -120,8 +121,10 @@ def test_sessions_in_parallel_threads_each_get_their_own_analysis(tiny_env, runt
                 assert any(f"layer {(i + step) % 2}, head {(i + step) % 3}" in m.value for m in at.markdown)
                 got.append((data, npz(at, runtime), json.loads(download(at, runtime, ".json"))))
             results[i] = got
-        except BaseException as e:  # noqa: BLE001 - reported below, with the session
-            errors.append(f"session {i}: {type(e).__name__}: {e}")
+        except BaseException as e:  # noqa: BLE001 - reported below, with the session and what its page showed
+            shown = "" if at is None else (f"; page: exceptions {[x.value for x in at.exception]}, errors "
+                                           f"{[x.value for x in at.error]}, tabs {[t.label for t in at.tabs]}")
+            errors.append(f"session {i}: {type(e).__name__}: {e}{shown}")
 
     threads = [threading.Thread(target=student, args=(i,)) for i in range(sessions)]
     for t in threads:
