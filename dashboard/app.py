@@ -17,6 +17,7 @@ from vit_core.loading import LoadedModel
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
 process.configure_torch_threads()
+process.keep_made_downloads_for_a_while()  # `streamlit run dashboard/app.py` too, not only dashboard.serve
 
 
 def one_image_page(request: ModelRequest, loaded: LoadedModel) -> None:

@@ -19,13 +19,14 @@ DASHBOARD = "dashboard"
 
 
 def main(argv: list[str] | None = None) -> int:
+    whole_process = argv is None  # the `vit-lens` command itself, not a caller inside another program
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [DASHBOARD]:
         # Streamlit's own option parser takes everything after `dashboard` (argparse would refuse
         # `--server.port`). Imported here: `vit-lens analyze` need not load Streamlit.
         from dashboard import serve
 
-        serve.main(argv[1:])
+        serve.main(argv[1:], whole_process=whole_process)
         return 0
 
     from vit_core import __main__ as core_cli

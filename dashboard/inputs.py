@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 import vit_core
-from dashboard import draw, examples, models, state, text
+from dashboard import draw, examples, models, process, state, text
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice, markdown_literal
 from vit_core import export
 from vit_core.devices import DeviceError
@@ -184,7 +184,8 @@ def image_ui(model_name: str) -> ImageChoice:
 
 
 def export_ui(loaded: LoadedModel, cap: vit_core.Capture, stem: str) -> None:
-    st.download_button("All arrays of this image (.npz)", data=lambda: export.npz_bytes(export.analysis_arrays(loaded, cap)),
+    make = process.made_at_low_priority(lambda: export.npz_bytes(export.analysis_arrays(loaded, cap)))
+    st.download_button("All arrays of this image (.npz)", data=make,
                        file_name=f"{stem}.npz", mime="application/zip", key="dl_npz", on_click="ignore",
                        icon=":material/download:", help="input crop, logits, attention of every layer and head, tokens, "
                                                         "distances, rollout, filters: the format of `python -m vit_core analyze`")

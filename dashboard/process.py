@@ -1,4 +1,5 @@
-"""Once per server process: torch's thread count and the garbage collector's view of the long-lived heap.
+"""Once per server process: torch's thread count, the garbage collector's view of the long-lived heap, where
+downloads are made and how long Streamlit keeps them.
 
 No Streamlit here: `dashboard.serve` calls these before Streamlit starts, the app script on every run
 (each does its work once).
@@ -6,8 +7,12 @@ No Streamlit here: `dashboard.serve` calls these before Streamlit starts, the ap
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import functools
 import gc
+import time
+from typing import Callable, TypeVar
 
 from vit_core.runtime import (
     SERVER_SWITCH_INTERVAL,
@@ -16,7 +21,11 @@ from vit_core.runtime import (
     configure_switch_interval,
     configure_threads,
     configure_traced_forward,
+    cpu_quota,
+    lower_this_threads_priority,
 )
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -50,3 +59,54 @@ def freeze_long_lived_heap() -> None:
     if not _heap_frozen:
         _heap_frozen = True
         gc.freeze()
+
+
+# A download made on click (the `.npz` exports: 29 MB of arrays for ViT-B/16, 90 ms of CPU alone) is on no one's
+# way to a picture, yet Streamlit makes it on a thread at the pages' priority, above the forward lanes that every
+# new image waits for (vit_core.capture, FORWARD_LANE_NICENESS = 5). Made on these lanes instead, below both, a
+# class's downloads take the cores the pages and forwards leave.
+DOWNLOAD_LANE_NICENESS = 10
+
+
+@functools.cache
+def _download_lanes() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=cpu_quota(), thread_name_prefix="vit-lens-download",
+                                                 initializer=lower_this_threads_priority, initargs=(DOWNLOAD_LANE_NICENESS,))
+
+
+def made_at_low_priority(make: Callable[[], T]) -> Callable[[], T]:
+    """`make` for a download button's `data`: when Streamlit calls it (on click), it runs on a download lane, below
+    the priority of the pages and of the forward passes, and its result or exception comes back to the caller."""
+
+    def on_a_download_lane() -> T:
+        return _download_lanes().submit(contextvars.copy_context().run, make).result()
+
+    return on_a_download_lane
+
+
+# Streamlit (1.67) drops a file a download button made on click at the second sweep of unreferenced files after it
+# was made, and every script run of any session ends with such a sweep: in a class, two of them can come before the
+# browser's fetch of the file, which then fails (HTTP 404; the load test saw 1 to 7 of 60 downloads asked for again,
+# and now and then one failing three times in a row). Kept for a few seconds at least, the fetch finds it; the cost
+# is the exports made in those seconds (29 MB each for ViT-B/16).
+MADE_DOWNLOAD_GRACE_S = 5.0
+
+
+@functools.cache
+def keep_made_downloads_for_a_while() -> None:
+    """Once per process: a sweep drops a file made for a download only once it is MADE_DOWNLOAD_GRACE_S old (and
+    unreferenced, as before). Media files (figures) are dropped as before, at the first sweep that finds them
+    unreferenced. Replaces streamlit.runtime.media_file_manager.MediaFileMetadata, which that module builds for each
+    file it stores, by a subclass that knows when it was made."""
+    from streamlit.runtime import media_file_manager
+
+    class MadeAtMetadata(media_file_manager.MediaFileMetadata):
+        def __init__(self, kind: media_file_manager.MediaFileKind = media_file_manager.MediaFileKind.MEDIA) -> None:
+            super().__init__(kind)
+            self._made_at = time.monotonic()
+
+        @property
+        def is_marked_for_delete(self) -> bool:  # read by the sweep for downloadable files only
+            return self._is_marked_for_delete and time.monotonic() - self._made_at >= MADE_DOWNLOAD_GRACE_S
+
+    media_file_manager.MediaFileMetadata = MadeAtMetadata

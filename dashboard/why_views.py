@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 import streamlit as st
 
-from dashboard import figures, state, text
+from dashboard import figures, process, state, text
 from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
 from dashboard.view_context import ViewContext, cached_figure, shape, show_picture
 from vit_core import analyses, explain, export
@@ -371,10 +371,11 @@ def export_ui(ctx: ViewContext) -> None:
         return
     request, loaded, image, cap = ctx.request, ctx.loaded, ctx.image, ctx.cap
 
-    def npz() -> bytes:  # runs on the download's own thread, when clicked
+    def npz() -> bytes:  # made on click, on a download lane
         return export.npz_bytes(export.analysis_arrays(loaded, cap) | state.explanation_arrays(request, loaded, image, cap))
 
-    st.download_button("All arrays + explanations (.npz)", data=npz, file_name=f"{ctx.stem}_explained.npz",
-                       mime="application/zip", key="dl_npz_explained", on_click="ignore", icon=":material/download:",
+    st.download_button("All arrays + explanations (.npz)", data=process.made_at_low_priority(npz),
+                       file_name=f"{ctx.stem}_explained.npz", mime="application/zip", key="dl_npz_explained",
+                       on_click="ignore", icon=":material/download:",
                        help="the arrays above plus the target class, every relevance map, the logit lens and the token "
                             "norms; the deletion and insertion curves once computed in the Why? tab")

@@ -23,7 +23,7 @@ Afterwards every downloaded `.npz` is compared with `vit_core.run_with_capture` 
 `vit_core.export.analysis_arrays` run here, alone, on the same bytes: a session that got another
 session's result (or a half-finished one) is a mismatch.
 
-Reports latency (median, p95, max) for a new image and a control change, per kind of client: for a
+Reports latency (median, p95, max) for a new image, a control change and a download, per kind of client: for a
 page, from the file chosen / key pressed to every view of the open tab rendered with its images; for
 a protocol client, from the message sent to the run finished and every media file it referenced
 fetched (the server's whole share of the work; a page adds its drawing, about 0.1 s a step). Also
@@ -286,8 +286,11 @@ class SessionResult:
     new_image: list[float] = field(default_factory=list)
     control: list[float] = field(default_factory=list)
     control_kinds: list[str] = field(default_factory=list)  # "layer slider" or "head select", per control entry
-    # (file name, image bytes, the downloaded .npz: its bytes, or the file it was saved to; see DownloadStore)
-    downloads: list[tuple[str, bytes, bytes | Path]] = field(default_factory=list)
+    download: list[float] = field(default_factory=list)  # seconds from the click to the whole .npz received
+    # (file name, image bytes, the downloaded .npz: its bytes, or the file it was saved to; see DownloadStore).
+    # Not in repr: CPython 3.11's asyncio.run formats the main task's repr, results included, when it checks
+    # the SIGINT handler it set (signal.getsignal), and 60 downloads of 31 MB took 6 CPU-s to render.
+    downloads: list[tuple[str, bytes, bytes | Path]] = field(default_factory=list, repr=False)
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see streamlit_client)
 
@@ -388,11 +391,13 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
 
             # the export of the capture (widget key dl_npz), not the one with explanations beside it
             button = page.locator('[data-testid="stSidebar"] .st-key-dl_npz').get_by_role("button")
+            started = time.perf_counter()
             async with page.expect_download(timeout=step_timeout_ms) as info:
                 await button.click()
             download = await info.value
             saved = download_path(workdir, index, len(result.downloads))
             await download.save_as(saved)
+            result.download.append(time.perf_counter() - started)
             result.downloads.append((name, data, saved))
             await check_no_exception(page, result, f"download after {name}")
     except Exception as e:  # noqa: BLE001 - a timeout or a broken page is a finding, not a crash of the tool
@@ -477,7 +482,10 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
                 result.control.append(time.perf_counter() - started)
                 result.control_kinds.append(move.kind)
                 check(run, f"control change {change}", move.expected)
-            kept = store.keep(index, len(result.downloads), page.download("dl_npz"))
+            started = time.perf_counter()
+            npz = page.download("dl_npz")
+            result.download.append(time.perf_counter() - started)
+            kept = store.keep(index, len(result.downloads), npz)
             result.downloads.append((name, data, kept))
     except Exception as e:  # noqa: BLE001 - a timeout or a refused message is a finding, not a crash of the tool
         result.errors.append(f"session {index}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
@@ -526,8 +534,11 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
         loop = asyncio.get_running_loop()
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
-        if not browsers and screenshot is None:
-            return list(await asyncio.gather(*protocol))
+        if not browsers:
+            results = list(await asyncio.gather(*protocol))
+            if screenshot is not None:  # chromium starts after the class: its start-up is no student's work
+                await _with_browser(url, 0, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot, [])
+            return results
         return await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot,
                                    protocol)
     finally:
@@ -705,6 +716,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "first_render": [r.first_render for r in results if not np.isnan(r.first_render)],
         "new_image": [t for r in results for t in r.new_image],
         "control": [t for r in results for t in r.control],
+        "download": [t for r in results for t in r.download],
         "clients": [r.client for r in results],
         "retries": [x for r in results for x in r.retries],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
@@ -723,6 +735,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         for kind in ("layer slider", "head select"):
             times = [t for r in mine for t, k in zip(r.control, r.control_kinds, strict=True) if k == kind]
             say(summarise(f"    of which {kind}", times))
+        say(summarise("  .npz download -> all bytes received", [t for r in mine for t in r.download]))
     say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
     say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
     say(f"requests sent a second time (a closed keep-alive connection, or a made download dropped before it was"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from PIL import Image
 
 from conftest import drawn_image
-from vit_core import analyses, load_model, run_with_capture
+from vit_core import analyses, export, load_model, run_with_capture
 
 
 def run_cli(*args, cwd):
@@ -90,9 +92,10 @@ def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
     from dashboard import cli, serve
 
     seen = []
-    monkeypatch.setattr(serve, "main", seen.append)
+    monkeypatch.setattr(serve, "main", lambda argv, whole_process: seen.append((argv, whole_process)))
     assert cli.main(["dashboard", "--server.port", "8502", "--client.toolbarMode=minimal"]) == 0
-    assert seen == [["--server.port", "8502", "--client.toolbarMode=minimal"]]
+    # called from inside another program (this test), the server must not replace that program's process
+    assert seen == [(["--server.port", "8502", "--client.toolbarMode=minimal"], False)]
 
 
 def test_analyze_explain_writes_the_explanation_keys(tmp_path):
@@ -248,3 +251,25 @@ def test_write_atomically_replaces_whole_files_with_a_plain_files_permissions(tm
     with pytest.raises(FileNotFoundError) as error:
         write_atomically(tmp_path / "missing" / "r.bin", b"x")
     assert error.value.filename == str(tmp_path / "missing" / "r.bin")
+
+
+def test_npz_bytes_writes_each_array_as_np_savez_does():
+    """The export's own .npz writer (one copy of each array, not np.savez's two): every member of a C-ordered
+    array is the same bytes np.savez writes; other layouts and 0-d, empty and bool arrays load back equal."""
+    rng = np.random.default_rng(0)
+    arrays = {"pattern": rng.random((2, 3, 5, 5), dtype=np.float32), "count": np.asarray(3, dtype=np.int64),
+              "mask": rng.random((4, 3)) > 0.5, "empty": np.zeros((0, 4), np.float32), "pixels": np.arange(6, dtype=np.uint8),
+              "fortran": np.asfortranarray(rng.random((5, 7))), "strided": rng.random((10, 10))[::2, 1::3]}
+    mine = export.npz_bytes(arrays)
+    reference = io.BytesIO()
+    np.savez(reference, **arrays)
+    with np.load(io.BytesIO(mine)) as got:
+        assert sorted(got.files) == sorted(arrays)
+        for name, array in arrays.items():
+            assert got[name].dtype == array.dtype and got[name].shape == array.shape, name
+            assert np.array_equal(got[name], array), name
+    with zipfile.ZipFile(io.BytesIO(mine)) as ours, zipfile.ZipFile(reference) as numpys:
+        for name in ("pattern", "count", "mask", "empty", "pixels"):
+            assert ours.read(f"{name}.npy") == numpys.read(f"{name}.npy"), name
+    with pytest.raises(ValueError, match="object array"):
+        export.npz_bytes({"labels": np.array(["a", None], dtype=object)})

@@ -89,9 +89,11 @@ def test_a_bad_device_stops_the_server_at_start_with_one_line(args, env, message
 
 def test_vit_lens_dashboard_takes_the_device_option(monkeypatch):
     monkeypatch.setenv("VIT_LENS_DEVICE", "auto")  # restored afterwards: main() sets it in this process
+    replaced = []  # a restart here (dashboard.serve.restart_with_huge_pages) would have replaced pytest's process
+    monkeypatch.setattr(os, "execve", lambda *args: replaced.append(args))
     with pytest.raises(SystemExit, match="unknown device 'gpu'"):
         cli.main(["dashboard", "--device=gpu", "--server.port", "8502"])
-    assert os.environ["VIT_LENS_DEVICE"] == "gpu"
+    assert os.environ["VIT_LENS_DEVICE"] == "gpu" and replaced == []
 
 
 def test_the_sidebar_shows_the_servers_device(tiny_env, monkeypatch):

@@ -6,12 +6,13 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from dashboard import examples, models, uploads
+from dashboard import examples, models, process, serve, uploads
 from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
 from vit_core import ImageError, OfflineError
 from vit_core.loading import TEACHING_MODEL, Geometry
@@ -132,3 +133,76 @@ def test_the_server_runs_no_full_garbage_collection_after_every_run():
 
     config = tomllib.loads((Path(models.__file__).parent / ".streamlit" / "config.toml").read_text())
     assert config["runner"]["postScriptGC"] is False
+
+
+def _nice_of_this_thread() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
+def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
+    """The `.npz` exports are made on a download lane: another thread, at a nice value the pages' threads and the
+    forward lanes (vit_core.capture) are above, so a class's downloads take only the cores new images leave."""
+    from vit_core import capture
+
+    here = _nice_of_this_thread()
+    tid, nice = process.made_at_low_priority(lambda: (threading.get_native_id(), _nice_of_this_thread()))()
+    assert tid != threading.get_native_id() and _nice_of_this_thread() == here
+    assert nice == min(19, here + process.DOWNLOAD_LANE_NICENESS)
+    assert process.DOWNLOAD_LANE_NICENESS > capture.FORWARD_LANE_NICENESS
+
+    def broken() -> bytes:
+        raise ValueError("no such layer")
+
+    with pytest.raises(ValueError, match="no such layer"):  # the caller (Streamlit) sees the failure
+        process.made_at_low_priority(broken)()
+
+
+THP_MADVISE = "always [madvise] never\n"
+
+
+@pytest.mark.parametrize("env, thp_mode, libc, tunables", [
+    ({}, THP_MADVISE, "glibc", serve.HUGE_PAGES_TUNABLE),
+    ({}, "[always] madvise never\n", "glibc", serve.HUGE_PAGES_TUNABLE),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, THP_MADVISE, "glibc",
+     f"glibc.malloc.arena_max=2:{serve.HUGE_PAGES_TUNABLE}"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, THP_MADVISE, "glibc", None),  # someone's own choice: kept
+    ({serve.HUGE_PAGES_ENV: "off"}, THP_MADVISE, "glibc", None),
+    ({}, "always madvise [never]\n", "glibc", None),  # the kernel gives none
+    ({}, "", "glibc", None),  # no transparent huge pages in this kernel
+    ({}, THP_MADVISE, "", None),  # not glibc (musl, say): the tunable means nothing
+])
+def test_the_server_restarts_with_huge_pages_only_where_malloc_can_get_them(env, thp_mode, libc, tunables):
+    got = serve.huge_pages_environment({"PATH": "/bin", **env}, thp_mode, libc)
+    assert (None if got is None else got["GLIBC_TUNABLES"]) == tunables
+    if got is not None:
+        assert got["PATH"] == "/bin"  # the rest of the environment as it was
+
+
+def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
+    """Streamlit drops a file a download button made on click at the second sweep after it was made, and every
+    session's every run ends with a sweep: in a class the fetch came too late (HTTP 404). Kept MADE_DOWNLOAD_GRACE_S."""
+    from streamlit.runtime import media_file_manager
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    monkeypatch.setattr(media_file_manager, "MediaFileMetadata", media_file_manager.MediaFileMetadata)  # undone after
+    process.keep_made_downloads_for_a_while.cache_clear()
+    process.keep_made_downloads_for_a_while()
+    now = [1000.0]
+    monkeypatch.setattr(process.time, "monotonic", lambda: now[0])
+    storage = MemoryMediaFileStorage("/media")
+    manager = MediaFileManager(storage)
+    placeholder = manager.add_deferred(lambda: b"the export", "application/zip", "coords", "x.npz")
+    manager.add(b"a figure", "image/png", "figure coords")
+    url = manager.execute_deferred(placeholder)
+    made = url.rsplit("/", 1)[1].split(".")[0]
+    manager.clear_session_refs()  # the session's next run shows neither
+    manager.remove_orphaned_files()
+    manager.remove_orphaned_files()
+    assert storage.get_file(made).content == b"the export"  # Streamlit's own rule: gone by now
+    assert len(storage._files_by_id) == 1  # the figure went at the first sweep, as before
+    now[0] += process.MADE_DOWNLOAD_GRACE_S
+    manager.remove_orphaned_files()
+    assert not storage._files_by_id
+    process.keep_made_downloads_for_a_while.cache_clear()

@@ -130,6 +130,24 @@ def _new_session_config(url: str):
     raise AssertionError("no NewSession message within 30 s")
 
 
+def _assert_huge_pages_where_possible(pid: int, env: dict[str, str]) -> None:
+    """The server process `pid` runs with glibc's huge-page tunable exactly where dashboard.serve says it should."""
+    import platform
+
+    from dashboard import serve
+
+    try:
+        thp_mode = serve.THP_MODE_FILE.read_text()
+    except OSError:
+        thp_mode = ""
+    expected = serve.huge_pages_environment(env, thp_mode, platform.libc_ver()[0])
+    if sys.platform != "linux":
+        return
+    running = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+    got = running.get(b"GLIBC_TUNABLES", b"").decode()
+    assert got == (env if expected is None else expected).get("GLIBC_TUNABLES", ""), (got, thp_mode)
+
+
 def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anywhere(installed, tmp_path):
     from streamlit.proto.NewSession_pb2 import Config
 
@@ -155,9 +173,11 @@ def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anyw
             time.sleep(0.3)
         config = _new_session_config(url)
         # Streamlit's defaults are gatherUsageStats = true and toolbarMode = "auto"; the package's file says
-        # false and "viewer"; the command line said "minimal".
+        # false and "viewer"; the command line said "minimal" (and reached the server through its restart with
+        # huge pages, where this machine has them).
         assert config.gather_usage_stats is False
         assert config.toolbar_mode == Config.ToolbarMode.MINIMAL
+        _assert_huge_pages_where_possible(server.pid, env)
     finally:
         loadtest.stop_server(server)
         log.close()

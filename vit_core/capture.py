@@ -22,8 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 import warnings
@@ -40,6 +38,7 @@ from .analyses import softmax
 from .errors import CaptureError
 from .images import to_rgb
 from .loading import Geometry, LoadedModel
+from .runtime import lower_this_threads_priority
 
 _logger = logging.getLogger(__name__)
 
@@ -511,15 +510,10 @@ def _forward_lanes() -> concurrent.futures.ThreadPoolExecutor:
             if _tracing.lanes is not None:
                 _tracing.lanes.shutdown(wait=False)  # its running forwards finish; new ones go to the wider pool
             _tracing.lanes = concurrent.futures.ThreadPoolExecutor(
-                max_workers=_parallel.passes, thread_name_prefix="vit-lens-forward", initializer=_lower_this_threads_priority)
+                max_workers=_parallel.passes, thread_name_prefix="vit-lens-forward",
+                initializer=lower_this_threads_priority, initargs=(FORWARD_LANE_NICENESS,))
             _tracing.lane_count = _parallel.passes
         return _tracing.lanes
-
-
-def _lower_this_threads_priority() -> None:
-    if sys.platform == "linux":  # elsewhere PRIO_PROCESS with a thread id is not this thread
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + FORWARD_LANE_NICENESS))
 
 
 def _finished(device: torch.device) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import weakref
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -135,10 +136,20 @@ def explanation_export(
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """An .npz file in memory, uncompressed: float attention and tokens barely compress (ViT-B/16: 27 MB
-    instead of 31), and zlib spends 2 s of CPU on them, on a server that 30 students share."""
+    """An .npz file in memory, as `np.savez` writes it (stored, not compressed: float attention and tokens
+    barely compress, ViT-B/16: 27 MB instead of 31, and zlib spends 2 s of CPU on them, on a server that
+    30 students share), with each array copied once: `np.savez` copies every array into a new bytes object
+    before the zip entry copies it again (ViT-B/16, 29 MiB, median of 10 calls on a 2-core VM: 16.6 ms
+    with np.savez, 12.7 ms this way; the first call, into fresh pages, costs about twice as much)."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+        for name, value in arrays.items():
+            array = np.asarray(value, order="C")  # C-ordered data (copied only if not), 0-d kept 0-d
+            if array.dtype.hasobject:
+                raise ValueError(f"{name}: an object array can't be exported without pickle")
+            with npz.open(f"{name}.npy", "w", force_zip64=True) as entry:  # force_zip64 as np.savez (gh-10776)
+                np.lib.format.write_array_header_1_0(entry, np.lib.format.header_data_from_array_1_0(array))
+                entry.write(array.data)  # the CRC and the one copy, read straight from the array's memory
     return buffer.getvalue()
 
 

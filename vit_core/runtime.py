@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -40,6 +41,15 @@ def configure_threads(threads: int | None = None) -> int:
         torch.set_num_threads(threads)
     _logger.info("torch threads: %d", threads)
     return threads
+
+
+def lower_this_threads_priority(by: int) -> None:
+    """Raise the calling thread's nice value by `by` (at most to 19), so that it gets a core only after the
+    threads at the process's own priority. Linux only: there each thread has a nice value of its own (its
+    thread id names it to setpriority); elsewhere that call would lower the whole process, so nothing is done."""
+    if sys.platform == "linux":
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
 
 
 PARALLEL_PASSES_ENV = "VIT_LENS_PARALLEL_PASSES"
