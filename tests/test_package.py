@@ -148,6 +148,16 @@ def _assert_huge_pages_where_possible(pid: int, env: dict[str, str]) -> None:
     assert got == (env if expected is None else expected).get("GLIBC_TUNABLES", ""), (got, thp_mode)
 
 
+def _assert_fast_event_loop(pid: int) -> None:
+    """The server process `pid` runs its event loop on uvloop and parses HTTP with httptools (both dependencies on
+    Linux, see pyproject.toml): Streamlit and uvicorn pick them only when importable, and fall back silently."""
+    if sys.platform != "linux":
+        return
+    mapped = Path(f"/proc/{pid}/maps").read_text()
+    assert "/uvloop/" in mapped, "the server runs on asyncio's own event loop, not uvloop"
+    assert "/httptools/" in mapped, "the server parses HTTP in Python (h11), not with httptools"
+
+
 def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anywhere(installed, tmp_path):
     from streamlit.proto.NewSession_pb2 import Config
 
@@ -178,6 +188,7 @@ def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anyw
         assert config.gather_usage_stats is False
         assert config.toolbar_mode == Config.ToolbarMode.MINIMAL
         _assert_huge_pages_where_possible(server.pid, env)
+        _assert_fast_event_loop(server.pid)
     finally:
         loadtest.stop_server(server)
         log.close()
