@@ -65,6 +65,9 @@ def warm_up() -> None:
     except vit_core.ViTLensError as e:  # the page will say so
         _logger.warning("warm-up: %s", e)
     except Exception:  # never take the server down from a warm-up; logged, and the page will show it
+        if not threading.main_thread().is_alive():  # stopped mid-warm-up (Ctrl+C): the lanes refuse new work
+            _logger.info("warm-up cut short: the server is stopping")
+            return
         _logger.exception("warm-up failed")
     process.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)

@@ -179,6 +179,34 @@ def test_the_server_restarts_with_huge_pages_only_where_malloc_can_get_them(env,
         assert got["PATH"] == "/bin"  # the rest of the environment as it was
 
 
+class _StoppedThread:
+    def is_alive(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_warm_up_cut_short_by_the_server_stopping_logs_one_line_not_a_traceback(monkeypatch, caplog, stopping):
+    """Stopped while it still warms up (Ctrl+C a second after the start; the installed-dashboard test did), the
+    forward lanes refuse new work: that is one line in the log. Any other failure keeps its traceback."""
+    from dashboard import state
+
+    def refused(request):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(state, "load", refused)
+    monkeypatch.setattr(process, "freeze_long_lived_heap", lambda: None)
+    if stopping:
+        monkeypatch.setattr(serve.threading, "main_thread", _StoppedThread)
+    with caplog.at_level("INFO", logger="vit_lens.serve"):
+        serve.warm_up()
+    with_traceback = [r for r in caplog.records if r.exc_info]
+    if stopping:
+        assert not with_traceback
+        assert any("server is stopping" in r.getMessage() for r in caplog.records)
+    else:
+        assert [r.getMessage() for r in with_traceback] == ["warm-up failed"]
+
+
 def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
     """Streamlit drops a file a download button made on click at the second sweep after it was made, and every
     session's every run ends with a sweep: in a class the fetch came too late (HTTP 404). Kept MADE_DOWNLOAD_GRACE_S."""
