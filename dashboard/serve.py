@@ -42,6 +42,9 @@ APP = Path(__file__).resolve().parent / "app.py"  # the installed copy, wherever
 _logger = logging.getLogger("vit_lens.serve")
 
 
+server_stopped = threading.Event()  # set when Streamlit's server has returned, before the interpreter shuts down
+
+
 def warm_up() -> None:
     """Fill the shared caches with what the first page needs: the start-up model (or, if it can't be
     had, the fallback), the capture of the default example image, and a first figure (matplotlib's
@@ -65,8 +68,8 @@ def warm_up() -> None:
     except vit_core.ViTLensError as e:  # the page will say so
         _logger.warning("warm-up: %s", e)
     except Exception:  # never take the server down from a warm-up; logged, and the page will show it
-        if not threading.main_thread().is_alive():  # stopped mid-warm-up (Ctrl+C): the lanes refuse new work
-            _logger.info("warm-up cut short: the server is stopping")
+        if server_stopped.is_set():  # stopped mid-warm-up (Ctrl+C): the interpreter's exit closed the forward lanes
+            _logger.info("warm-up cut short: the server stopped")
             return
         _logger.exception("warm-up failed")
     process.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
@@ -174,7 +177,10 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     from streamlit.web import cli
 
     sys.argv = ["streamlit", "run", str(APP), *argv, *upload_cap_flags(argv)]
-    sys.exit(cli.main())
+    try:
+        sys.exit(cli.main())
+    finally:
+        server_stopped.set()
 
 
 if __name__ == "__main__":
