@@ -2,8 +2,10 @@
 
     .venv/bin/python scripts/benchmark.py [--model vit_base_patch16_224] [--repeats 15] [--no-dashboard] [--no-browser]
 
-1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward,
-   `run_with_capture`, capture + all per-image analyses of the export.
+1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward (its
+   linears on MKL, torch's default), the same with its linears on oneDNN (vit_core.onednn, as in every pass of
+   ViT Lens; the same as the plain forward where that is off), `run_with_capture`, capture + all per-image
+   analyses of the export.
 1b. The capture as the dashboard's server runs it (1 torch thread, GIL switch 0.5 ms), eager and traced
    (vit_core/capture.py, "A forward without the GIL"), alone and beside a thread running Python.
 2. Dashboard, server side (AppTest, no browser): a new image with each view open; every view with the
@@ -22,9 +24,9 @@ Then one table of everything beside its target.
 Pretrained weights are not needed (nor available offline): a random init of the same architecture
 costs exactly the same arithmetic (VIT_LENS_RANDOM_INIT=1 for the server; "cached" for the cold
 start means the weights are on disk; for a random init, the build time counts instead).
-Targets: capture within 1.15x of the plain forward; control change < 300 ms; new image < 2 s;
-cold start < 15 s; relevance pass within 3x of the plain forward; all curves within 30 s (ViT-B/16 on
-this CPU; 2 s for the bundled Shapes ViT); an intervention within 1 s.
+Targets: capture within 1.15x of the plain forward (its linears on the same library); control change
+< 300 ms; new image < 2 s; cold start < 15 s; relevance pass within 3x of the plain forward; all curves
+within 30 s (ViT-B/16 on this CPU; 2 s for the bundled Shapes ViT); an intervention within 1 s.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dashboard.views import VIEWS
 from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model, preprocess, run_with_capture
 from vit_core.capture import set_traced_forward
 from vit_core.export import analysis_arrays, model_arrays
+from vit_core.onednn import linears_on_onednn
 from vit_core.runtime import configure_switch_interval, configure_threads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,10 +73,12 @@ def weights_of(model: str) -> str:
     return "bundled" if model == TEACHING_MODEL else "random init"
 
 
-def plain_forward(loaded: LoadedModel, image: Image.Image) -> None:
-    """timm's own forward (fused attention, no hooks): the baseline every variant is compared with."""
+def plain_forward(loaded: LoadedModel, image: Image.Image, linears: Callable[[], contextlib.AbstractContextManager] =
+                  contextlib.nullcontext) -> None:
+    """timm's own forward (fused attention, no hooks): the baseline every variant is compared with. With `linears`
+    a context around it, e.g. vit_core.onednn's, which every pass of ViT Lens runs in."""
     _, x = preprocess(loaded, image)  # (1, 3, H, W)
-    with torch.inference_mode():
+    with torch.inference_mode(), linears():
         loaded.model(x)
 
 
@@ -106,18 +111,24 @@ def core(model: str, repeats: int) -> dict[str, float]:
     def capture_and_analyses():
         analysis_arrays(loaded, run_with_capture(loaded, image))
 
-    variants = {"plain timm forward (fused attention)": partial(plain_forward, loaded, image), "run_with_capture": capture,
-                "run_with_capture + all analyses": capture_and_analyses}
+    variants = {"plain timm forward (fused attention)": partial(plain_forward, loaded, image),
+                "plain forward, linears on oneDNN": partial(plain_forward, loaded, image,
+                                                            partial(linears_on_onednn, loaded.device)),
+                "run_with_capture": capture, "run_with_capture + all analyses": capture_and_analyses}
     times = interleaved_times(variants, repeats, warmups=3)
 
     # Ratios per round, then their median: this VM's speed drifts (identical runs differ by 10-30 %), and a
     # ratio of two medians taken at different moments carries that drift; each round runs every variant once.
-    plain = times["plain timm forward (fused attention)"]
-    ratios = {name: statistics.median(t / p for t, p in zip(samples, plain, strict=True)) for name, samples in times.items()}
+    # A capture is compared with the plain forward whose linears run where the capture's do (oneDNN, where it is on):
+    # its ratio is the cost of capturing, not of the library.
+    plain, same_library = times["plain timm forward (fused attention)"], times["plain forward, linears on oneDNN"]
+    ratios = {name: statistics.median(t / p for t, p in zip(samples, plain if name.startswith("plain") else same_library,
+                                                             strict=True)) for name, samples in times.items()}
     g = loaded.geometry
     print(f"\n== 1. core: {model} ({weights_of(model)}), batch 1, {g.img_size[0]}x{g.img_size[1]}, {g.num_tokens} tokens, "
           f"CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} interleaved rounds")
-    print(f"{'':40s} {'median ms':>10s} {'p90 ms':>8s} {'ratio':>6s}  (ratio: median over rounds of variant / plain)")
+    print(f"{'':40s} {'median ms':>10s} {'p90 ms':>8s} {'ratio':>6s}  (ratio: median over rounds of variant / plain; a capture's:"
+          " / plain with linears on oneDNN)")
     for name, samples in times.items():
         median = statistics.median(samples)
         p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
@@ -366,6 +377,8 @@ def main() -> None:
     c = core(args.model, args.repeats)
     plain, cap = c["plain timm forward (fused attention)"], c["run_with_capture"]
     rows.append(("plain timm forward", f"{plain * 1e3:.0f} ms", "", None))
+    onednn, onednn_ratio = c["plain forward, linears on oneDNN"], c["plain forward, linears on oneDNN ratio"]
+    rows.append(("plain forward, linears on oneDNN", f"{onednn * 1e3:.0f} ms ({onednn_ratio:.2f}x)", "", None))
     cap_ratio, full_ratio = c["run_with_capture ratio"], c["run_with_capture + all analyses ratio"]
     rows.append(("run_with_capture", f"{cap * 1e3:.0f} ms ({cap_ratio:.2f}x)", "<= 1.15x", cap_ratio <= 1.15))
     full = c["run_with_capture + all analyses"]

@@ -38,6 +38,7 @@ from .analyses import softmax
 from .errors import CaptureError
 from .images import to_rgb
 from .loading import Geometry, LoadedModel
+from .onednn import linears_on_onednn
 from .runtime import lower_this_threads_priority
 
 _logger = logging.getLogger(__name__)
@@ -553,7 +554,7 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
     with _capture_pass(loaded, store):
-        with torch.inference_mode(), full_float32(loaded.device):
+        with torch.inference_mode(), full_float32(loaded.device), linears_on_onednn(loaded.device):
             traced = _traced_forward(loaded, x, store)  # the model's first pass records the trace
             started = time.perf_counter()
             if traced is not None:
