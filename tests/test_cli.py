@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -273,3 +275,34 @@ def test_npz_bytes_writes_each_array_as_np_savez_does():
             assert ours.read(f"{name}.npy") == numpys.read(f"{name}.npy"), name
     with pytest.raises(ValueError, match="object array"):
         export.npz_bytes({"labels": np.array(["a", None], dtype=object)})
+
+
+def test_npz_bytes_in_one_thread_after_a_larger_or_refused_export_and_in_two_threads_at_once():
+    """Each thread writes its exports through one scratch file it keeps (vit_core.export._scratch_file): an export
+    is exactly its own bytes, whatever the thread wrote before, and threads never see each other's."""
+    rng = np.random.default_rng(1)
+    small = {"a": rng.random((3, 4), dtype=np.float32)}
+    large = {"b": rng.random((300, 400), dtype=np.float32), "c": np.arange(10)}
+
+    def in_a_new_thread(arrays):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(export.npz_bytes, arrays).result()
+
+    alone = in_a_new_thread(small)
+    export.npz_bytes(large)
+    assert export.npz_bytes(small) == alone
+    with pytest.raises(ValueError, match="object array"):
+        export.npz_bytes({"fine": np.ones(1000), "labels": np.array(["a", None], dtype=object)})
+    assert export.npz_bytes(small) == alone
+    with np.load(io.BytesIO(alone)) as got:
+        assert np.array_equal(got["a"], small["a"])
+
+    barrier = threading.Barrier(2)
+
+    def at_once(arrays):
+        barrier.wait(10)
+        return [export.npz_bytes(arrays) for _ in range(5)]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        smalls, larges = pool.submit(at_once, small), pool.submit(at_once, large)
+        assert set(smalls.result()) == {alone} and set(larges.result()) == {in_a_new_thread(large)}

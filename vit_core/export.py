@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
+import threading
 import weakref
 import zipfile
 from typing import Any
@@ -136,21 +139,56 @@ def explanation_export(
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """An .npz file in memory, as `np.savez` writes it (stored, not compressed: float attention and tokens
-    barely compress, ViT-B/16: 27 MB instead of 31, and zlib spends 2 s of CPU on them, on a server that
-    30 students share), with each array copied once: `np.savez` copies every array into a new bytes object
-    before the zip entry copies it again (ViT-B/16, 29 MiB, median of 10 calls on a 2-core VM: 16.6 ms
-    with np.savez, 12.7 ms this way; the first call, into fresh pages, costs about twice as much)."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+    """An .npz file in memory, as `np.savez` writes it: stored, not compressed (float attention and tokens
+    barely compress, ViT-B/16: 27 MB instead of 31, and zlib spends 2 s of CPU on them, on a server that 30
+    students share), and copied without holding Python's GIL (see `_scratch_file`)."""
+    file = _scratch_file()
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
         for name, value in arrays.items():
             array = np.asarray(value, order="C")  # C-ordered data (copied only if not), 0-d kept 0-d
             if array.dtype.hasobject:
                 raise ValueError(f"{name}: an object array can't be exported without pickle")
             with npz.open(f"{name}.npy", "w", force_zip64=True) as entry:  # force_zip64 as np.savez (gh-10776)
                 np.lib.format.write_array_header_1_0(entry, np.lib.format.header_data_from_array_1_0(array))
-                entry.write(array.data)  # the CRC and the one copy, read straight from the array's memory
-    return buffer.getvalue()
+                entry.write(array.data)  # zlib's CRC and one write(2), straight from the array's memory
+    return _read_whole(file.fileno(), file.tell())  # the file may go on past the end: an earlier, larger export
+
+
+_scratch = threading.local()
+
+
+def _scratch_file() -> io.FileIO:
+    """This thread's scratch file for `npz_bytes`, at its start: unbuffered, in memory where the OS has memfd
+    (Linux), else a temporary file; kept for the thread's next export, and closed when the thread ends.
+
+    The dashboard makes a class's exports (29 MB each for ViT-B/16) on low-priority threads (dashboard/process.py)
+    while students' pages run Python. Written into an `io.BytesIO`, every array was copied holding the GIL, and a
+    low-priority thread preempted mid-copy kept every page waiting: in a 30-session load test `py-spy record --gil`
+    found the export holding the GIL in 35 % of the samples where anyone held it. os.write and os.pread copy with
+    the GIL released, and `_read_whole` makes the one `bytes` object Streamlit needs straight from the file. The
+    file is kept because writing into a new one's fresh pages made an export 4x slower (16 -> 64 ms, ViT-B/16)."""
+    file = getattr(_scratch, "file", None)
+    if file is None:
+        if hasattr(os, "memfd_create"):
+            file = open(os.memfd_create("vit-lens-npz", os.MFD_CLOEXEC), "w+b", buffering=0)
+        else:
+            file = tempfile.TemporaryFile(buffering=0)
+        _scratch.file = file
+    file.seek(0)
+    return file
+
+
+def _read_whole(fd: int, size: int) -> bytes:
+    """The first `size` bytes of the file `fd`, read with the GIL released (os.pread reads into a new bytes object)."""
+    data = os.pread(fd, size, 0)
+    if len(data) == size:
+        return data
+    parts = [data]  # one read returns at most about 2 GiB on Linux
+    while (done := sum(map(len, parts))) < size:
+        if not (part := os.pread(fd, size - done, done)):
+            raise OSError(f"the scratch file ended at {done} of {size} bytes")
+        parts.append(part)
+    return b"".join(parts)
 
 
 def json_bytes(data: dict[str, Any]) -> bytes:

@@ -6,11 +6,12 @@ where the CPU has it: on the 2-core development machine (AMD EPYC, Zen 5) a ViT-
 2304) takes 5.9 ms on one thread, 119 GFLOP/s, with or without $MKL_ENABLE_INSTRUCTIONS. oneDNN, in the same
 PyTorch, picks its kernels by the CPU's instruction sets: 2.6 ms, and 1.8x to 2.2x faster for every linear of
 ViT-Ti to ViT-B with 197 or 577 tokens (slower only for a single row: 0.05 against 0.04 ms). A ViT-B/16 forward
-takes 87 ms instead of 179 ms on 2 threads (`scripts/benchmark.py --no-dashboard --no-browser --no-explain`,
-section 1), the server's 1-thread traced capture 166 ms instead of 328 ms (section 1b, run again with
-$VIT_LENS_ONEDNN_LINEAR=off). Both are IEEE float32 (no
-TF32 or bf16 inside) and sum in different orders, so results differ within float32 tolerance (ViT-B/16 logits:
-3e-6), as they do between devices (../shared/spec/interface.md, "Devices").
+takes 87 ms instead of 179 ms on 2 threads, and the server's 1-thread traced capture 166 ms instead of 328 ms
+(`scripts/benchmark.py --no-dashboard --no-browser --no-explain`, sections 1 and 1b, run again with
+$VIT_LENS_ONEDNN_LINEAR=off). How much this gains depends on the CPU: on an earlier development VM oneDNN reached
+104 GFLOP/s against MKL's 92 (README, "Serving a class"). Both are IEEE float32 (no TF32 or bf16 inside) and sum
+in different orders, so results differ within float32 tolerance (ViT-B/16 logits: 3e-6), as they do between
+devices (../shared/spec/interface.md, "Devices").
 
 `linears_on_onednn(device)` routes the linears of the calling thread's forward passes (a TorchFunctionMode is
 per thread) through `torch.ops.mkldnn._linear_pointwise` (torch's binding of oneDNN's linear), called through a
