@@ -11,7 +11,9 @@ from functools import partial
 
 import streamlit as st
 
+import vit_core
 from dashboard import inputs, many_images, process, state, views, why_views
+from dashboard.image_choice import ImageChoice
 from dashboard.models import ModelRequest
 from vit_core.loading import LoadedModel
 
@@ -21,13 +23,19 @@ process.keep_made_downloads_for_a_while()  # `streamlit run dashboard/app.py` to
 
 
 def one_image_page(request: ModelRequest, loaded: LoadedModel) -> None:
-    """Sidebar: image, downloads. Main area: a header, then one tab per stage of the forward pass."""
+    """Sidebar: image, then downloads. Main area: a header, then one tab per stage of the forward pass."""
     with st.sidebar:
         image = inputs.image_ui(loaded.name)
 
     with st.spinner("Running the model on this image..."):
         cap = state.held_capture(request, loaded, image)
         state.record_attention_distances(request, image, cap)  # every image seen joins the session's distance average
+    with process.new_image_figures_in_turn():  # in a class's burst of uploads, one new image's figures at a time
+        image_figures(request, loaded, cap, image)
+
+
+def image_figures(request: ModelRequest, loaded: LoadedModel, cap: vit_core.Capture, image: ImageChoice) -> None:
+    """Sidebar: downloads. Main area: a header, then the open tab's stage of the forward pass."""
     ctx = views.ViewContext(request, loaded, cap, image)
 
     with st.sidebar:

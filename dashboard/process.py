@@ -8,12 +8,15 @@ No Streamlit here: `dashboard.serve` calls these before Streamlit starts, the ap
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import gc
+import threading
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
+from vit_core.capture import FORWARD_LANE_NICENESS
 from vit_core.runtime import (
     SERVER_SWITCH_INTERVAL,
     TRACED_SERVER_SWITCH_INTERVAL,
@@ -59,6 +62,50 @@ def freeze_long_lived_heap() -> None:
     if not _heap_frozen:
         _heap_frozen = True
         gc.freeze()
+
+
+# A run that has just made a new image's capture (a forward pass, then that image's figures) finishes below the runs
+# that answer control changes: in a class's burst of uploads the figures of 30 new images at the pages' priority took
+# the cores from students moving a slider (scripts/loadtest.py: control-change median 0.27 s against a target of
+# 0.2 s, with new images at 2.2 s against 8 s). Streamlit runs each session's runs on a thread of their own, which
+# ends when the session has no rerun waiting; lowered, it stays lowered for the reruns it takes on (an unprivileged
+# process can't raise a thread's priority again), and the session's next run starts on a new thread at the pages'.
+NEW_IMAGE_RUN_NICENESS = FORWARD_LANE_NICENESS
+
+
+def finish_this_run_below_the_pages() -> None:
+    """Called by a script run that made a new capture: the rest of it at NEW_IMAGE_RUN_NICENESS (Linux; see above),
+    its figures in turn (`new_image_figures_in_turn`). Never lowers the main thread, whose priority every thread it
+    starts would inherit."""
+    if threading.current_thread() is not threading.main_thread():
+        lower_this_threads_priority(NEW_IMAGE_RUN_NICENESS)
+    _this_thread.made_a_capture = True
+
+
+# Below the pages, 30 new images' figures still shared the cores among themselves: each student waited for all of
+# them (scripts/loadtest.py: new image median 2.8-3.5 s with control changes at 0.15-0.33 s). Drawn one run at a
+# time, the first student's page is done before the second's starts, and the control changes of the students who
+# already have theirs find the cores freer: control change median 0.06-0.09 s, new image 3.7-3.9 s, the same total
+# CPU. A run waits at most NEW_IMAGE_TURN_WAIT_S for its turn, so a long one (the Why? tab's relevance passes on a
+# new image) delays the others by that much, not by all of it.
+NEW_IMAGE_TURN_WAIT_S = 2.0
+_new_image_turn = threading.BoundedSemaphore(1)
+_this_thread = threading.local()  # Streamlit runs a session's script runs on a thread of their own
+
+
+@contextlib.contextmanager
+def new_image_figures_in_turn() -> Iterator[None]:
+    """Around a page's figures: if this run made a new capture (`finish_this_run_below_the_pages` since the last
+    call on this thread), they are drawn when no other such run is drawing, or after NEW_IMAGE_TURN_WAIT_S.
+    A run that found its capture cached (a control change, a tab switch) never waits."""
+    made_a_capture = getattr(_this_thread, "made_a_capture", False)
+    _this_thread.made_a_capture = False
+    took_the_turn = made_a_capture and _new_image_turn.acquire(timeout=NEW_IMAGE_TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        if took_the_turn:
+            _new_image_turn.release()
 
 
 # A download made on click (the `.npz` exports: 29 MB of arrays for ViT-B/16, 90 ms of CPU alone) is on no one's

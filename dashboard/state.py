@@ -43,7 +43,7 @@ import streamlit as st
 from PIL import Image
 
 import vit_core
-from dashboard import examples, figure_keys, uploads
+from dashboard import examples, figure_keys, process, uploads
 from dashboard.byte_budget import ByteBudgetCache, default_capture_budget
 from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
@@ -210,7 +210,9 @@ def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoic
     """The capture of one hooked forward pass per (model, image), cached and shared by every session
     (computed once however many sessions ask for it at the same moment)."""
     def forward() -> vit_core.Capture:
-        return vit_core.run_with_capture(loaded, full_image(image, loaded.decode_min_side))
+        cap = vit_core.run_with_capture(loaded, full_image(image, loaded.decode_min_side))
+        process.finish_this_run_below_the_pages()  # this image's figures come after others' control changes
+        return cap
 
     return _captures.get_or_compute((request.key, image.sha), forward)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
+import itertools
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +143,26 @@ def _nice_of_this_thread() -> int:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
+def test_a_thread_is_lowered_by_a_step_from_the_process_once_however_often_and_wherever_it_was_started():
+    """A pool's worker inherits the nice value of the thread that started it: lowered from a lowered thread, or
+    lowered twice, it ends where one lowering from the process puts it."""
+    from vit_core.runtime import lower_this_threads_priority
+
+    here = _nice_of_this_thread()
+
+    def lowered_twice_then_a_thread_of_its_own() -> tuple[int, int]:
+        lower_this_threads_priority(3)
+        lower_this_threads_priority(3)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # started by this lowered thread
+            child = pool.submit(lambda: (lower_this_threads_priority(3), _nice_of_this_thread())[1]).result()
+        return _nice_of_this_thread(), child
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lowered_twice_then_a_thread_of_its_own).result() == (min(19, here + 3),) * 2
+    assert _nice_of_this_thread() == here
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
 def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
     """The `.npz` exports are made on a download lane: another thread, at a nice value the pages' threads and the
     forward lanes (vit_core.capture) are above, so a class's downloads take only the cores new images leave."""
@@ -156,6 +179,95 @@ def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
 
     with pytest.raises(ValueError, match="no such layer"):  # the caller (Streamlit) sees the failure
         process.made_at_low_priority(broken)()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
+def test_a_run_that_makes_a_new_capture_finishes_below_the_pages_and_one_that_finds_it_cached_does_not(tiny_env):
+    """A new image's figures come after other students' control changes (dashboard.process,
+    NEW_IMAGE_RUN_NICENESS): the thread whose run made the capture ends at that nice value, the run that finds the
+    capture cached keeps the pages' priority, and the main thread is never lowered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import drawn_image, encoded
+    from dashboard import state
+    from dashboard.models import TEST_TINY, ModelRequest
+
+    request = ModelRequest(TEST_TINY)
+    loaded = state.load(request)
+    image = state.decode("only_this_test.png", encoded(drawn_image(seed=4242)))
+
+    def a_run() -> tuple[object, int]:
+        return state.shared_capture(request, loaded, image), _nice_of_this_thread()
+
+    def on_a_new_thread() -> tuple[object, int]:
+        with ThreadPoolExecutor(1) as pool:  # a new thread, as Streamlit starts for a session's runs
+            return pool.submit(a_run).result()
+
+    here = _nice_of_this_thread()
+    made, made_at = on_a_new_thread()
+    found, found_at = on_a_new_thread()
+    assert found is made
+    assert made_at == min(19, here + process.NEW_IMAGE_RUN_NICENESS) and process.NEW_IMAGE_RUN_NICENESS > 0
+    assert found_at == here
+    process.finish_this_run_below_the_pages()
+    assert _nice_of_this_thread() == here
+
+
+def _figures_of_runs_in_threads(runs: list[tuple[bool, float]]) -> list[tuple[float, float]]:
+    """Each (made a capture, seconds its figures take) on a thread of its own, started together: when each one's
+    figures began and ended (time.monotonic)."""
+    start = threading.Barrier(len(runs))
+
+    def a_run(made_a_capture: bool, figure_seconds: float) -> tuple[float, float]:
+        if made_a_capture:
+            process.finish_this_run_below_the_pages()
+        start.wait()
+        with process.new_image_figures_in_turn():
+            began = time.monotonic()
+            time.sleep(figure_seconds)
+            return began, time.monotonic()
+
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: a_run(*run), runs))
+
+
+def test_new_images_figures_are_drawn_one_run_at_a_time_and_a_cached_run_never_waits():
+    """Three runs that made captures draw their figures one after another; a run that found its capture cached
+    (a control change) draws at once, beside them."""
+    spans = _figures_of_runs_in_threads([(True, 0.3), (True, 0.3), (True, 0.3), (False, 0.0)])
+    new_images, cached = sorted(spans[:3]), spans[3]
+    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(new_images))
+    assert cached[0] < new_images[0][1]  # did not wait for the first turn to end
+
+
+def test_a_run_waits_for_its_turn_only_so_long_and_a_run_that_raises_gives_the_turn_back(monkeypatch):
+    monkeypatch.setattr(process, "NEW_IMAGE_TURN_WAIT_S", 0.2)
+    turn_taken, done = threading.Event(), threading.Event()
+
+    def a_long_run() -> None:
+        process.finish_this_run_below_the_pages()
+        with process.new_image_figures_in_turn():
+            turn_taken.set()
+            done.wait(timeout=10)
+
+    def a_run_after_it() -> float:
+        turn_taken.wait(timeout=10)
+        process.finish_this_run_below_the_pages()
+        asked = time.monotonic()
+        with process.new_image_figures_in_turn():
+            return time.monotonic() - asked
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long_run, waited = pool.submit(a_long_run), pool.submit(a_run_after_it)
+        assert 0.2 <= waited.result(timeout=10) < 5  # not until the long run ends
+        done.set()
+        long_run.result()
+
+    process.finish_this_run_below_the_pages()
+    with pytest.raises(RuntimeError, match="a figure failed"), process.new_image_figures_in_turn():
+        raise RuntimeError("a figure failed")
+    assert process._new_image_turn.acquire(timeout=0)  # given back
+    process._new_image_turn.release()
 
 
 THP_MADVISE = "always [madvise] never\n"

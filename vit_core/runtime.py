@@ -44,12 +44,17 @@ def configure_threads(threads: int | None = None) -> int:
 
 
 def lower_this_threads_priority(by: int) -> None:
-    """Raise the calling thread's nice value by `by` (at most to 19), so that it gets a core only after the
-    threads at the process's own priority. Linux only: there each thread has a nice value of its own (its
-    thread id names it to setpriority); elsewhere that call would lower the whole process, so nothing is done."""
+    """Give the calling thread a nice value `by` above the process's own (at most 19) unless its own is that high
+    already, so that it gets a core only after the threads at the process's priority. Linux only: there each thread
+    has a nice value of its own (its thread id names it to setpriority, the process id names the main thread);
+    elsewhere that call would lower the whole process, so nothing is done. Counted from the process, not from the
+    thread: a thread inherits the nice value of the thread that starts it (a pool's worker, started by whichever
+    thread submitted work first, maybe one lowered already), and lowering it twice must not push it further down."""
     if sys.platform == "linux":
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + by)
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
 
 
 PARALLEL_PASSES_ENV = "VIT_LENS_PARALLEL_PASSES"
