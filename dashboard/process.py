@@ -66,10 +66,10 @@ def freeze_long_lived_heap() -> None:
 
 # A run that has just made a new image's capture (a forward pass, then that image's figures) finishes below the runs
 # that answer control changes: in a class's burst of uploads the figures of 30 new images at the pages' priority took
-# the cores from students moving a slider (scripts/loadtest.py: control-change median 0.27 s against a target of
-# 0.2 s, with new images at 2.2 s against 8 s). Streamlit runs each session's runs on a thread of their own, which
-# ends when the session has no rerun waiting; lowered, it stays lowered for the reruns it takes on (an unprivileged
-# process can't raise a thread's priority again), and the session's next run starts on a new thread at the pages'.
+# the cores from students moving a slider (scripts/loadtest.py, with oneDNN's faster forwards: control-change median
+# 0.27-0.28 s against a target of 0.2 s). Streamlit runs each session's runs on a thread of their own, which ends when
+# the session has no rerun waiting; lowered, it stays lowered for the reruns it takes on (an unprivileged process
+# can't raise a thread's priority again), and the session's next run starts on a new thread at the pages'.
 NEW_IMAGE_RUN_NICENESS = FORWARD_LANE_NICENESS
 
 
@@ -82,12 +82,12 @@ def finish_this_run_below_the_pages() -> None:
     _this_thread.made_a_capture = True
 
 
-# Below the pages, 30 new images' figures still shared the cores among themselves: each student waited for all of
-# them (scripts/loadtest.py: new image median 2.8-3.5 s with control changes at 0.15-0.33 s). Drawn one run at a
-# time, the first student's page is done before the second's starts, and the control changes of the students who
-# already have theirs find the cores freer: control change median 0.06-0.09 s, new image 3.7-3.9 s, the same total
-# CPU. A run waits at most NEW_IMAGE_TURN_WAIT_S for its turn, so a long one (the Why? tab's relevance passes on a
-# new image) delays the others by that much, not by all of it.
+# Below the pages, 30 new images' figures still shared the cores among themselves, and each student waited for all
+# of them. Drawn one run at a time, the first student's page is done before the second's starts, and the students who
+# have theirs find the cores freer for their control changes. The same load test, two runs each, everything else
+# equal: without turns control-change median 0.22 and 0.27 s, new image 3.2 and 2.2 s; in turn 0.12 and 0.14 s,
+# new image 3.6 and 3.5 s. A run waits at most NEW_IMAGE_TURN_WAIT_S for its turn, so a long one (the Why? tab's
+# relevance passes on a new image) delays the others by that much, not by all of it.
 NEW_IMAGE_TURN_WAIT_S = 2.0
 _new_image_turn = threading.BoundedSemaphore(1)
 _this_thread = threading.local()  # Streamlit runs a session's script runs on a thread of their own
@@ -110,9 +110,9 @@ def new_image_figures_in_turn() -> Iterator[None]:
 
 # A download made on click (the `.npz` exports: 29 MB of arrays for ViT-B/16, 90 ms of CPU alone) is on no one's
 # way to a picture, yet Streamlit makes it on a thread at the pages' priority, above the forward lanes that every
-# new image waits for (vit_core.capture, FORWARD_LANE_NICENESS = 5). Made on these lanes instead, below both, a
+# new image waits for (vit_core.capture, FORWARD_LANE_NICENESS = 10). Made on these lanes instead, below both, a
 # class's downloads take the cores the pages and forwards leave.
-DOWNLOAD_LANE_NICENESS = 10
+DOWNLOAD_LANE_NICENESS = 15
 
 
 @functools.cache

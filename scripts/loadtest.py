@@ -153,6 +153,23 @@ def _status_kb(pid: int, field_name: str) -> int:
     return 0
 
 
+def _memfd_kb(pid: int) -> int:
+    """What the process's in-memory files (memfd: the `.npz` exports' scratch files, vit_core/export.py) hold: memory
+    that VmRSS leaves out, since they are written, not mapped."""
+    total = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                total += os.stat(f"/proc/{pid}/fd/{fd}").st_blocks // 2  # 512-byte blocks
+        except OSError:
+            pass  # closed meanwhile
+    return total
+
+
 def _children(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
@@ -211,10 +228,11 @@ class CpuMeter:
 
 
 class RssSampler:
-    """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak)."""
+    """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak);
+    `memfd_peak_mb` is the most their in-memory files held at once (not in VmRSS)."""
 
     def __init__(self, pid: int, every: float = 0.1):
-        self.pid, self.every, self.peak_kb, self.hwm_kb = pid, every, 0, 0
+        self.pid, self.every, self.peak_kb, self.hwm_kb, self.memfd_peak_kb = pid, every, 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -227,6 +245,7 @@ class RssSampler:
         pids = [self.pid] + _children(self.pid)
         self.peak_kb = max(self.peak_kb, sum(_status_kb(p, "VmRSS") for p in pids))
         self.hwm_kb = max(self.hwm_kb, sum(_status_kb(p, "VmHWM") for p in pids))
+        self.memfd_peak_kb = max(self.memfd_peak_kb, sum(_memfd_kb(p) for p in pids))
 
     def __enter__(self) -> "RssSampler":
         self._thread.start()
@@ -240,6 +259,10 @@ class RssSampler:
     @property
     def peak_mb(self) -> float:
         return max(self.peak_kb, self.hwm_kb) / 1024
+
+    @property
+    def memfd_peak_mb(self) -> float:
+        return self.memfd_peak_kb / 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -720,7 +743,8 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "clients": [r.client for r in results],
         "retries": [x for r in results for x in r.retries],
         "compared": compared, "mismatches": mismatches, "errors": errors, "server_log": log_problems,
-        "peak_rss_mb": sampler.peak_mb if sampler else None, "workdir": str(workdir), "cpu": cpu_use,
+        "peak_rss_mb": sampler.peak_mb if sampler else None,
+        "peak_memfd_mb": sampler.memfd_peak_mb if sampler else None, "workdir": str(workdir), "cpu": cpu_use,
         "capture_mb": capture_mb, "capture_budget_mb": budget_mb,
     }
     for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
@@ -745,7 +769,8 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     for line in (mismatches + errors + log_problems)[:20]:
         say("  " + line)
     if sampler:
-        say(f"server peak RSS (process + children): {report['peak_rss_mb']:.0f} MB")
+        say(f"server peak RSS (process + children): {report['peak_rss_mb']:.0f} MB; besides, its in-memory files"
+            f" (memfd: export scratch files, not in RSS) held at most {report['peak_memfd_mb']:.0f} MB")
     say(f"one capture of {model}: {capture_mb:.0f} MiB; the server's capture budget: {budget_mb:.0f} MiB"
         f" (${BUDGET_ENV}, see dashboard/byte_budget.py)")
     report["ok"] = not mismatches and not errors and not log_problems

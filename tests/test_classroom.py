@@ -310,6 +310,30 @@ def test_load_test_cpu_meter_counts_the_server_and_its_children(tmp_path):
     assert use["busy_cpu_s"] >= 0.5 and use["machine_cpu_s"] >= 2.0, use
 
 
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
+def test_load_test_reports_what_the_servers_in_memory_files_hold_besides_its_rss():
+    """The export's scratch files (memfd, written, not mapped) are memory VmRSS leaves out: the load test adds
+    them up for the server and its children, here a child holding 24 MB in one."""
+    import subprocess
+    import sys
+
+    hold = ("import os, sys, time\nfd = os.memfd_create('scratch')\nos.write(fd, b'x' * (24 << 20))\n"
+            "print('ready', flush=True)\ntime.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys\n"
+                               f"subprocess.run([sys.executable, '-c', {hold!r}])"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        sampler = loadtest.RssSampler(parent.pid)
+        sampler.sample()
+    finally:
+        for child in loadtest._children(parent.pid):
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait()
+    assert 24 <= sampler.memfd_peak_mb < 25, sampler.memfd_peak_mb
+    assert sampler.peak_mb > 0
+
+
 def test_protocol_client_reports_what_the_run_showed(tiny_env, tmp_path, reference):
     """scripts/streamlit_client.py against a live server: widgets by key, texts, a refused widget key."""
     from streamlit_client import StreamlitSession

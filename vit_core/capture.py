@@ -382,7 +382,9 @@ def _capture_pass(loaded: LoadedModel, store: dict[str, list[torch.Tensor]]) -> 
 # time the pages leave. The pass waits for its lane without the GIL.
 
 _TRACED_OUTPUTS = ("pattern", "tokens", "patch_embeddings", "final_tokens", "pre_logits")
-FORWARD_LANE_NICENESS = 5  # 30-session load test: at 0 control changes took 0.41 s (median), at 10 new images 11.1 s (README)
+# 30-session load test (README, "Serving a class"): with 0.4 s forwards, at +0 control changes took 0.41 s (median), at +5
+# 0.08 s; with oneDNN's 0.17 s forwards, at +5 0.16-0.20 s, at +10 0.12-0.14 s, new images 3.5-3.6 s.
+FORWARD_LANE_NICENESS = 10
 
 
 @dataclass
