@@ -136,6 +136,26 @@ def test_a_capture_runs_its_linears_on_onednn_eager_and_traced(tiny, image, monk
 
 
 @needs_onednn
+def test_every_pass_without_gradients_runs_on_onednn_and_the_gradient_pass_on_mkl(tiny, image):
+    """`capture.full_float32`, which every pass enters, is where the linears are routed: the explanations' forwards
+    and the many-images batches too; the relevance pass's forward needs gradients and keeps torch's linear."""
+    from vit_core import dataset, explain
+
+    cap = vit_core.run_with_capture(tiny, image)
+    x = capture.preprocess(tiny, image)[1]
+    batch = torch.cat([x, x])  # (2, 3, H, W)
+    for name, run in {
+        "logit lens": lambda: explain.logit_lens(tiny, cap),
+        "intervention": lambda: explain.predict_intervened(tiny, cap, drop=[1]),
+        "batch": lambda: dataset.reduce_batch(tiny, batch, logit_lens=True),
+    }.items():
+        ran = ops_run(run)
+        assert ONEDNN_OP in ran and MKL_OP not in ran, name
+    ran = ops_run(lambda: explain._gradient_pass(tiny, x, None))
+    assert ONEDNN_OP not in ran and MKL_OP in ran
+
+
+@needs_onednn
 def test_a_capture_on_onednn_equals_one_on_mkl_within_float32_tolerance(family, image, onednn_setting):
     loaded = family["registers"]
     on_onednn = vit_core.run_with_capture(loaded, image)

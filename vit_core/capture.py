@@ -14,7 +14,8 @@ the GIL" below).
 
 The model may live on any device (`LoadedModel.device`): its input is made there
 (`on_model_device`), each intermediate is copied to the host once, in `_frozen`, and a CUDA pass runs
-in full float32 (`full_float32`), so that results equal the CPU's within float32 tolerance.
+in full float32 (`full_float32`), so that results equal the CPU's within float32 tolerance; a CPU pass runs its
+linears on oneDNN there (vit_core.onednn).
 """
 
 from __future__ import annotations
@@ -91,13 +92,17 @@ _tf32_saved: tuple[bool, bool] = (False, False)
 
 @contextlib.contextmanager
 def full_float32(device: torch.device) -> Iterator[None]:
-    """Inside the block, CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN
-    convolutions use TF32 by default: 10 mantissa bits, so the patch embedding alone would move the results
-    well beyond float32 tolerance). The flags are restored when the last pass in any thread ends, also on error;
-    on other devices nothing changes."""
+    """The float32 arithmetic of every ViT Lens pass on `device`, for the block.
+
+    CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN convolutions use TF32
+    by default: 10 mantissa bits, so the patch embedding alone would move the results well beyond float32
+    tolerance); the flags are restored when the last pass in any thread ends, also on error. On a CPU this
+    thread's linears that need no gradient run on oneDNN (`vit_core.onednn.linears_on_onednn`: IEEE float32 too,
+    in half the time where MKL takes its slower path). On other devices nothing changes."""
     global _tf32_passes, _tf32_saved
     if device.type != "cuda":
-        yield
+        with linears_on_onednn(device):  # nothing off the CPU
+            yield
         return
     with _tf32_lock:
         if _tf32_passes == 0:
@@ -556,7 +561,7 @@ def run_with_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
     with _capture_pass(loaded, store):
-        with torch.inference_mode(), full_float32(loaded.device), linears_on_onednn(loaded.device):
+        with torch.inference_mode(), full_float32(loaded.device):
             traced = _traced_forward(loaded, x, store)  # the model's first pass records the trace
             started = time.perf_counter()
             if traced is not None:

@@ -35,7 +35,6 @@ from .errors import CaptureError, ImageError, ViTLensError
 from .export import faithfulness_summary, json_bytes, npz_bytes
 from .images import DRAFT_MIN_SIDE, UPLOAD_EXTENSIONS, load_image
 from .loading import Geometry, LoadedModel
-from .onednn import linears_on_onednn
 
 _logger = logging.getLogger(__name__)
 
@@ -266,7 +265,7 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
     if distance is None:
         distance = patch_distances_on(geometry, device)
     store = _BatchReductions()
-    with (loaded.lock, torch.inference_mode(), explain.eval_mode(model), full_float32(device), linears_on_onednn(device),
+    with (loaded.lock, torch.inference_mode(), explain.eval_mode(model), full_float32(device),
           reductions_recorded(loaded, store, distance, logit_lens)):
         logits = model(x.to(device, non_blocking=True))  # (B, C)
     if len(store.distance) != geometry.num_layers:

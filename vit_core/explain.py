@@ -35,7 +35,6 @@ from . import analyses
 from .capture import Capture, _register, attention_recorded, full_float32, on_model_device, preprocess, to_host
 from .errors import CaptureError, ViTLensError
 from .loading import Geometry, LoadedModel
-from .onednn import linears_on_onednn
 
 METHODS = ("raw_attention", "rollout", "chefer", "gradcam", "attnlrp")  # display order
 RANDOM = "random"  # the name of the random baseline in the faithfulness curves
@@ -177,10 +176,9 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _model_pass(loaded: LoadedModel) -> Iterator[None]:
-    """A forward of the shared model without gradients: its lock held, eval mode, full float32 on a GPU, linears
-    on oneDNN on a CPU (vit_core.onednn)."""
-    with (loaded.lock, torch.inference_mode(), eval_mode(loaded.model), full_float32(loaded.device),
-          linears_on_onednn(loaded.device)):
+    """A forward of the shared model without gradients: its lock held, eval mode, ViT Lens's float32 (`full_float32`:
+    no TF32 on a GPU, linears on oneDNN on a CPU)."""
+    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model), full_float32(loaded.device):
         yield
 
 

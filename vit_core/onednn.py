@@ -13,13 +13,13 @@ $VIT_LENS_ONEDNN_LINEAR=off). How much this gains depends on the CPU: on an earl
 in different orders, so results differ within float32 tolerance (ViT-B/16 logits: 3e-6), as they do between
 devices (../shared/spec/interface.md, "Devices").
 
-`linears_on_onednn(device)` routes the linears of the calling thread's forward passes (a TorchFunctionMode is
-per thread) through `torch.ops.mkldnn._linear_pointwise` (torch's binding of oneDNN's linear), called through a
-TorchScript function so that a `torch.jit.trace` of the forward (vit_core.capture, "A forward
-without the GIL") records it. Only where gradients are not needed: the op has no backward, so a relevance
-pass keeps MKL. Off, and nothing changes, on other devices, where torch lacks the op or it disagrees with
-`F.linear` on a probe, off x86-64 (on ARM oneDNN goes through the Arm Compute Library: not measured here), and
-where $VIT_LENS_ONEDNN_LINEAR says off.
+`linears_on_onednn(device)`, which every pass of ViT Lens enters through `capture.full_float32`, routes the
+linears of the calling thread's forward passes (a TorchFunctionMode is per thread) through
+`torch.ops.mkldnn._linear_pointwise` (torch's binding of oneDNN's linear), called through a TorchScript function so
+that a `torch.jit.trace` of the forward (vit_core.capture, "A forward without the GIL") records it. Only where
+gradients are not needed: the op has no backward, so a relevance pass keeps MKL. Off, and nothing changes, on
+other devices, where torch lacks the op or it disagrees with `F.linear` on a probe, off x86-64 (on ARM oneDNN goes
+through the Arm Compute Library: not measured here), and where $VIT_LENS_ONEDNN_LINEAR says off.
 """
 
 from __future__ import annotations
