@@ -14,7 +14,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from dashboard import state
+from dashboard import session
 
 CANVAS_PX = 232  # fits the sidebar's default width (240 px of content); the model resizes what it gets anyway
 PAPER = "#ffffff"
@@ -54,10 +54,10 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
     st.space("small")
     result = st_canvas(stroke_width=stroke, stroke_color=ink, background_color=PAPER, width=CANVAS_PX,
                        height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
-                       key=f"{key}_canvas_{state.canvas_generation(key)}",
+                       key=f"{key}_canvas_{session.canvas_generation(key)}",
                        on_change=(lambda: on_change(*args)) if on_change is not None else None)
     # No tooltip on Clear: it would float over the canvas's bottom edge and swallow the next stroke.
-    st.button("Clear", key=f"{key}_clear", on_click=state.clear_canvas, args=(key,), icon=":material/ink_eraser:")
+    st.button("Clear", key=f"{key}_clear", on_click=session.clear_canvas, args=(key,), icon=":material/ink_eraser:")
     if not has_strokes(result.json_data) or result.image_data is None:
         return None
     return png_on_white(np.asarray(result.image_data))

@@ -1,6 +1,6 @@
 """The built-in example images: a photo, a scene the app draws itself, and the teaching shapes. No Streamlit here.
 
-`example_bytes` makes the file bytes of an example (`dashboard.state` caches them per name).
+`example_bytes` makes the file bytes of an example (`dashboard.caches` caches them per name).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The image a session looks at, as the session keeps it: its bytes, digest and a small preview. No Streamlit here.
 
-`dashboard.state.decode` makes one (decoding through the shared caches).
+`dashboard.caches.decode` makes one (decoding through the shared caches).
 """
 
 from __future__ import annotations

@@ -2,24 +2,24 @@
 
 The model list of the sidebar, the `ModelRequest` that names one model (its `key` identifies it in
 every per-model and per-image cache key), the one definition of the tiny test model, and the memory
-of models that failed to load. `dashboard.state` caches the built models; scripts and tests build
+of models that failed to load. `dashboard.caches` caches the built models; scripts and tests build
 the same models through `build_named_model`.
 
-Environment variables (read when used):
-- `VIT_LENS_MODEL=<name>`: the model the app opens with (`vit_core.loading.env_default_model`).
+Environment variables (read when used, through `vit_core.settings`):
+- `VIT_LENS_MODEL=<name>`: the model the app opens with (`settings.MODEL`).
 - `VIT_LENS_MODEL=test-tiny`: a random-init 2-block `vit_tiny_patch16_224` (fast, offline); the
   dashboard tests use it.
-- `VIT_LENS_RANDOM_INIT=1`: build every timm model with random weights instead of pretrained ones
-  (offline benchmarks: same compute as the pretrained model).
+- `VIT_LENS_RANDOM_INIT=on`: build every timm model with random weights instead of pretrained ones
+  (offline benchmarks: same compute as the pretrained model); off, 0, false, no or unset: pretrained.
 - `VIT_LENS_WEIGHTS_UPLOADS=off`: no "Your own weights file..." choice (a weights file is up to
   400 MB held in the server's memory per session, and a model built per file). On by default (one
-  user on their own machine); off in the README's "Serving a class" command.
+  user on their own machine); off in docs/serving.md's class command.
 - `VIT_LENS_ANY_MODEL=off`: the picker offers the fixed list only, and refuses any other name. On by
   default (one user): besides the list, any timm model of the ViT family by name, with its pretrained
   tags, or an `hf-hub:` id typed in (each a model built and held by the server; off for a class).
 - `VIT_LENS_DEVICE=auto|cpu|cuda|cuda:N|mps`: where the server's models run (default auto: CUDA, then
   Apple MPS, then the CPU); `vit-lens dashboard --device D` sets it. Resolved once per value; a value
-  this machine can't honour stops `dashboard.serve` at start with one line.
+  this machine can't honour stops `dashboard.server.serve` at start with one line.
 
 The start-up model is pinned: built once and kept by this module, so that a student hopping between
 models, which evicts it from the dashboard's model cache (3 entries), costs the class no reload.
@@ -28,7 +28,6 @@ models, which evicts it from the dashboard's model cache (3 entries), costs the 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,9 +37,11 @@ import timm
 import torch
 
 import vit_core
+from vit_core import settings
 from vit_core.devices import resolve_device
-from vit_core.loading import MAX_LABEL_FILE_BYTES, TEACHING_MODEL, LoadedModel, env_default_model, teaching_model_available
-from vit_core.runtime import setting_on
+from vit_core.labels import MAX_LABEL_FILE_BYTES
+from vit_core.loading import TEACHING_MODEL, teaching_model_available
+from vit_core.model import LoadedModel
 
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
@@ -69,17 +70,17 @@ MODEL_CHOICES: dict[str, str] = {
 
 def weights_uploads_allowed() -> bool:
     """Whether sessions may upload their own weights files ($VIT_LENS_WEIGHTS_UPLOADS)."""
-    return setting_on("VIT_LENS_WEIGHTS_UPLOADS")
+    return settings.WEIGHTS_UPLOADS.on()
 
 
 def any_model_allowed() -> bool:
     """Whether the picker offers any ViT-family model by name or hf-hub id ($VIT_LENS_ANY_MODEL)."""
-    return setting_on("VIT_LENS_ANY_MODEL")
+    return settings.ANY_MODEL.on()
 
 
 def device_setting() -> str:
     """The server's device as set ($VIT_LENS_DEVICE, default auto)."""
-    return os.environ.get("VIT_LENS_DEVICE", "").strip() or "auto"
+    return settings.DEVICE.text()
 
 
 @functools.lru_cache(maxsize=4)
@@ -105,7 +106,7 @@ def family_model_names() -> tuple[str, ...]:
 def model_choices() -> dict[str, str]:
     """The sidebar's model list; the start-up model from $VIT_LENS_MODEL first if it isn't listed;
     no weights upload unless the server allows it."""
-    start = env_default_model()
+    start = settings.MODEL.text()
     choices = {k: v for k, v in MODEL_CHOICES.items() if k != UPLOAD_WEIGHTS or weights_uploads_allowed()}
     if start in choices:
         return choices
@@ -134,7 +135,8 @@ def typed_name_refusal(name: str) -> str | None:
 
 
 def random_init_forced() -> bool:
-    return os.environ.get("VIT_LENS_RANDOM_INIT", "") not in ("", "0")
+    """Whether every timm model is built with random weights ($VIT_LENS_RANDOM_INIT)."""
+    return settings.RANDOM_INIT.on()
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def pinned_startup_model(name: str, random_init: bool) -> LoadedModel:
 
 def build_model(name: str, weights_path: str, labels_path: str, random_init: bool) -> LoadedModel:
     """The model of a request (see `ModelRequest.load_args`). Raises vit_core errors with a message for the user."""
-    if name == env_default_model() and not (weights_path or labels_path):
+    if name == settings.MODEL.text() and not (weights_path or labels_path):
         return pinned_startup_model(name, random_init)
     if name in (TEST_TINY, TEACHING_MODEL) or not (weights_path or labels_path):
         return build_named_model(name, random_init)

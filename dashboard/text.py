@@ -175,3 +175,68 @@ MODEL_HELP_ANY = (
     "`hf-hub:owner/name` and press Enter. Pretrained weights are downloaded once (the first time can take a "
     "minute); offline, only those already in the local cache load. The bundled Shapes ViT works offline."
 )
+
+# ----------------------------------------------------------------------------------------------
+# Registers & norms
+
+REGISTERS = (
+    "Every token is a vector of D numbers; its **norm** $\\|x\\| = \\sqrt{\\sum_i x_i^2}$ says how large it is. "
+    "In large ViTs trained for a long time (DINOv2, OpenCLIP, DeiT-III), a few patch tokens grow norms far above "
+    "all the others, from the middle layers on. Here a patch token is **high-norm** when its norm exceeds "
+    "$Q_3 + 3\\,\\mathrm{IQR}$ of the patch norms of the same layer (Tukey's far-out fence, a purely statistical "
+    "rule): the map frames them in green, and the histogram beside it shows why each one is marked."
+)
+REGISTERS_WHY = (
+    "**Why do such tokens appear?** Darcet et al. found that large, long-trained ViTs recycle patches whose own "
+    "content is redundant, mostly uniform background, as **global scratch space**: the token stops describing "
+    "its patch and stores information about the whole image instead. These tokens have a high norm, keep "
+    "little local information (their position and pixels are hard to read back from them), and absorb a large "
+    "share of the attention, which shows up as bright spots on the background of attention maps. "
+    "**Registers** are the fix: a few extra learnable tokens put in front of the patches like the class token, "
+    "and dropped at the output. The model uses them as its scratch space instead, so the high-norm patches and "
+    "the artefacts in the attention maps go away (and dense tasks such as object discovery improve). "
+    "Small or briefly trained models, and untrained ones, usually show no such tokens: a few patches may "
+    "still cross the fence by chance.\n\n"
+    "Reference: T. Darcet, M. Oquab, J. Mairal, P. Bojanowski, *Vision Transformers Need Registers*, "
+    "ICLR 2024 ([arXiv:2309.16588](https://arxiv.org/abs/2309.16588))."
+)
+NO_REGISTERS = (
+    "**This model has no registers** ({prefix}). High-norm patches may still appear: they are the tokens that "
+    "registers were invented to take over."
+)
+HAS_REGISTERS = (
+    "**This model has {count} register token(s)** ({names}). In a trained register model the registers carry the "
+    "high norms and few or no patches are marked; compare their norms with the patches' in the histogram."
+)
+
+RATE_NOTE = (
+    "In the large models Darcet et al. studied, about 2% of the patch tokens are high-norm, in the later layers and "
+    "mostly on background. Marks at the embeddings, or many more marks, usually just follow the picture: a plain "
+    "background gives many nearly equal norms, so every patch with an edge crosses the fence."
+)
+
+# ----------------------------------------------------------------------------------------------
+# The Many images page
+
+MANY_INTRO = (
+    "Run the model chosen in the sidebar over **many images** at once. For each image, each layer and each "
+    "head, the **mean attention distance** is how far (in pixels of the input) a patch looks on average: the "
+    "attention weights times the distance between the query patch and each key patch. Averaged over the set, "
+    "it gives the paper's Fig. 7 (right): in the first layers some heads attend **locally** (small distance, "
+    "like a CNN's small filters) while others already look **globally** across the image; deeper, nearly all "
+    "heads look far. Every value is computed on each image, then averaged over the images (with its spread)."
+)
+MANY_FIGURE = (
+    "One dot per head, one column per layer (network depth): the dot is the mean over the images, its bar the "
+    "standard deviation over the images. A head that spreads its attention evenly over all patches sits near "
+    "the dashed line; a head that looks only at its own neighbourhood sits low."
+)
+MANY_LENS = (
+    "**Logit lens**: the model's own final norm and classifier head applied to the tokens after each block, as "
+    "if the network stopped there. Its top-1 accuracy per layer shows at which depth the answer becomes readable."
+)
+MANY_HIGH_NORM = (
+    "**High-norm tokens** (Darcet et al., 2024): the share of patch tokens whose norm is far above the others "
+    "in that layer (above Q3 + 3 IQR of the layer's patch norms). Large trained ViTs grow a few of them in "
+    "the later layers, used as scratch space; models with register tokens grow fewer."
+)

@@ -16,21 +16,16 @@ torch.set_num_threads(2)
 
 
 def _compiles_take_turns() -> None:
-    """AppTest compiles the app script on every run, each time with a new ScriptCache; the server compiles it
-    once, under its one cache's lock. CPython 3.11 can fail when two threads compile at once ("SystemError:
-    AST constructor recursion depth mismatch", seen in the tests that run sessions in threads), so in tests
-    the compiles take turns, as they do in the server."""
-    import threading
+    """AppTest compiles the app script on every run; two threads compiling at once can fail on CPython 3.11, so in
+    tests the compiles take turns, as they do in the server (dashboard.server.streamlit_internals.compiles_take_turns,
+    the one place with Streamlit's private API). On a Streamlit other than the pinned minor version nothing is
+    patched: the tests that run sessions in threads skip there (tests/support/shared_runtime.py says why)."""
+    from dashboard.server import streamlit_internals
 
-    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
-
-    lock, compile_script = threading.Lock(), ScriptCache.get_bytecode
-
-    def get_bytecode(self, script_path):
-        with lock:
-            return compile_script(self, script_path)
-
-    ScriptCache.get_bytecode = get_bytecode
+    try:
+        streamlit_internals.compiles_take_turns()
+    except streamlit_internals.UncheckedStreamlit:
+        pass  # one session at a time needs no turns; the threaded tests skip with the reason
 
 
 _compiles_take_turns()
@@ -78,15 +73,30 @@ def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Imag
     return Image.fromarray(img.astype(np.uint8))
 
 
+FOLDER_MARKERS = ("app", "browser", "live")  # tests/<folder>/ -> marker (registered in pyproject.toml)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Each test under tests/app/, tests/browser/ or tests/live/ gets its folder's marker."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(here).parts[0]
+        except ValueError:
+            continue
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
+
+
 @pytest.fixture(autouse=True)
 def traced_forward_as_it_was():
-    """The dashboard turns the traced capture forward on process-wide (dashboard.process, on every AppTest run);
-    each test starts from, and leaves, the library's default (eager) unless it asks otherwise."""
-    from vit_core import capture
+    """The dashboard turns the traced capture forward on process-wide (dashboard.server.process, on every AppTest
+    run); each test starts from, and leaves, the server's default off unless it asks otherwise."""
+    from vit_core import serving
 
-    capture.set_traced_forward(False)
+    serving.set_traced_forward(False)
     yield
-    capture.set_traced_forward(False)
+    serving.set_traced_forward(False)
 
 
 @pytest.fixture(scope="session")
@@ -140,15 +150,15 @@ def assert_healthy(at) -> None:
 def choose_weights(at, arch: str, name: str, data: bytes, labels: tuple[str, bytes] | None = None):
     """In an AppTest session: choose "your own weights file", the architecture `arch`, upload `data` as `name`
     (and a label file (name, bytes)), and run."""
-    from dashboard import state
+    from dashboard import session
     from dashboard.models import UPLOAD_WEIGHTS
 
-    at.selectbox(key=state.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
+    at.selectbox(key=session.K_MODEL).set_value(UPLOAD_WEIGHTS).run()
     assert_healthy(at)
-    at.selectbox(key=state.K_ARCH).set_value(arch)
-    at.file_uploader(key=state.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
+    at.selectbox(key=session.K_ARCH).set_value(arch)
+    at.file_uploader(key=session.K_WEIGHTS).set_value((name, data, "application/octet-stream"))
     if labels:
-        at.file_uploader(key=state.K_LABELS).set_value((*labels, "text/plain"))
+        at.file_uploader(key=session.K_LABELS).set_value((*labels, "text/plain"))
     at.run()
     assert_healthy(at)
     return at

@@ -8,26 +8,60 @@ No Streamlit here: everything is usable from a notebook, a script or `python -m 
     cap = run_with_capture(loaded, pil_image)
     cap.logits   # float32 (C,)
     cap.pattern  # float32 (L, H, T, T)
+
+The names below are imported on first use (PEP 562), so that `import vit_core.settings` (the server's launcher
+reads a setting before anything heavy loads) and `vit-lens --help` don't pay for torch and timm. Importing
+vit_core changes nothing in the process: entry points set threads and the like themselves (`vit_core.runtime`).
 """
 
-import os
+from __future__ import annotations
 
-# numpy's OpenBLAS threads spin against torch's on a small machine: measured on 2 cores, the filter
-# PCA took 1.8-2.9 s with 2 BLAS threads and 0.4 s with 1. The forward pass runs in torch, whose
-# own thread pool is set by runtime.configure_threads. Takes effect only if numpy is not imported
-# yet (the CLI, a notebook importing vit_core first); scripts/dashboard and scripts/test export it.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import analyses
-from .capture import Capture, on_model_device, preprocess, recording_hooks_on, run_with_capture
-from .devices import DeviceError, describe_device, resolve_device
-from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
-from .images import DecodedImage, decode_image, load_image
-from .loading import DEFAULT_MODEL, TEACHING_MODEL, Geometry, LoadedModel, hub_reachable, load_model
+_PUBLIC = {  # name -> the module that defines it
+    "Capture": "capture", "preprocess": "capture", "run_with_capture": "capture",
+    "DeviceError": "devices", "describe_device": "devices", "on_model_device": "devices", "resolve_device": "devices",
+    "CaptureError": "errors", "ImageError": "errors", "ModelError": "errors", "OfflineError": "errors",
+    "ViTLensError": "errors", "WeightsError": "errors",
+    "recording_hooks_on": "hooks",
+    "hub_reachable": "hub",
+    "DecodedImage": "images", "decode_image": "images", "load_image": "images",
+    "DEFAULT_MODEL": "loading", "TEACHING_MODEL": "loading", "load_model": "loading",
+    "Geometry": "model", "LoadedModel": "model",
+}
+_SUBMODULES = ("analyses", "dataset", "explain", "export", "settings")
 
-__all__ = [
-    "analyses", "Capture", "CaptureError", "DecodedImage", "DEFAULT_MODEL", "DeviceError", "Geometry", "ImageError",
-    "LoadedModel", "ModelError", "OfflineError", "TEACHING_MODEL", "ViTLensError", "WeightsError",
-    "decode_image", "describe_device", "hub_reachable", "load_image", "load_model", "on_model_device", "preprocess",
-    "recording_hooks_on", "resolve_device", "run_with_capture",
+__all__ = [  # _PUBLIC and _SUBMODULES, spelled out for linters and `from vit_core import *`
+    "analyses", "Capture", "CaptureError", "dataset", "decode_image", "DecodedImage", "DEFAULT_MODEL",
+    "describe_device", "DeviceError", "explain", "export", "Geometry", "hub_reachable", "ImageError", "load_image",
+    "load_model", "LoadedModel", "ModelError", "OfflineError", "on_model_device", "preprocess", "recording_hooks_on",
+    "resolve_device", "run_with_capture", "settings", "TEACHING_MODEL", "ViTLensError", "WeightsError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from . import analyses, dataset, explain, export, settings
+    from .capture import Capture, preprocess, run_with_capture
+    from .devices import DeviceError, describe_device, on_model_device, resolve_device
+    from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
+    from .hooks import recording_hooks_on
+    from .hub import hub_reachable
+    from .images import DecodedImage, decode_image, load_image
+    from .loading import DEFAULT_MODEL, TEACHING_MODEL, load_model
+    from .model import Geometry, LoadedModel

@@ -7,7 +7,7 @@
 
 `analyze` writes DIR/<name>.npz and DIR/<name>.json per readable image; `dataset` writes DIR/dataset.npz,
 DIR/dataset.json and DIR/mean_attention_distance.png for every image under FOLDER (formats:
-shared/spec/interface.md). Every file is written atomically (vit_core.files): a reader never finds half of
+docs/spec/interface.md). Every file is written atomically (vit_core.files): a reader never finds half of
 one. A failure (an unreadable image, an output that can't be written) prints one line on stderr, the
 other images are still analysed, and the exit status is 2. So is a bad `--device` (auto, cpu, cuda,
 cuda:N, mps; vit_core.devices), refused before any model is loaded.
@@ -24,6 +24,10 @@ a subcommand added here (`build_parser` and `COMMANDS`) appears there too.
 
 from __future__ import annotations
 
+from .runtime import one_blas_thread
+
+one_blas_thread()  # before numpy is imported, which the imports below do
+
 import argparse
 import hashlib
 import logging
@@ -31,6 +35,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import settings
 from .capture import run_with_capture
 from .devices import DEVICE_CHOICES, describe_device, resolve_device
 from .errors import ViTLensError
@@ -38,7 +43,8 @@ from .explain import DEFAULT_STEPS
 from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
 from .files import write_atomically
 from .images import load_image
-from .loading import DEFAULT_MODEL, LoadedModel, load_model
+from .loading import DEFAULT_MODEL, load_model
+from .model import LoadedModel
 from .runtime import configure_threads, cpu_quota
 
 EXIT_FAILURES = 2
@@ -254,6 +260,11 @@ COMMANDS = {"analyze": analyze, "dataset": dataset}  # subcommand name -> its fu
 def run(args: argparse.Namespace) -> int:
     """Run the parsed subcommand; returns the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings.check_all()
+    except settings.SettingError as e:
+        _fail(str(e))
+        return EXIT_FAILURES
     configure_threads()
     return COMMANDS[args.command](args)
 

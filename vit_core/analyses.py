@@ -1,6 +1,6 @@
 """The paper's analyses as pure functions of numpy arrays.
 
-Every function here implements one definition of `shared/spec/analyses.md` and nothing else: no
+Every function here implements one definition of `docs/spec/analyses.md` and nothing else: no
 model, no torch, no I/O, so each can be checked against a naive loop-based version. Conventions:
 
 - a token axis has T = P + gh*gw entries, P prefix tokens first (class, distillation, registers),
@@ -83,7 +83,10 @@ class FilterPCA:
     mean_filter: np.ndarray  # (ph, pw, C)
 
 
-def filters_pca(weight: np.ndarray, k: int = 28) -> FilterPCA:
+PCA_COMPONENTS = 28  # the paper's Fig. 7 (left) shows 28
+
+
+def filters_pca(weight: np.ndarray, k: int = PCA_COMPONENTS) -> FilterPCA:
     """Top-k principal components of the patch-embedding filters.
 
     The D filters are D samples of ph*pw*C features (flattened as in `filter_images`); the mean

@@ -1,6 +1,6 @@
 """The analyses over many images: a folder (or a set of uploads) reduced on the model's device.
 
-Definitions: shared/spec/analyses.md, "Over many images": dataset values are means over images of the
+Definitions: docs/spec/analyses.md, "Over many images": dataset values are means over images of the
 per-image values (and their spread), never values of a mean image. Shapes: B images in a batch, L layers,
 H heads, T = P + N tokens (P prefix tokens first, then N = gh*gw patches row-major), D width, C classes.
 
@@ -29,12 +29,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import analyses, explain
-from .capture import attention_recorded, full_float32, tokens_recorded
-from .devices import describe_device
+from .devices import describe_device, full_float32
 from .errors import CaptureError, ImageError, ViTLensError
 from .export import faithfulness_summary, json_bytes, npz_bytes
+from .hooks import attention_recorded, tokens_recorded
 from .images import DRAFT_MIN_SIDE, UPLOAD_EXTENSIONS, load_image
-from .loading import Geometry, LoadedModel
+from .model import Geometry, LoadedModel
 
 _logger = logging.getLogger(__name__)
 
@@ -389,10 +389,8 @@ def _explained_aucs(loaded: LoadedModel, source: bytes | Path, steps: int) -> tu
 
 
 def default_batch_size(device: torch.device) -> int:
-    """Images per hooked forward: 8 on a CPU, 64 on an accelerator. Measured on the 2-core CPU with ViT-B/16
-    (scripts/benchmark_dataset.py, 64-128 images): analyze_dataset took 1.32x the plain forwards' time at batch 32
-    and 1.03x at batch 8; the un-fused attention of a large batch (12 x 197 x 197 floats per image and layer)
-    falls out of the caches. 64 is the batch of the issue's GPU throughput target."""
+    """Images per hooked forward: 8 on a CPU, where a large batch's un-fused attention (12 x 197 x 197 floats per
+    image and layer for ViT-B/16) falls out of the caches; 64 on an accelerator (docs/performance.md, "Many images")."""
     return 8 if device.type == "cpu" else 64
 
 
@@ -498,48 +496,18 @@ def _read_only(result: DatasetResult) -> DatasetResult:
 # Files
 
 
-def distance_figure_png(result: DatasetResult, geometry: Geometry) -> bytes:
-    """The paper's Fig. 7 (right) for the set: the mean attention distance of every head (a dot each, its
-    std over images as an error bar) against depth, with the level of uniform attention over all patches."""
-    import io
-
-    from matplotlib.figure import Figure  # here, not at the top: the reductions need no plotting library
-
-    mad, spread = result.mean_attention_distance, result.mean_attention_distance_std  # (L, H) each
-    num_layers, num_heads = mad.shape
-    uniform = analyses.uniform_attention_distance(geometry.grid, geometry.patch_size)
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
-    offsets = (np.arange(num_heads) - (num_heads - 1) / 2) * min(0.6 / max(num_heads, 1), 0.08)  # heads side by side
-    colours = _head_colours(num_heads)
-    for h in range(num_heads):
-        ax.errorbar(np.arange(num_layers) + offsets[h], mad[:, h], yerr=spread[:, h], fmt="o", ms=3.5, lw=0.8, capsize=1.5,
-                    color=colours[h], label=f"head {h}" if num_heads <= 16 else None)
-    ax.axhline(uniform, color="grey", ls="--", lw=1)
-    ax.text(num_layers - 0.5, uniform, " uniform attention", va="bottom", ha="right", fontsize=8, color="grey")
-    ax.set_xlabel("network depth (layer)")
-    ax.set_ylabel("mean attention distance (pixels)")
-    ax.set_xticks(np.arange(num_layers))
-    ax.set_ylim(bottom=0, top=max(float(np.nanmax(mad + spread)), uniform) * 1.15)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"{result.model}: mean over {result.num_images} images, bars: std over images", fontsize=10)
-    if num_heads <= 16:
-        ax.legend(fontsize=7, ncols=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", facecolor="white")
-    return buffer.getvalue()
-
-
-def _head_colours(num_heads: int) -> np.ndarray:
-    import matplotlib
-
-    return matplotlib.colormaps["tab20"](np.arange(num_heads) % 20)  # (H, 4) RGBA
-
-
 def dataset_files(result: DatasetResult, geometry: Geometry) -> dict[str, bytes]:
-    """The three files of interface.md's `dataset` command: name -> bytes."""
+    """The three files of interface.md's `dataset` command: name -> bytes. The figure is the paper's Fig. 7 (right)
+    for the set (`vit_core.plots.attention_distance_png`, as the dashboard draws it): every head's mean attention
+    distance over the images (a dot each, its std over the images as an error bar) against depth."""
+    from .plots import attention_distance_png  # here, not at the top: the reductions need no plotting library
+
+    figure = attention_distance_png(result.mean_attention_distance,
+                                    analyses.uniform_attention_distance(geometry.grid, geometry.patch_size),
+                                    spread=result.mean_attention_distance_std,
+                                    title=f"{result.model}: mean over {result.num_images} images, bars: std over images")
     return {
         "dataset.npz": npz_bytes(result.arrays()),
         "dataset.json": json_bytes(result.summary()),
-        "mean_attention_distance.png": distance_figure_png(result, geometry),
+        "mean_attention_distance.png": figure,
     }

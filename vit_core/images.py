@@ -46,8 +46,8 @@ UPLOAD_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 # A JPEG's shorter side stays at least this many pixels when it is decoded at reduced size (Image.draft):
 # more than a model's resize of the shorter side (224-384 for the dashboard's list, 518 for DINOv2,
 # the largest of timm's ViTs). A 12 MP phone photo (4032 x 3024) decodes at 1/4, 1008 x 756: its
-# preview (at most 1024 pixels a side) then needs no resize either. Measured on the 2-core machine, a
-# 12 MP JPEG's decode + preview (median of 7): at 1/2 (shorter side >= 1024, the first choice) 78 ms, at 1/4 15 ms.
+# preview (at most 1024 pixels a side) then needs no resize either, and the decode is several times
+# faster than at 1/2 (docs/performance.md, "Photos decoded at reduced size").
 DRAFT_MIN_SIDE = 640
 # Pixel decodes at once, all threads of the process together: about the CPUs this process may use
 # (more run no faster; each holds its decoded picture).

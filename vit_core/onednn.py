@@ -1,25 +1,17 @@
-"""Float32 linear layers on the CPU through oneDNN rather than MKL: the same products in half the time on CPUs
-where MKL takes its slower path.
+"""Float32 linear layers on the CPU through oneDNN rather than MKL: the same products, faster on CPUs where MKL
+takes a slower path (on AMD CPUs MKL does not use AVX-512 even where the CPU has it).
 
-PyTorch's x86 builds run a float32 `F.linear` through MKL's sgemm. On an AMD CPU MKL does not use AVX-512 even
-where the CPU has it: on the 2-core development machine (AMD EPYC, Zen 5) a ViT-B/16 qkv product (197 x 768 ->
-2304) takes 5.9 ms on one thread, 119 GFLOP/s, with or without $MKL_ENABLE_INSTRUCTIONS. oneDNN, in the same
-PyTorch, picks its kernels by the CPU's instruction sets: 2.6 ms, and 1.8x to 2.2x faster for every linear of
-ViT-Ti to ViT-B with 197 or 577 tokens (slower only for a single row: 0.05 against 0.04 ms). A ViT-B/16 forward
-takes 87 ms instead of 179 ms on 2 threads, and the server's 1-thread traced capture 166 ms instead of 328 ms
-(`scripts/benchmark.py --no-dashboard --no-browser --no-explain`, sections 1 and 1b, run again with
-$VIT_LENS_ONEDNN_LINEAR=off). How much this gains depends on the CPU: on an earlier development VM oneDNN reached
-104 GFLOP/s against MKL's 92 (README, "Serving a class"). Both are IEEE float32 (no TF32 or bf16 inside) and sum
-in different orders, so results differ within float32 tolerance (ViT-B/16 logits: 3e-6), as they do between
-devices (../shared/spec/interface.md, "Devices").
+How much this gains depends on the CPU, from about 2x to nothing (docs/performance.md, "oneDNN linears"). Both
+are IEEE float32 (no TF32 or bf16 inside) and sum in different orders, so results differ within float32
+tolerance, as they do between devices (docs/spec/interface.md, "Devices").
 
-`linears_on_onednn(device)`, which every pass of ViT Lens enters through `capture.full_float32`, routes the
+`linears_on_onednn(device)`, which every pass of ViT Lens enters through `devices.full_float32`, routes the
 linears of the calling thread's forward passes (a TorchFunctionMode is per thread) through
 `torch.ops.mkldnn._linear_pointwise` (torch's binding of oneDNN's linear), called through a TorchScript function so
-that a `torch.jit.trace` of the forward (vit_core.capture, "A forward without the GIL") records it. Only where
-gradients are not needed: the op has no backward, so a relevance pass keeps MKL. Off, and nothing changes, on
-other devices, where torch lacks the op or it disagrees with `F.linear` on a probe, off x86-64 (on ARM oneDNN goes
-through the Arm Compute Library: not measured here), and where $VIT_LENS_ONEDNN_LINEAR says off.
+that a `torch.jit.trace` of the forward (`vit_core.serving.traced`) records it. Only where gradients are not
+needed: the op has no backward, so a relevance pass keeps MKL. Off, and nothing changes, on other devices, where
+torch lacks the op or it disagrees with `F.linear` on a probe, off x86-64 (on ARM oneDNN goes through the Arm
+Compute Library: not measured), and where $VIT_LENS_ONEDNN_LINEAR says off.
 """
 
 from __future__ import annotations
@@ -34,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .runtime import setting_on
+from . import settings
 
 _logger = logging.getLogger(__name__)
-
-ONEDNN_LINEAR_ENV = "VIT_LENS_ONEDNN_LINEAR"
 
 # TorchScript source, not a decorated function: the op's `Scalar?[]` argument is spelled `List[Optional[number]]`
 # there, a type Python annotations can't name. (An empty list given from Python can't be recorded by the tracer.)
@@ -55,7 +45,7 @@ Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tenso
 def onednn_linear() -> Linear | None:
     """oneDNN's float32 linear `(x (..., D_in), weight (D_out, D_in), bias (D_out,) | None) -> (..., D_out)`, or None
     where it is off (see the module docstring). Checked once per process against `F.linear` on a small probe."""
-    if not setting_on(ONEDNN_LINEAR_ENV):
+    if not settings.ONEDNN_LINEAR.on():
         return None
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return None

@@ -24,7 +24,8 @@ import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-SHAPES_VIT_TIMM_NAME = "vit_shapes_patch8_96"  # timm's name; users see "vit-lens/shapes-vit"
+SHAPES_VIT_TIMM_NAME = "vit_shapes_patch8_96"  # timm's name
+TEACHING_MODEL = "vit-lens/shapes-vit"  # the name users see and `vit_core.load_model` takes
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes_vit"  # package data
 WEIGHTS_FILE = "model.safetensors"
 

@@ -1,0 +1,338 @@
+"""The one module that owns the dashboard's shared caches: every `st.cache_resource` and byte-budget store.
+
+Shared by every browser session, all keyed on strings, never on tensors or arrays (what a cached function needs
+beyond its key comes in as an underscore argument, which Streamlit does not hash):
+- models: `st.cache_resource`, keyed by `ModelRequest.load_args`; `LoadedModel.lock` serialises forwards. A
+  model that can't be loaded (offline, a refused weights file) is remembered for a minute, so reruns don't retry;
+- one forward pass with its capture per (model, image), keyed by the model key and the sha256 of the image
+  bytes: a `ByteBudgetCache` bounded by bytes (`CAPTURE_BUDGET`: $VIT_LENS_CAPTURE_MB, else a quarter of the
+  machine's memory, 512 MiB to 8 GiB; see dashboard.server.byte_budget), since a capture is 31 MiB for
+  ViT-B/16 and 205 MiB for ViT-B/16-384. Each session holds the capture it looks at in the same cache
+  (evicted after every capture nobody holds); the decoded pictures the forward passes start from are bounded
+  by bytes too (`PICTURE_BUDGET`, a sixteenth of that, at least 256 MiB);
+- small per-model / per-capture analyses (filter PCA, position similarity, attention distance, rollout):
+  the views and the `.npz` export read the same entries (`analysis_arrays`), nothing is computed twice;
+- figures, keyed by what their builder takes (`dashboard.figure_keys`);
+- the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
+  interventions per (model, image, intervention); the deletion / insertion curves, computed on request
+  with a progress bar, in small stores bounded by their number of entries, per (model, image, target, steps).
+
+Shared by up to a classroom of sessions: every cache has `max_entries` or a budget. What a session keeps for
+itself is `dashboard.session`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+import vit_core
+from dashboard import examples, figure_keys
+from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
+from dashboard.models import FailureMemory, ModelRequest, build_model
+from dashboard.server import process
+from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, one_each
+from vit_core import analyses, explain, export, serving
+from vit_core.images import DRAFT_MIN_SIDE
+from vit_core.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+
+@st.cache_resource(max_entries=3, show_spinner=False)
+def _cached_model(name: str, weights_path: str, labels_path: str, weights_id: str, random_init: bool) -> LoadedModel:
+    del weights_id  # only keys the cache: the digest of the uploaded file(s)
+    return build_model(name, weights_path, labels_path, random_init)
+
+
+_failures = FailureMemory()  # shared by every session
+
+
+def load(request: ModelRequest) -> LoadedModel:
+    """The model, from the cache or loaded now. Raises vit_core errors (OfflineError, WeightsError, ...);
+    a model that failed lately raises its error again without a retry (models.FailureMemory)."""
+    failed = _failures.recent(request.load_args)
+    if failed is not None:
+        raise failed
+    try:
+        return _cached_model(*request.load_args)
+    except vit_core.ViTLensError as e:
+        _failures.remember(request.load_args, e)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------
+# Images
+
+
+CAPTURE_BUDGET = default_capture_budget()  # bytes: the shared captures, held ones included
+# bytes: decoded pictures, needed only until their forward pass and preview are made (a phone photo, drafted,
+# is 12 MB, so a class's 30 photos would hold 360 MB for nothing; a 50 MP PNG is 200 MB).
+PICTURE_BUDGET = max(CAPTURE_BUDGET // 16, 256 * 2**20)
+
+
+def _picture_nbytes(decoded: vit_core.DecodedImage) -> int:
+    width, height = decoded.image.size
+    return 4 * width * height  # Pillow keeps RGB as 4 bytes a pixel
+
+
+_pictures: ByteBudgetCache[vit_core.DecodedImage] = ByteBudgetCache(PICTURE_BUDGET, size_of=_picture_nbytes)
+
+
+def _decoded(sha: str, data: bytes, min_side: int = DRAFT_MIN_SIDE) -> vit_core.DecodedImage:
+    return _pictures.get_or_compute((sha, min_side), partial(vit_core.decode_image, data, min_side))
+
+
+def full_image(image: ImageChoice, min_side: int = DRAFT_MIN_SIDE) -> Image.Image:
+    """The decoded RGB picture the model starts from (a large JPEG at reduced size, its shorter side at
+    least `min_side`: vit_core.decode_image; the model's own `decode_min_side` for its forward pass)."""
+    return _decoded(image.sha, image.data, min_side).image
+
+
+@st.cache_resource(max_entries=48, show_spinner=False)
+def _image_info(sha: str, _data: bytes) -> tuple[tuple[int, int], tuple[str, ...], Image.Image]:
+    """(size, notes, preview) of an image: what every rerun needs, kept longer than the full-size pictures."""
+    decoded = _decoded(sha, _data)
+    return decoded.image.size, decoded.notes, preview_copy(decoded.image)
+
+
+def decode(name: str, data: bytes) -> ImageChoice:
+    """Decode uploaded or example bytes; raises vit_core.ImageError with a message for the user."""
+    check_file_size(data)
+    sha = hashlib.sha256(data).hexdigest()
+    return ImageChoice(name, sha, data, *_image_info(sha, data))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def example_bytes(name: str) -> bytes:
+    """The bytes of a built-in example image (small: cache_data's copy per hit is cheap)."""
+    return examples.example_bytes(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward pass per (model, image) and the analyses of its capture
+
+
+_captures: ByteBudgetCache[vit_core.Capture] = ByteBudgetCache(CAPTURE_BUDGET)  # shared by every session
+
+
+def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice) -> vit_core.Capture:
+    """The capture of one hooked forward pass per (model, image), cached and shared by every session
+    (computed once however many sessions ask for it at the same moment)."""
+    def forward() -> vit_core.Capture:
+        cap = serving.serve_capture(loaded, full_image(image, loaded.decode_min_side))
+        process.finish_this_run_below_the_pages()  # this image's figures come after others' control changes
+        return cap
+
+    return _captures.get_or_compute((request.key, image.sha), forward)
+
+
+def held_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, holder: str) -> vit_core.Capture:
+    """`shared_capture` of the image a session is looking at, held in the cache for that session (`holder`:
+    `session.holder()`).
+
+    With more sessions than the cache keeps captures, sessions would evict each other's, and a full
+    rerun (a tab switch, a sidebar change) would run the model again. A held capture is evicted only
+    after every capture nobody holds; each session holds one (the one it looks at), and all of them
+    together stay within the byte budget: past it, the longest unused hold goes too, and that session
+    computes its capture again on its next full rerun. The budget counts what the cache keeps: a
+    session's fragments (control changes rerun only their view, with the arguments of the last full
+    run) still reference the capture they were drawn with, so an evicted capture is freed at that
+    session's next full run, not at once.
+    """
+    cap = shared_capture(request, loaded, image)
+    _captures.hold(holder, (request.key, image.sha))
+    return cap
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _distances(model_key: str, image_sha: str, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    return export.mean_attention_distances(_cap)  # (prefix attention left out, rows renormalised over patches)
+
+
+def attention_distances(request: ModelRequest, image: ImageChoice, cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    """Mean attention distance (L, H) of this image: (prefix attention left out, rows renormalised over patches)."""
+    return _distances(request.key, image.sha, cap)
+
+
+def uncached_attention_distances(loaded: LoadedModel, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The mean attention distances (L, H) of an image file, kept out of the shared caches: the image is decoded
+    and run here, reduced to the two (L, H) arrays, and its picture and capture are dropped (the distance tab's
+    batch uploader: 32 ViT-B/16-384 captures would be 6.5 GiB). Raises vit_core.ImageError with a message for
+    the user."""
+    check_file_size(data)
+    cap = serving.serve_capture(loaded, vit_core.decode_image(data, loaded.decode_min_side).image)
+    return export.mean_attention_distances(cap)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def patches_as_linear(model_key: str, image_sha: str, _loaded: LoadedModel,
+                      _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised input cut into flattened patches (N, ph*pw*3), and E x + b for each (N, D)."""
+    g = _cap.geometry
+    image = np.ascontiguousarray(_cap.input_tensor.transpose(1, 2, 0))  # (3, H, W) -> (H, W, 3)
+    flat = analyses.flatten_patches(analyses.split_patches(image, g.patch_size))  # (N, ph, pw, 3) -> (N, ph*pw*3)
+    linear = analyses.embed_patches_linear(flat, patch_embed_weight(_loaded), patch_embed_bias(_loaded))
+    return flat, linear
+
+
+@st.cache_resource(max_entries=6, show_spinner=False)
+def filters_pca(model_key: str, _loaded: LoadedModel) -> analyses.FilterPCA:
+    return analyses.filters_pca(patch_embed_weight(_loaded), k=analyses.PCA_COMPONENTS)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def pos_similarity(model_key: str, grid: tuple[int, int], _loaded: LoadedModel) -> np.ndarray | None:
+    """Position-embedding similarity (N', gh', gw') on `grid` (resampled in 2D if it differs), or None."""
+    g = _loaded.geometry
+    rows = pos_embed_rows(_loaded)
+    if rows is None:
+        return None
+    if tuple(grid) != tuple(g.grid):
+        rows = analyses.resample_pos_embed(rows, g.grid, grid, g.num_prefix_tokens, g.no_embed_class)  # (T_pe', D)
+    return analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, grid)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: vit_core.Capture) -> np.ndarray:
+    g = _cap.geometry
+    return analyses.attention_rollout(_cap.pattern, g.num_prefix_tokens, g.grid, fusion, last_layer,
+                                      has_class_token=g.has_class_token)
+
+
+def analysis_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
+                    cap: vit_core.Capture) -> dict[str, np.ndarray]:
+    """Every array of the export format (`vit_core.export.analysis_arrays`: the same keys and values), from the
+    entries the views read: the attention distances, the rollout of the Attention tab's defaults (mean fusion, every
+    layer), the filter PCA and the position similarity on the model's own grid. A function of plain arguments:
+    called from a download button's thread."""
+    g = loaded.geometry
+    return (export.image_arrays(cap, distances=attention_distances(request, image, cap),
+                                rollout=rollout(request.key, image.sha, "mean", g.num_layers - 1, cap))
+            | export.model_arrays(filters_pca(request.key, loaded), pos_similarity(request.key, tuple(g.grid), loaded)))
+
+
+# ----------------------------------------------------------------------------------------------
+# "Why this prediction": explanations, logit lens, interventions, faithfulness curves
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel,
+               _cap: vit_core.Capture) -> explain.Relevance:
+    return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap)
+
+
+def relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+              target: int) -> explain.Relevance:
+    """Every method's relevance map (gh, gw) for class `target`: one forward + backward pass per
+    (model, image, target), cached and shared by every session."""
+    return _relevance(request.key, image.sha, int(target), loaded, cap)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def logit_lens(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> np.ndarray:
+    """The logit lens of a capture: float32 (L+1, C), row l = the head applied after block l (row 0: the embeddings)."""
+    return explain.logit_lens(_loaded, _cap)
+
+
+@st.cache_resource(max_entries=48, show_spinner=False)
+def patch_logit_lens(model_key: str, image_sha: str, layer: int, _loaded: LoadedModel,
+                     _cap: vit_core.Capture) -> np.ndarray:
+    """The per-patch logit lens of one layer: float32 (N, C), every patch token through the head without pooling."""
+    return explain.patch_logit_lens(_loaded, _cap, layer)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def _intervened(model_key: str, image_sha: str, drop: tuple[int, ...], mask: tuple[int, ...],
+                ablate: tuple[tuple[int, int], ...], ablation: str, _loaded: LoadedModel,
+                _cap: vit_core.Capture) -> np.ndarray:
+    return explain.predict_intervened(_loaded, _cap, drop=drop, mask=mask, ablate=ablate, ablation=ablation)
+
+
+def intervened_logits(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, *,
+                      drop: tuple[int, ...] = (), mask: tuple[int, ...] = (), ablate: tuple[tuple[int, int], ...] = (),
+                      ablation: str = "zero") -> np.ndarray:
+    """The logits (C,) after dropping / masking patches and ablating heads (explain.predict_intervened), cached
+    per (model, image, intervention): clicking a patch back and forth costs one forward each way, once."""
+    return _intervened(request.key, image.sha, tuple(sorted(drop)), tuple(sorted(mask)), tuple(sorted(ablate)), ablation,
+                       loaded, cap)
+
+
+# Results computed on request (a button), with a progress bar, which st.cache_resource can't show while it computes:
+# kept here for every session, the oldest used first out past a number of entries.
+_faithfulness: ByteBudgetCache[explain.Faithfulness] = ByteBudgetCache(32, size_of=one_each)
+_latest_faithfulness: ByteBudgetCache[tuple] = ByteBudgetCache(64, size_of=one_each)  # (model, image) -> its latest key
+
+
+def _faithfulness_key(request: ModelRequest, image: ImageChoice, target: int, steps: int) -> tuple[str, str, int, int]:
+    return request.key, image.sha, int(target), int(steps)
+
+
+def faithfulness_result(request: ModelRequest, image: ImageChoice, target: int, steps: int) -> explain.Faithfulness | None:
+    """The deletion / insertion curves of (model, image, target, steps) if someone computed them already, else None."""
+    return _faithfulness.get(_faithfulness_key(request, image, target, steps))
+
+
+def compute_faithfulness(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                         relevance: explain.Relevance, steps: int, progress: Callable[[float, str], None] | None = None,
+                         on_partial: Callable[[explain.Faithfulness], None] | None = None) -> explain.Faithfulness:
+    """Deletion and insertion curves of every supported method's map and of the random baseline
+    (explain.faithfulness_by_method), computed now and kept for every session once all are done;
+    `progress(fraction, message)` after each unit, `on_partial(result so far)` with the random baseline and
+    the methods finished so far, as each finishes (the random baseline first)."""
+    finished: list[explain.MethodCurves] = []
+    for unit in explain.faithfulness_by_method(loaded, cap, relevance.maps, relevance.target, steps=steps,
+                                               progress=progress):
+        finished.append(unit)
+        if on_partial is not None:
+            on_partial(explain.faithfulness_of(relevance.target, steps, finished))
+    result = explain.faithfulness_of(relevance.target, steps, finished)
+    key = _faithfulness_key(request, image, relevance.target, steps)
+    _faithfulness.put(key, result)
+    _latest_faithfulness.put((request.key, image.sha), key)
+    return result
+
+
+def latest_faithfulness(request: ModelRequest, image: ImageChoice) -> explain.Faithfulness | None:
+    """The curves computed last for this model and image (any target, any number of steps), if still kept."""
+    key = _latest_faithfulness.get((request.key, image.sha))
+    return None if key is None else _faithfulness.get(key)
+
+
+def explanation_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
+                       cap: vit_core.Capture) -> dict[str, np.ndarray]:
+    """The explanation keys of the export (interface.md, "Explanations in the export", as
+    `vit_core.export.explanation_arrays` builds them) from what the dashboard computed, without running
+    the curves again: target, relevance_<method>, logit_lens, token_norms, and deletion_<name> /
+    insertion_<name> when the curves of this image were computed (for the target they were computed for;
+    else the top-1). A function of plain arguments: called from a download button's thread."""
+    faith = latest_faithfulness(request, image)
+    target = faith.target if faith is not None else explain.resolve_target(loaded, cap.logits)
+    return export.explanation_arrays(relevance(request, loaded, image, cap, target),
+                                     logit_lens(request.key, image.sha, loaded, cap), explain.token_norms(cap), faith)
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _figure(key: str, _build: Callable[[], bytes]) -> bytes:
+    return _build()
+
+
+def cached_figure(build: Callable[..., bytes], source: figure_keys.FigureSource, *settings: Any, **options: Any) -> bytes:
+    """`build(source, *settings, **options)`: the bytes of a figure, built once per key, which is derived
+    from exactly these arguments (dashboard.figure_keys: a builder that could draw anything else is refused).
+
+    Figures cost 50-300 ms each with matplotlib on a busy 2-core machine; a control change rebuilds
+    only the figure whose arguments it changes.
+    """
+    key = figure_keys.figure_key(build, source, settings, options)
+    return _figure(key, partial(build, source, *settings, **options))

@@ -1,0 +1,333 @@
+"""Shared pieces of the figure builders: encoding, colour maps, overlays, the crop with its patch grid, the
+clickable image, mosaics, fonts and heat maps drawn with PIL. No Streamlit here.
+
+The figure builders, one module per family of views (`pipeline`, `embeddings`, `attention`, `prediction`, `why`,
+`interventions`, `lens`, `registers`, `many_images`), are pure: arrays in, PNG bytes (or one plotly figure) out,
+so the bytes shown are the bytes downloaded, and every builder can be tested headless. Most views use PNGs made
+with PIL or matplotlib's object-oriented API (no pyplot: it keeps global state and is not thread-safe). Plotly is
+used only where a click matters: the image with its patch grid, on which a patch is picked.
+
+Conventions: `crop` is the uint8 (H, W, 3) image the model saw; maps are (gh, gw) float arrays;
+patch k sits at row k // gw, column k % gw (see docs/spec/analyses.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+from typing import Sequence
+
+import matplotlib
+import matplotlib.colors
+import numpy as np
+import plotly.graph_objects as go
+from matplotlib.figure import Figure
+from PIL import Image, ImageDraw, ImageFont
+
+from dashboard.image_choice import mathtext_literal
+
+ATTENTION_CMAP = "inferno"
+OVERLAY_ALPHA = 0.65  # weight of the map's colour over the crop in every overlay
+SIMILARITY_CMAP = "viridis"
+CROP_DISPLAY_SIDE = 448  # pixels: the model's crop (224 px for most models) is enlarged to about this for display
+_FONT_CACHE: dict[int, ImageFont.ImageFont] = {}
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def shown_label(label: str, length: int) -> str:
+    """A class name for a matplotlib axis or legend: cut to `length` characters, `$` shown as written (not mathtext)."""
+    return mathtext_literal(label if len(label) <= length else label[:length - 2] + "...")
+
+
+def font(size: int = 12) -> ImageFont.ImageFont:
+    if size not in _FONT_CACHE:
+        _FONT_CACHE[size] = ImageFont.load_default(size=size)
+    return _FONT_CACHE[size]
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """uint8 (H, W, 3) or (H, W) -> PNG bytes (fast compression: these are made on every rerun)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def jpeg_bytes(rgb: np.ndarray, quality: int = 90) -> bytes:
+    """uint8 (H, W, 3) -> JPEG bytes: for pictures shown inside plotly figures, which travel as base64
+    in the figure's JSON on every rerun (a 448 px attention overlay: ~26 KB instead of ~130 KB as PNG,
+    3 ms to encode instead of ~40 ms). Downloads stay PNG."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def encode(rgb: np.ndarray, encoding: str) -> bytes:
+    """uint8 (H, W, 3) -> "png" or "jpeg" bytes."""
+    return {"png": png_bytes, "jpeg": jpeg_bytes}[encoding](rgb)
+
+
+def figure_png(fig: Figure, dpi: int = 100) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    return buffer.getvalue()
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of PNG or JPEG bytes."""
+    return Image.open(io.BytesIO(data)).size
+
+
+def is_jpeg(data: bytes) -> bool:
+    """JPEG bytes (its start-of-image marker), as opposed to the PNGs every other builder makes."""
+    return data[:3] == b"\xff\xd8\xff"
+
+
+def _data_uri(data: bytes) -> str:
+    """A data URI for PNG or JPEG bytes, with the right media type."""
+    kind = "jpeg" if is_jpeg(data) else "png"
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
+
+
+def display_scale(crop_side: int, target: int = CROP_DISPLAY_SIDE) -> int:
+    """Integer enlargement so a crop of `crop_side` pixels shows at about `target` pixels."""
+    return max(1, round(target / crop_side))
+
+
+def enlarge(array: np.ndarray, scale: int | tuple[int, int]) -> np.ndarray:
+    """Nearest-neighbour enlargement of the first two axes: every entry becomes a block of
+    scale x scale (or sy x sx) entries. (h, w, ...) -> (h*sy, w*sx, ...)."""
+    sy, sx = (scale, scale) if isinstance(scale, int) else scale
+    if (sy, sx) == (1, 1):
+        return array
+    return np.repeat(np.repeat(array, sy, axis=0), sx, axis=1)
+
+
+def colorize(values: np.ndarray, cmap: str = ATTENTION_CMAP, vmin: float | None = None, vmax: float | None = None) -> np.ndarray:
+    """Float array -> uint8 RGB through a matplotlib colormap; min-max scaled unless vmin/vmax given
+    (a constant array gets the colormap's low end; NaN its "bad" colour)."""
+    norm = matplotlib.colors.Normalize(vmin, vmax, clip=True)
+    return _colormap(cmap)(norm(np.ma.masked_invalid(values)), bytes=True)[..., :3]
+
+
+@functools.lru_cache(maxsize=None)
+def _colormap(name: str) -> matplotlib.colors.Colormap:
+    """matplotlib.colormaps[name] hands out a fresh copy that builds its lookup table on first use
+    (~1 ms); a mosaic colours 13 maps per control change. Read-only after that, so shared."""
+    return matplotlib.colormaps[name]
+
+
+def map_to_pixels(amap: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
+    """(gh, gw) -> (gh*ph, gw*pw): each patch value fills its patch (no smoothing, no invention)."""
+    return enlarge(amap, patch_size)
+
+
+def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alpha: float = OVERLAY_ALPHA,
+            cmap: str = ATTENTION_CMAP) -> np.ndarray:
+    """The crop darkened and tinted by a per-patch map, min-max scaled for display: uint8 (H, W, 3)."""
+    colours = map_to_pixels(colorize(amap, cmap), patch_size)  # colour per patch, then spread to its pixels
+    return tint(crop.astype(np.float32), colours, alpha)
+
+
+def tint(base: np.ndarray, colours: np.ndarray, alpha: float = OVERLAY_ALPHA) -> np.ndarray:
+    """(1 - alpha) base + alpha colours, both (H, W, 3), as uint8 (base float32, colours uint8)."""
+    return ((1 - alpha) * base + alpha * colours.astype(np.float32)).round().clip(0, 255).astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------
+# The crop with its patch grid
+
+
+GRID_LINE = (150, 150, 150)  # mid grey: visible on white paper (a drawing) and on dark photos alike
+
+
+def enlarged_with_grid(crop: np.ndarray, grid: tuple[int, int],
+                       patch_size: tuple[int, int]) -> tuple[Image.Image, ImageDraw.ImageDraw, int]:
+    """The crop enlarged for display (by its display scale s) with grey lines between the patches, ready to draw on."""
+    gh, gw = grid
+    ph, pw = patch_size
+    s = display_scale(crop.shape[1])
+    im = Image.fromarray(enlarge(crop, s))
+    draw = ImageDraw.Draw(im)
+    for r in range(1, gh):
+        draw.line([(0, r * ph * s), (im.width, r * ph * s)], fill=GRID_LINE, width=1)
+    for c in range(1, gw):
+        draw.line([(c * pw * s, 0), (c * pw * s, im.height)], fill=GRID_LINE, width=1)
+    return im, draw, s
+
+
+def patch_box(k: int, gw: int, patch_size: tuple[int, int], s: int) -> list[int]:
+    """Patch k's pixel box [x0, y0, x1, y1] (inclusive) in a crop enlarged s times, for ImageDraw."""
+    (r, c), (ph, pw) = divmod(int(k), gw), patch_size
+    return [c * pw * s, r * ph * s, (c + 1) * pw * s - 1, (r + 1) * ph * s - 1]
+
+
+def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], patch_size: tuple[int, int],
+                           selected: int | None = None, hover_values: np.ndarray | None = None,
+                           height: int = 480) -> go.Figure:
+    """Plotly figure of an image (already enlarged: an array, or its PNG or JPEG bytes) with one
+    invisible marker per patch.
+
+    Clicking a marker selects it; its `customdata` is the patch index k. `selected` gets a cyan
+    frame. `hover_values` (gh, gw), e.g. the attention shown, appear in the hover text.
+    """
+    gh, gw = grid
+    ph, pw = patch_size
+    data = display if isinstance(display, bytes) else png_bytes(display)
+    width, disp_height = image_size(data)
+    s = width / (gw * pw)  # display pixels per input pixel
+    k = np.arange(gh * gw)
+    rows, cols = np.divmod(k, gw)
+    xs, ys = (cols + 0.5) * pw * s, (rows + 0.5) * ph * s
+    text = [f"patch {i} (row {r}, col {c})" for i, r, c in zip(k, rows, cols, strict=True)]
+    if hover_values is not None:
+        text = [f"{t}<br>value {v:.4f}" for t, v in zip(text, hover_values.reshape(-1), strict=True)]
+    source = _data_uri(data)
+    marker_px = 0.9 * height / gh
+    patches = go.Scatter(
+        x=xs, y=ys, mode="markers", customdata=k, text=text, hovertemplate="%{text}<extra></extra>",
+        marker=dict(symbol="square", size=marker_px, color="rgba(255,255,255,0.01)", line=dict(width=0)),
+        selected=dict(marker=dict(opacity=0.01)), unselected=dict(marker=dict(opacity=0.01)),
+        showlegend=False, name="patches",
+    )
+    shapes = []
+    if selected is not None:
+        r, c = divmod(selected, gw)
+        shapes.append(dict(type="rect", x0=c * pw * s, x1=(c + 1) * pw * s, y0=r * ph * s, y1=(r + 1) * ph * s,
+                           line=dict(color="cyan", width=3)))
+    # one constructor call: plotly validates every update, and this figure is rebuilt on every rerun
+    fig = go.Figure(data=[go.Image(source=source, hoverinfo="skip"), patches], layout=dict(
+        xaxis=dict(visible=False, range=[0, width]), yaxis=dict(visible=False, range=[disp_height, 0], scaleanchor="x"),
+        shapes=shapes, height=height, margin=dict(l=0, r=0, t=0, b=0), dragmode=False, clickmode="event+select",
+        hoverlabel=dict(bgcolor="white")))
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Mosaics of maps and tiles
+
+
+def mosaic(tiles: Sequence[np.ndarray], titles: Sequence[str], cols: int, pad: int = 6, title_height: int = 18) -> np.ndarray:
+    """Equal-sized uint8 tiles on a white sheet, each with a caption above: uint8 (H, W, 3)."""
+    th, tw = tiles[0].shape[:2]
+    rows = -(-len(tiles) // cols)
+    sheet = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + title_height + pad) + pad), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    f = font(13)
+    for i, (tile, title) in enumerate(zip(tiles, titles, strict=True)):
+        r, c = divmod(i, cols)
+        x, y = pad + c * (tw + pad), pad + r * (th + title_height + pad)
+        draw.text((x, y), title, fill=(0, 0, 0), font=f)
+        sheet.paste(Image.fromarray(tile), (x, y + title_height))
+    return np.asarray(sheet)
+
+
+# ----------------------------------------------------------------------------------------------
+# Heat maps with their axes, drawn with PIL: the same title, ticks at cell centres, axis labels and colour
+# bar as matplotlib's imshow + colorbar, in a few milliseconds instead of savefig's tens to hundreds (docs/performance.md,
+# "A class: the first load test").
+
+INK = (0, 0, 0)
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round values (multiples of 1, 2 or 5 x 10^k) from lo to hi, about `count` of them."""
+    if not np.isfinite(lo) or not np.isfinite(hi) or hi <= lo:
+        return [float(lo)] if np.isfinite(lo) else []
+    raw = (hi - lo) / max(1, count - 1)
+    magnitude = 10 ** np.floor(np.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = np.ceil(lo / step - 1e-9) * step
+    return [float(v) for v in np.arange(first, hi + step * 1e-9, step)]
+
+
+def _label(value: float) -> str:
+    return f"{value:.3g}" if value else "0"
+
+
+def _rotated_text(text: str, f: ImageFont.ImageFont) -> Image.Image:
+    """`text` written bottom to top (an axis label on the left or right), black on white."""
+    left, top, right, bottom = f.getbbox(text)
+    im = Image.new("RGB", (right - left + 2, bottom - top + 2), (255, 255, 255))
+    ImageDraw.Draw(im).text((1 - left, 1 - top), text, fill=INK, font=f)
+    return im.rotate(90, expand=True)
+
+
+def heatmap_png(picture: np.ndarray, shape: tuple[int, int], title: str, xlabel: str = "", ylabel: str = "",
+                colorbar: tuple[str, float, float, str] | None = None, line_above_row: int | None = None,
+                framed_cell: tuple[int, int] | None = None) -> bytes:
+    """A (rows, cols) array already coloured at display size (`picture`, uint8 (h, w, 3)) as a chart: the title
+    above, tick marks with indices at cell centres, axis labels, and optionally a colour bar (cmap, vmin, vmax,
+    label) on the right, black marks on both sides between rows `line_above_row` - 1 and `line_above_row`, a
+    red frame around cell (row, col) `framed_cell`. PNG bytes."""
+    rows, cols = shape
+    h, w = picture.shape[:2]
+    small, medium = font(10), font(11)
+    left, top, bottom = 48, 24, 34
+    right = 78 if colorbar else 10
+    width = max(left + w + right, int(medium.getlength(title)) + 12)
+    sheet = Image.new("RGB", (width, top + h + bottom), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    sheet.paste(Image.fromarray(np.ascontiguousarray(picture)), (left, top))
+    draw.rectangle([left - 1, top - 1, left + w, top + h], outline=INK)
+    sx, sy = w / cols, h / rows
+    for c in nice_ticks(0, cols - 1):
+        x = left + (c + 0.5) * sx
+        draw.line([(x, top + h), (x, top + h + 3)], fill=INK)
+        draw.text((x, top + h + 5), str(int(c)), fill=INK, font=small, anchor="mt")
+    for r in nice_ticks(0, rows - 1):
+        y = top + (r + 0.5) * sy
+        draw.line([(left - 4, y), (left - 1, y)], fill=INK)
+        draw.text((left - 6, y), str(int(r)), fill=INK, font=small, anchor="rm")
+    draw.text((width / 2, 4), title, fill=INK, font=medium, anchor="mt")
+    if xlabel:
+        draw.text((left + w / 2, top + h + 19), xlabel, fill=INK, font=small, anchor="mt")
+    if ylabel:
+        label = _rotated_text(ylabel, small)
+        sheet.paste(label, (4, top + (h - label.height) // 2))
+    if line_above_row is not None:  # marks outside the frame: a line across would hide a row at 1 px a row
+        y = top + round(line_above_row * sy)
+        draw.line([(left - 8, y), (left - 2, y)], fill=INK, width=1)
+        draw.line([(left + w + 1, y), (left + w + 6, y)], fill=INK, width=1)
+    if framed_cell is not None:
+        r, c = framed_cell
+        draw.rectangle([left + c * sx, top + r * sy, left + (c + 1) * sx - 1, top + (r + 1) * sy - 1],
+                       outline=(255, 0, 0), width=2)
+    if colorbar is not None:
+        _draw_colorbar(sheet, draw, left + w + 12, top, h, *colorbar)
+    return png_bytes(np.asarray(sheet))
+
+
+def _draw_colorbar(sheet: Image.Image, draw: ImageDraw.ImageDraw, x: int, top: int, height: int, cmap: str,
+                   vmin: float, vmax: float, label: str) -> None:
+    """A vertical colour bar of `cmap` from vmin (bottom) to vmax (top), 12 px wide, ticks and label on its right."""
+    small = font(10)
+    values = np.linspace(vmax, vmin, height, dtype=np.float64)[:, None].repeat(12, axis=1)  # (height, 12)
+    sheet.paste(Image.fromarray(colorize(values, cmap, vmin, vmax)), (x, top))
+    draw.rectangle([x - 1, top - 1, x + 12, top + height], outline=INK)
+    span = (vmax - vmin) or 1.0
+    for v in nice_ticks(vmin, vmax):
+        y = top + (vmax - v) / span * (height - 1)
+        draw.line([(x + 12, y), (x + 15, y)], fill=INK)
+        draw.text((x + 17, y), _label(v), fill=INK, font=small, anchor="lm")
+    if label:
+        text = _rotated_text(label, small)
+        sheet.paste(text, (x + 56, top + (height - text.height) // 2))
+
+
+MAP_DISPLAY_SIDE = 252  # pixels: a (gh, gw) map is enlarged, each cell a square block, to about this
+
+
+def map_png(amap: np.ndarray, title: str, cmap: str = SIMILARITY_CMAP, vmin: float | None = None,
+            vmax: float | None = None, highlight: int | None = None, label: str = "") -> bytes:
+    """One (gh, gw) map, enlarged (each cell a block of pixels, no smoothing), with a colour bar (vmin / vmax,
+    else the map's own range) and an optional framed cell. Drawn with PIL (see heatmap_png)."""
+    gh, gw = amap.shape
+    lo = float(np.nanmin(amap)) if vmin is None else vmin
+    hi = float(np.nanmax(amap)) if vmax is None else vmax
+    scale = max(1, round(MAP_DISPLAY_SIDE / max(gh, gw)))
+    picture = enlarge(colorize(amap, cmap, lo, hi), scale)  # (gh, gw, 3) -> (gh*s, gw*s, 3)
+    cell = None if highlight is None else divmod(int(highlight), gw)
+    return heatmap_png(picture, (gh, gw), title, colorbar=(cmap, lo, hi, label), framed_cell=cell)

@@ -1,0 +1,48 @@
+"""Figures of the Interventions tab: the crop with the chosen patches removed, and the prediction before and after."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from dashboard.figures.base import enlarged_with_grid, figure_png, patch_box, shown_label
+from dashboard.image_choice import mathtext_literal
+
+
+def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],
+                          patches: Sequence[int], mode: str) -> np.ndarray:
+    """The crop enlarged for display with the chosen patches shown removed: "drop" blacks them out with a red
+    cross (the token is gone), "mask" paints them the normalisation mean (grey: the model sees the mean input).
+    uint8 (H*s, W*s, 3)."""
+    im, draw, s = enlarged_with_grid(crop, grid, patch_size)
+    for k in patches:
+        box = patch_box(k, grid[1], patch_size, s)
+        if mode == "mask":
+            draw.rectangle(box, fill=(124, 116, 104), outline=(255, 255, 0), width=2)  # about ImageNet's mean colour
+        else:
+            draw.rectangle(box, fill=(0, 0, 0))
+            draw.line([box[0], box[1], box[2], box[3]], fill=(220, 40, 40), width=2)
+            draw.line([box[0], box[3], box[2], box[1]], fill=(220, 40, 40), width=2)
+    return np.asarray(im)
+
+
+def prediction_change_png(labels: Sequence[str], before: Sequence[float], after: Sequence[float], title: str = "") -> bytes:
+    """Horizontal bars of each class's probability before (grey) and after (blue) an intervention, first on top."""
+    n = len(labels)
+    fig = Figure(figsize=(6, 0.5 * n + 1.0))
+    ax = fig.add_subplot()
+    y = np.arange(n)[::-1]
+    ax.barh(y + 0.2, np.asarray(before) * 100, height=0.38, color="#bbbbbb", label="original")
+    ax.barh(y - 0.2, np.asarray(after) * 100, height=0.38, color="#4c72b0", label="after the intervention")
+    for yi, b, a in zip(y, before, after, strict=True):
+        ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=7, color="#555")
+        ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=7)
+    ax.set_yticks(y, [shown_label(label, 24) for label in labels], fontsize=9)
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("probability (%)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(mathtext_literal(title), fontsize=10)
+    return figure_png(fig)

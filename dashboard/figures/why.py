@@ -1,0 +1,51 @@
+"""Figures of the Why? tab: the deletion and insertion curves of each method and of the random baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from dashboard.figures.base import figure_png
+from dashboard.image_choice import mathtext_literal
+from vit_core import explain
+
+METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
+
+
+RANDOM_COLOUR = "#7f7f7f"
+
+
+def faithfulness_curves_png(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray],
+                            random_deletion_std: np.ndarray, random_insertion_std: np.ndarray, title: str = "") -> bytes:
+    """Deletion (left) and insertion (right) curves: p_c against the share of patches dropped / kept.
+
+    deletion, insertion: name -> (S,) probabilities, one entry per method plus "random" (the mean of the
+    random orders, drawn grey with a band of +- one standard deviation `random_*_std` (S,)). The x positions
+    are the spec's (explain.deletion_x, insertion_x): deletion k / S for k = 0..S-1, insertion k / S for k = 1..S.
+    """
+    fig = Figure(figsize=(10, 3.4))
+    axes = fig.subplots(1, 2, sharey=True)
+    panels = ((axes[0], deletion, random_deletion_std, explain.deletion_x, "dropped (most relevant first)"),
+              (axes[1], insertion, random_insertion_std, explain.insertion_x, "kept (most relevant first)"))
+    for ax, curves, std, x_of, what in panels:
+        methods = [name for name in curves if name != explain.RANDOM]
+        for i, name in enumerate(methods):
+            y = curves[name]
+            x = x_of(len(y))  # (S,)
+            ax.plot(x, y, "o-", ms=3, lw=1.4, color=METHOD_COLOURS[i % len(METHOD_COLOURS)], label=mathtext_literal(name))
+        if explain.RANDOM in curves:
+            y = curves[explain.RANDOM]
+            x = x_of(len(y))  # (S,)
+            ax.fill_between(x, y - std, y + std, color=RANDOM_COLOUR, alpha=0.25, lw=0)
+            ax.plot(x, y, "--", lw=1.4, color=RANDOM_COLOUR, label="random (mean ± std)")
+        ax.set_xlabel(f"share of patches {what}", fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("probability of the target class", fontsize=9)
+    axes[0].set_title("deletion: lower is more faithful", fontsize=10)
+    axes[1].set_title("insertion: higher is more faithful", fontsize=10)
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    if title:
+        fig.suptitle(mathtext_literal(title), fontsize=10)
+    return figure_png(fig)

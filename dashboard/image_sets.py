@@ -1,0 +1,249 @@
+"""The sets of images of the "Many images" page, and one run over a set. No Streamlit here (the page is
+dashboard/pages/many_images.py, its widgets dashboard/views/many_images.py).
+
+The set is a batch drawn by the Shapes generator (labels known) or the user's uploads: several image files,
+or a .zip whose first-level folders name the classes (as the CLI's class-named subfolders). "Run" hands the
+set to `vit_core.dataset.analyze_dataset` with a progress bar; the result (the paper's Fig. 7 right for
+the set, accuracy and logit-lens accuracy per layer, the high-norm token rate per layer, the files the CLI
+writes) is kept in the session, so changing a widget afterwards recomputes nothing.
+
+A set is bounded so that one session can't exhaust a shared server: number of images, bytes per file
+and in all, and a zip's members (their number, names and declared sizes) checked before anything is
+extracted. A refused set is said in one sentence and the page, and the previous result, stay.
+
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from dashboard.figures.base import png_bytes
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
+from dashboard.models import ModelRequest
+from vit_core import dataset
+from vit_core.errors import ViTLensError
+from vit_core.model import LoadedModel
+from vit_core.teaching import data as shapes
+
+# Per run: 256 ViT-B/16 images take minutes on a small CPU (docs/performance.md, "Many images"); the CLI
+# (`vit-lens dataset`) has no cap.
+MAX_IMAGES = 256
+MAX_SET_MB = 100  # all images of one set together: the uploads, or a zip's uncompressed members
+MAX_ZIP_MB = 100  # one uploaded file (a zip; a single image is held to MAX_IMAGE_MB)
+MAX_ZIP_MEMBERS = 1000  # entries in a zip, folders and skipped files included
+SHAPES_DEFAULT = 128  # images in a Shapes batch: the paper's Fig. 7 right averages over 128 images
+_MB = 2**20
+
+SHAPES, UPLOADS = "shapes", "uploads"
+SOURCES = {SHAPES: "A batch of drawn Shapes", UPLOADS: "Your images (files or a .zip)"}
+_JUNK_PREFIXES = ("__MACOSX/",)  # what archivers add beside the user's files: ignored without a word
+
+
+class SetError(ViTLensError):
+    """A set of images this page refuses as a whole (too many, too large, a suspicious zip): one sentence."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The set of images
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """What one run analyses: named image files, their labels (model class indices) when known, and notes."""
+
+    description: str  # for people: "128 drawn Shapes (seed 0)", "3 uploaded files"
+    sources: tuple[tuple[str, bytes], ...]  # (name, file bytes)
+    labels: tuple[int | None, ...] | None  # one per source, None where unknown; None when none is known
+    notes: tuple[str, ...] = ()  # what was skipped
+    no_labels_reason: str = ""  # why there are no labels (with labels: "")
+
+    def __post_init__(self) -> None:
+        assert self.labels is None or len(self.labels) == len(self.sources)
+
+
+def is_image_name(name: str) -> bool:
+    return PurePosixPath(name).suffix.lower().lstrip(".") in IMAGE_TYPES
+
+
+def _unsafe_member_name(name: str) -> bool:
+    """A member name that would land outside a folder it is extracted into: absolute, a drive, or '..'."""
+    posix = name.replace("\\", "/")
+    return posix.startswith("/") or (len(posix) > 1 and posix[1] == ":") or ".." in PurePosixPath(posix).parts
+
+
+def zip_members(zip_name: str, data: bytes, images_before: int = 0,
+                bytes_before: int = 0) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """The image files inside a zip as (path inside the zip, bytes), and the names of the members skipped.
+
+    Everything that can be checked from the zip's directory is checked before a byte is decompressed:
+    the number of members, their names (absolute or '..' paths refuse the zip), encryption, each image's
+    declared size and their total (a zip bomb declares huge sizes, or lies: a member is read to at most its
+    declared size + 1 byte, and one that gives more refuses the zip). Members that are not images (a nested
+    zip included: it is not opened) are skipped; the archivers' own files (__MACOSX/, hidden files) ignored.
+    `images_before`, `bytes_before`: what the set holds already (other uploads), counted against the same caps.
+    Raises SetError.
+    """
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise SetError(f"{zip_name} is not a readable zip file ({e}).") from None
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_ZIP_MEMBERS:
+            raise SetError(f"{zip_name} has {len(infos)} entries; a zip here may have at most {MAX_ZIP_MEMBERS}.")
+        unsafe = next((i.filename for i in infos if _unsafe_member_name(i.filename)), None)
+        if unsafe is not None:
+            raise SetError(f"{zip_name} holds a member named {unsafe!r} that points outside the archive, so it is refused.")
+        wanted, skipped = [], []
+        for info in infos:
+            base = PurePosixPath(info.filename).name
+            if info.is_dir() or info.filename.startswith(_JUNK_PREFIXES) or base.startswith("."):
+                continue
+            (wanted if is_image_name(info.filename) else skipped).append(info)
+        if images_before + len(wanted) > MAX_IMAGES:
+            what = f"{zip_name} holds {len(wanted)}" + (f" (and the other uploads {images_before})" if images_before else "")
+            raise SetError(f"{what} images; one run takes at most {MAX_IMAGES}.")
+        if any(i.flag_bits & 0x1 for i in wanted):
+            raise SetError(f"{zip_name} is encrypted; please upload a zip without a password.")
+        big = next((i for i in wanted if i.file_size > MAX_IMAGE_MB * _MB), None)
+        if big is not None:
+            raise SetError(f"{zip_name}: {big.filename} unpacks to {big.file_size / _MB:,.0f} MB; "
+                           f"an image may have at most {MAX_IMAGE_MB} MB.")
+        total = sum(i.file_size for i in wanted)
+        if bytes_before + total > MAX_SET_MB * _MB:
+            what = f"{zip_name} unpacks to {total / _MB:,.0f} MB of images" + (
+                f" (and the other uploads hold {bytes_before / _MB:,.0f} MB)" if bytes_before else "")
+            raise SetError(f"{what}; a set may have at most {MAX_SET_MB} MB.")
+        members = []
+        for info in wanted:
+            try:
+                with archive.open(info) as member:
+                    content = member.read(info.file_size + 1)  # never more than declared (+1 to see a lie)
+            except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, RuntimeError, ValueError) as e:
+                raise SetError(f"{zip_name}: {info.filename} can't be unpacked ({e}).") from None
+            if len(content) > info.file_size:
+                raise SetError(f"{zip_name}: {info.filename} unpacks to more than its declared size, so the zip is refused.")
+            members.append((info.filename, content))
+    return members, [i.filename for i in skipped]
+
+
+def _without_common_root(paths: Sequence[str]) -> list[PurePosixPath]:
+    """Paths inside a zip, with the one folder that holds everything removed (a zip of `myset/` holds
+    `myset/circle/a.png`: the class folders are one level down)."""
+    parts = [PurePosixPath(p).parts for p in paths]
+    if parts and all(len(p) > 2 for p in parts) and len({p[0] for p in parts}) == 1:
+        parts = [p[1:] for p in parts]
+    return [PurePosixPath(*p) for p in parts]
+
+
+def zip_labels(loaded: LoadedModel, paths: Sequence[str]) -> list[int | None] | None:
+    """Labels from the first-level folders of paths inside a zip, named as the CLI's class folders are
+    (a class index, a label name, an ImageNet synset id): `vit_core.dataset.folder_labels` on those paths."""
+    root = Path("/zip")  # folder_labels reads only the paths' parts below the root, never the disk
+    return dataset.folder_labels(loaded, root, [root / p for p in _without_common_root(paths)])
+
+
+def uploaded_set(loaded: LoadedModel, files: Sequence[tuple[str, bytes]]) -> ImageSet:
+    """The set made of uploaded files: images as they are, zips unpacked (zip_members), labels from the zips'
+    class folders. Raises SetError for a set over the bounds or an unsafe zip; oversized single files are skipped."""
+    if not files:
+        raise SetError("Upload some images or a .zip first.")
+    total = sum(len(data) for _, data in files)
+    if total > MAX_SET_MB * _MB:
+        raise SetError(f"These uploads hold {total / _MB:,.0f} MB; a set may have at most {MAX_SET_MB} MB.")
+    plain = [(name, data) for name, data in files if not name.lower().endswith(".zip")]
+    too_large = [name for name, data in plain if len(data) > MAX_IMAGE_MB * _MB]  # skipped, and said
+    sources = [(name, data) for name, data in plain if len(data) <= MAX_IMAGE_MB * _MB]
+    labels: list[int | None] = [None] * len(sources)
+    skipped: list[str] = []  # not images
+    for name, data in files:  # each zip checked against what the set holds already, before it is unpacked
+        if name.lower().endswith(".zip"):
+            members, not_images = zip_members(name, data, len(sources), sum(len(d) for _, d in sources))
+            member_labels = zip_labels(loaded, [m for m, _ in members]) if members else None
+            sources += [(f"{name}/{m}", content) for m, content in members]
+            labels += member_labels or [None] * len(members)
+            skipped += [f"{name}/{m}" for m in not_images]
+    if len(sources) > MAX_IMAGES:
+        raise SetError(f"These uploads hold {len(sources)} images; one run takes at most {MAX_IMAGES}.")
+    notes = []
+    if skipped:
+        notes.append(f"Skipped {len(skipped)} file(s) that are not images (a zip inside a zip is not opened): "
+                     f"{_some(skipped)}.")
+    if too_large:
+        notes.append(f"Skipped {len(too_large)} image(s) over {MAX_IMAGE_MB} MB: {_some(too_large)}.")
+    if not sources:
+        whys = ([f"{len(skipped)} file(s) that are not images: {_some(skipped)}"] if skipped else []) + (
+            [f"{len(too_large)} image(s) over {MAX_IMAGE_MB} MB: {_some(too_large)}"] if too_large else [])
+        raise SetError(f"There is no image in these uploads{' (only ' + '; '.join(whys) + ')' if whys else ''}.")
+    known = any(label is not None for label in labels)
+    no_labels = "" if known else ("No labels, so no accuracy: labels come from a .zip whose first-level folders "
+                                  "name the model's classes (a class index, a class name, or an ImageNet synset "
+                                  "id such as n01440764).")
+    what = f"{len(sources)} uploaded image{'s' * (len(sources) != 1)}"
+    return ImageSet(what, tuple(sources), tuple(labels) if known else None, tuple(notes), no_labels)
+
+
+def _some(names: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def shapes_labels(loaded: LoadedModel) -> dict[int, int] | None:
+    """Shapes label -> the model's class index, matched by name; None unless the model knows every Shapes class."""
+    model_index = {name.strip().lower(): i for i, name in enumerate(loaded.labels or ())}
+    mapping = {k: model_index.get(name) for k, name in enumerate(shapes.LABELS)}
+    return None if None in mapping.values() else mapping
+
+
+def shapes_set(loaded: LoadedModel, count: int, seed: int) -> ImageSet:
+    """`count` images drawn by the Shapes generator (balanced classes, `seed` fixes them), as PNG files."""
+    if not 1 <= count <= MAX_IMAGES:
+        raise SetError(f"A Shapes batch has 1 to {MAX_IMAGES} images, not {count}.")
+    drawn = shapes.draw_set(count, seed)  # images (n, S, S, 3) uint8, labels (n,) indices into shapes.LABELS
+    sources = tuple((f"shape_{i:03d}_{shapes.LABELS[label]}.png", png_bytes(img))
+                    for i, (img, label) in enumerate(zip(drawn.images, drawn.labels, strict=True)))
+    mapping = shapes_labels(loaded)
+    no_labels = "" if mapping else ("No accuracy: this model's classes are not the Shapes' classes "
+                                    "(choose the bundled Shapes ViT for that).")
+    labels = tuple(mapping[int(label)] for label in drawn.labels) if mapping else None
+    return ImageSet(f"{count} drawn Shapes (seed {seed})", sources, labels, (), no_labels)
+
+
+# ----------------------------------------------------------------------------------------------
+# One run and its result
+
+
+@dataclass(frozen=True)
+class ManyRun:
+    """A finished run, as the session keeps it: the result, the files to download, and what it was computed with."""
+
+    result: dataset.DatasetResult
+    files: dict[str, bytes]  # dataset_files(): dataset.npz, dataset.json, mean_attention_distance.png
+    model_key: str  # ModelRequest.key of the model it ran on
+    model_name: str
+    weights: str
+    description: str  # ImageSet.description
+    notes: tuple[str, ...]
+    no_labels_reason: str
+    seconds: float
+
+
+def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
+            progress: Callable[[int, int], None] | None = None) -> ManyRun:
+    """analyze_dataset over the set (batched, reduced on the model's device), and the CLI's three files."""
+    start = time.perf_counter()
+    result = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels, batch_size=None,
+                                     progress=progress)
+    files = dataset.dataset_files(result, loaded.geometry)
+    return ManyRun(result, files, request.key, loaded.name, loaded.weights, image_set.description, image_set.notes,
+                   image_set.no_labels_reason, time.perf_counter() - start)
+
+
+def limits_text() -> str:
+    return (f"At most {MAX_IMAGES} images and {MAX_SET_MB} MB per set; an image up to {MAX_IMAGE_MB} MB, a .zip up "
+            f"to {MAX_ZIP_MB} MB (at most {MAX_ZIP_MEMBERS} entries). For larger sets use "
+            f"`vit-lens dataset FOLDER` on your own machine.")

@@ -1,0 +1,201 @@
+"""Start the dashboard server with the slow start-up work done before the first visitor arrives.
+
+    vit-lens dashboard [--device D] [streamlit options]                # the installed command (dashboard/cli.py)
+    python -m dashboard.server.serve [--device D] [streamlit options]  # the same; what `bash tools/dashboard` runs
+
+It is `streamlit run <this package's app.py> [streamlit options]`, from any working directory: the
+server settings live beside app.py in dashboard/.streamlit/config.toml, which Streamlit reads as the
+app's own config file (command-line flags and STREAMLIT_* variables still override it).
+
+`streamlit run dashboard/app.py` imports torch and timm (seconds) inside the first page load, and
+loads the start-up model there too. Here the server process imports them first, sets torch's thread
+count once from the CPU quota, and loads the start-up model ($VIT_LENS_MODEL, else ViT-B/16) into
+the dashboard's shared cache in the background while Streamlit starts, with the capture of the
+default example image. Offline, that attempt fails
+fast and is remembered (dashboard.models.FailureMemory), so the first page says why at once and shows the
+bundled model, which is loaded here too. The start-up model is pinned (dashboard.models.pinned_startup_model).
+
+The models run on one device for the whole server: `--device D` (auto, cpu, cuda, cuda:N or mps) sets
+$VIT_LENS_DEVICE (dashboard.models.server_device), checked here before anything starts: a device this
+machine doesn't have stops the server with one line, not a traceback on every page.
+
+With weights uploads off (`VIT_LENS_WEIGHTS_UPLOADS=off`, docs/serving.md), the server's own
+upload cap drops from the weights size (400 MB) to the image size (25 MB), unless a
+`--server.maxUploadSize` option says otherwise: no uploader of any session can then send more.
+
+On Linux with glibc the server first starts itself again with glibc's malloc asking for transparent huge
+pages (restart_with_huge_pages; `VIT_LENS_HUGE_PAGES=off` keeps the C library's default).
+
+Before numpy is imported, OPENBLAS_NUM_THREADS defaults to 1 (numpy's OpenBLAS threads spin against torch's on a
+small machine: docs/performance.md, "BLAS threads"). Settings are read
+through `vit_core.settings`, which imports nothing heavy, so the restart happens before torch is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Mapping
+
+from vit_core import settings  # a leaf module: no torch, no numpy
+
+APP = Path(__file__).resolve().parent.parent / "app.py"  # the installed copy, wherever the package lives
+_logger = logging.getLogger("vit_lens.serve")
+
+
+server_stopped = threading.Event()  # set when Streamlit's server has returned, before the interpreter shuts down
+
+
+def warm_up() -> None:
+    """Fill the shared caches with what the first page needs: the start-up model (or, if it can't be
+    had, the fallback), the capture of the default example image, and a first figure (matplotlib's
+    fonts and first draw cost about a second)."""
+    import vit_core
+    from dashboard import caches, examples, models
+    from dashboard.figures import pipeline as pipeline_figures
+    from dashboard.server import process
+    from vit_core import settings
+
+    started = time.perf_counter()
+    request = models.ModelRequest(settings.MODEL.text())
+    try:
+        try:
+            loaded = caches.load(request)
+        except vit_core.ViTLensError as e:
+            _logger.warning("start-up model %s unavailable (%s); loading the fallback", request.name, e)
+            request = models.fallback_request()[0]
+            loaded = caches.load(request)
+        example = examples.default_example(loaded.name)
+        cap = caches.shared_capture(request, loaded, caches.decode(example, caches.example_bytes(example)))
+        pipeline_figures.token_matrix_png(cap.tokens[-1], "warm-up", cap.geometry.num_prefix_tokens)
+        import plotly.graph_objects  # noqa: F401 - the first interactive figure
+    except vit_core.ViTLensError as e:  # the page will say so
+        _logger.warning("warm-up: %s", e)
+    except Exception:  # never take the server down from a warm-up; logged, and the page will show it
+        if server_stopped.is_set():  # stopped mid-warm-up (Ctrl+C): the interpreter's exit closed the forward lanes
+            _logger.info("warm-up cut short: the server stopped")
+            return
+        _logger.exception("warm-up failed")
+    process.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
+    _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
+
+
+def upload_cap_flags(argv: list[str]) -> list[str]:
+    """Streamlit options to add to `argv`: the server-wide upload cap at the image size when no session
+    may upload weights (and `argv` sets no cap of its own)."""
+    from dashboard.image_choice import MAX_IMAGE_MB
+    from dashboard.models import weights_uploads_allowed
+
+    if weights_uploads_allowed() or any(a.startswith("--server.maxUploadSize") for a in argv):
+        return []
+    return [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
+
+
+# Transparent huge pages for the server's large buffers. A class's server makes and drops buffers of tens of MB
+# all the time (a ViT-B/16 capture is 31 MB, its `.npz` export 29 MB, each sent through a socket buffer as large),
+# and the kernel maps fresh memory 4 KiB at a time; with huge pages such copies were several times cheaper
+# (docs/performance.md, "Downloads below the forwards, huge pages"). glibc (2.35+) reads the setting
+# only when a process starts, so the server starts itself again (same process id) with it in the environment.
+HUGE_PAGES_ENV = settings.HUGE_PAGES.name  # off: no restart, malloc as usual
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
+THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode
+
+
+def huge_pages_environment(env: Mapping[str, str], thp_mode: str, libc: str) -> dict[str, str] | None:
+    """The environment to restart the server with so that malloc uses transparent huge pages: `env` with
+    GLIBC_TUNABLES extended; None where it is set already, switched off ($VIT_LENS_HUGE_PAGES=off), the C
+    library is not glibc (`libc`, as platform.libc_ver() names it) or the kernel's mode (`thp_mode`, the text of
+    THP_MODE_FILE, "" if none) gives no huge pages to a program that asks."""
+    tunables = env.get("GLIBC_TUNABLES", "")
+    off = not settings.HUGE_PAGES.on(env)  # vit_core.settings imports no torch: read before the restart
+    if off or "glibc.malloc.hugetlb" in tunables or libc != "glibc" or not ("[always]" in thp_mode or "[madvise]" in thp_mode):
+        return None
+    return {**env, "GLIBC_TUNABLES": f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE}
+
+
+def restart_with_huge_pages(argv: list[str]) -> None:
+    """Before anything heavy is imported: replace this process by `python -m dashboard.server.serve ARGV` with
+    huge_pages_environment(), where that applies (Linux with glibc); else return and carry on as is."""
+    if sys.platform != "linux":
+        return
+    try:
+        thp_mode = THP_MODE_FILE.read_text()
+    except OSError:
+        thp_mode = ""
+    env = huge_pages_environment(os.environ, thp_mode, platform.libc_ver()[0])
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, "-m", "dashboard.server.serve", *argv], env)
+
+
+DEVICE_OPTION = "--device"
+
+
+def split_device_option(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the value of `--device D` / `--device=D`, the other arguments): Streamlit has no such option,
+    so it is taken out before the rest goes to `streamlit run`. The last one given wins; "" if it has no
+    value (at the end, or followed by another option)."""
+    device, rest = None, []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == DEVICE_OPTION:
+            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            device = argv[i + 1] if has_value else ""
+            i += 2 if has_value else 1
+            continue
+        if arg.startswith(DEVICE_OPTION + "="):
+            device = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return device, rest
+
+
+def main(argv: list[str] | None = None, *, whole_process: bool | None = None) -> None:
+    """Start the server with `argv` (default: this process's command line). `whole_process` (default: no
+    `argv` given) says that this call is all the process is for, so that it may replace itself
+    (restart_with_huge_pages): a caller that passes `argv` from elsewhere, a test say, keeps its process."""
+    if whole_process is None:
+        whole_process = argv is None
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy is imported: see the module's docstring
+    try:
+        settings.check_all()
+    except settings.SettingError as e:
+        raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
+    if whole_process:
+        restart_with_huge_pages(argv)
+    device, argv = split_device_option(argv)
+    if device is not None:
+        os.environ[settings.DEVICE.name] = device  # read by dashboard.models.server_device in this process
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import vit_core  # noqa: F401 - torch and timm, imported once for every session
+    from dashboard import models
+    from dashboard.server import process, streamlit_internals
+    from vit_core.devices import DEVICE_CHOICES, DeviceError, describe_device
+
+    if device is not None and not device.strip():
+        raise SystemExit(f"vit-lens dashboard: --device needs a value: {DEVICE_CHOICES}.")
+    try:
+        _logger.info("models run on %s", describe_device(models.server_device()))
+    except DeviceError as e:
+        raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
+    process.configure_torch_threads()  # once per process: the app's own call is then a no-op
+    streamlit_internals.keep_made_downloads_for_a_while()
+    threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
+    from streamlit.web import cli
+
+    sys.argv = ["streamlit", "run", str(APP), *argv, *upload_cap_flags(argv)]
+    try:
+        sys.exit(cli.main())
+    finally:
+        server_stopped.set()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The session state of both pages: the widget keys, what a session keeps for itself, and the callbacks that change it.
+
+The one module that reads or writes `st.session_state` (tests/unit/test_dashboard_parts.py checks it). The shared
+caches are `dashboard.caches`.
+
+Widget keys: selections that matter live in the URL. Those widgets are created with `bind="query-params"`, so
+their key is the query parameter of a shared link (`?model=...&view=Attention&layer=3`). The Many images page's
+keys are prefixed (`many_`): one session state serves both pages.
+
+What a session keeps (not widgets): the model and image it last loaded (kept after a refused one), which image
+input it touched last, the capture it holds in the shared cache, its attention-distance history, its saved
+uploads, the canvases' clear counters, the patches and heads of its intervention (with the model and image they
+belong to, and a patch-click count), the model chosen in the sidebar for this run (read by the pages), and the
+Many images page's latest result. What a session keeps is capped (the distance history, the saved uploads).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import streamlit as st
+
+from dashboard.server import uploads
+
+if TYPE_CHECKING:
+    from dashboard.image_choice import ImageChoice
+    from dashboard.image_sets import ManyRun
+    from dashboard.models import ModelRequest
+    from vit_core.model import LoadedModel
+
+MAX_HISTORY_IMAGES = 200  # per session and model: the distance history keeps the latest (2 small arrays each)
+MAX_HISTORY_MODELS = 4
+MAX_SAVED_UPLOADS = 8  # per session: weights / label files remembered by upload id
+
+# Widget keys. Those bound to the URL are the query parameters of a shared link.
+K_MODEL, K_ARCH, K_WEIGHTS, K_LABELS = "model", "arch", "weights_file", "labels_file"
+K_EXAMPLE, K_UPLOAD, K_CAMERA_ON, K_CAMERA = "example", "upload", "camera_on", "camera"
+K_DRAW_ON, K_DRAW = "draw_on", "draw"
+K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"
+K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "pos_patch", "pos_res"
+K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
+K_TARGET, K_METHODS, K_STEPS, K_LENS_LAYER = "target", "methods", "steps", "lens_layer"
+K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
+K_NORM_LAYER = "norm_layer"
+# The Many images page.
+K_MANY_SOURCE, K_MANY_COUNT, K_MANY_SEED = "many_source", "many_count", "many_seed"
+K_MANY_FILES, K_MANY_RUN = "many_files", "many_run"
+
+# Session-state keys that are not widgets.
+_HOLDER = "_capture_holder"  # this session's name in the capture cache's holds: see holder
+_SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
+_LAST_GOOD_MODEL = "_last_good_model"  # the ModelRequest this session last loaded: kept after a refused model
+_MODEL_REFUSED = "_model_refused"  # (message for the user, the picker's value for the model shown instead)
+_CHOSEN_MODEL = "_chosen_model"  # (ModelRequest, LoadedModel) the sidebar chose in this script run: see chosen_model
+_CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
+_INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_interventions_for
+_INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
+_MANY_LATEST_RUN = "_many_latest_run"  # ManyRun: the last finished run of the Many images page
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+def keep_chosen_model(request: ModelRequest, loaded: LoadedModel) -> None:
+    """app.py, in every script run: the model the sidebar chose, for the page that runs next (`chosen_model`)."""
+    st.session_state[_CHOSEN_MODEL] = (request, loaded)
+
+
+def chosen_model() -> tuple[ModelRequest, LoadedModel]:
+    """The page scripts: (request, loaded) of the model chosen in the sidebar in this script run."""
+    return st.session_state[_CHOSEN_MODEL]
+
+
+def model_choice() -> str | None:
+    """The Model picker's value (its widget state), or None before the picker exists."""
+    return st.session_state.get(K_MODEL)
+
+
+def refuse_model_choice(message: str | None, shown: str) -> None:
+    """A choice that failed: in the rerun that follows, the picker is set to `shown` before it exists (afterwards
+    it can't be set) and `message` said below it (see `take_back_refused_choice`)."""
+    st.session_state[_MODEL_REFUSED] = (message, shown)
+
+
+def take_back_refused_choice() -> str | None:
+    """In the rerun after `refuse_model_choice`, before the picker exists: set it to the model shown instead, and
+    return the message to show below it (None if there is none)."""
+    refused = st.session_state.pop(_MODEL_REFUSED, None)
+    if refused is None:
+        return None
+    st.session_state[K_MODEL] = refused[1]
+    return refused[0]
+
+
+def last_good_model() -> ModelRequest | None:
+    return st.session_state.get(_LAST_GOOD_MODEL)
+
+
+def remember_good_model(request: ModelRequest) -> None:
+    st.session_state[_LAST_GOOD_MODEL] = request
+
+
+def save_upload(upload: Any) -> tuple[str, str]:
+    """Store an uploaded weights / labels file under its digest (so the model cache can key on it).
+
+    Hashed and written once per upload (its file_id), not per rerun.
+    """
+    saved = st.session_state.setdefault(_SAVED_UPLOADS, {})
+    if upload.file_id in saved and Path(saved[upload.file_id][0]).is_file():  # (pruned: written again)
+        return saved[upload.file_id]
+    saved[upload.file_id] = uploads.store(upload.getvalue(), Path(upload.name).suffix)
+    while len(saved) > MAX_SAVED_UPLOADS:
+        del saved[next(iter(saved))]
+    return saved[upload.file_id]
+
+
+# ----------------------------------------------------------------------------------------------
+# The image
+
+
+def image_source() -> str:
+    return st.session_state.get(_SOURCE, "example")
+
+
+def set_image_source(source: str) -> None:
+    """on_change callback of the image inputs: the input touched last is the one shown."""
+    st.session_state[_SOURCE] = source
+
+
+def canvas_generation(key: str) -> int:
+    """How often the canvas `key` was cleared: part of its widget key, since a new key is a fresh, empty canvas
+    (the component keeps its drawing per key)."""
+    return st.session_state.get(_CANVAS_GENERATION, {}).get(key, 0)
+
+
+def clear_canvas(key: str) -> None:
+    """on_click callback of the canvas's Clear button."""
+    generations = st.session_state.setdefault(_CANVAS_GENERATION, {})
+    generations[key] = generations.get(key, 0) + 1
+
+
+def last_good_image() -> ImageChoice | None:
+    return st.session_state.get(_LAST_GOOD)
+
+
+def remember_good_image(image: ImageChoice) -> None:
+    st.session_state[_LAST_GOOD] = image
+
+
+def holder() -> str:
+    """This session's name among the holders of the shared capture cache (`caches.held_capture`)."""
+    return st.session_state.setdefault(_HOLDER, uuid.uuid4().hex)
+
+
+# ----------------------------------------------------------------------------------------------
+# The attention-distance history
+
+
+def remember_distances(model_key: str, image_sha: str, result: tuple[np.ndarray, np.ndarray]) -> None:
+    """(MAD, MAD renormalised) of one image join the session's history (the latest image of the latest model last)."""
+    history = st.session_state.setdefault(_MAD_HISTORY, {})
+    per_model = history.pop(model_key, {})
+    history[model_key] = per_model  # the latest model last
+    per_model.pop(image_sha, None)
+    per_model[image_sha] = result  # the latest image last
+    while len(per_model) > MAX_HISTORY_IMAGES:
+        del per_model[next(iter(per_model))]
+    while len(history) > MAX_HISTORY_MODELS:
+        del history[next(iter(history))]
+
+
+def distance_history(model_key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per image sha: (MAD, MAD renormalised) of every image analysed with this model in this session."""
+    return st.session_state.get(_MAD_HISTORY, {}).get(model_key, {})
+
+
+# ----------------------------------------------------------------------------------------------
+# Widget values and callbacks
+
+
+def reset_if_out_of_range(key: str, size: int, default: int) -> None:
+    """Set widget `key` to `default` if its value is no longer below `size` (call before creating the widget)."""
+    if key in st.session_state and st.session_state[key] >= size:
+        st.session_state[key] = default
+
+
+def keep_interventions_for(model_key: str, image_sha: str) -> None:
+    """Forget the intervention's chosen patches when the image or model changed, its heads when the model
+    changed (another model has other heads). Call before creating the widgets."""
+    previous = st.session_state.get(_INT_OWNER)
+    if previous == (model_key, image_sha):
+        return
+    st.session_state[_INT_OWNER] = (model_key, image_sha)
+    st.session_state[K_INT_PATCHES] = []
+    if previous is None or previous[0] != model_key:
+        st.session_state[K_INT_HEADS] = []
+
+
+def reset_intervention() -> None:
+    """on_click callback of the interventions' Reset button: no patch dropped or masked, no head ablated."""
+    st.session_state[K_INT_PATCHES] = []
+    st.session_state[K_INT_HEADS] = []
+
+
+def _clicked_patch(chart_key: str) -> int | None:
+    """The patch k clicked on the clickable image chart `chart_key` (its marker's customdata), or None."""
+    points = st.session_state[chart_key].selection.points
+    if not points:
+        return None
+    point = points[0]
+    k = point.get("customdata", point.get("point_index"))
+    if isinstance(k, list):
+        k = k[0]
+    return None if k is None else int(k)
+
+
+def patch_click_callback(chart_key: str, target_key: str, offset: int = 0) -> None:
+    """on_select callback: a click on patch k of a chart sets widget `target_key` to offset + k."""
+    k = _clicked_patch(chart_key)
+    if k is not None:
+        st.session_state[target_key] = offset + k
+
+
+def toggled(selection: list[int], k: int) -> list[int]:
+    """`selection` with patch k added, or removed if it was in it (sorted)."""
+    return sorted(set(selection) ^ {k})
+
+
+def patch_clicks() -> int:
+    """How many patches were toggled by a click so far: the clickable chart's key changes with it, so every
+    click arrives as a fresh selection (a second click on the same patch is a new event, not a deselection)."""
+    return st.session_state.get(_INT_CLICKS, 0)
+
+
+def patch_toggle_callback(chart_key: str) -> None:
+    """on_select callback: a click on patch k of chart `chart_key` adds k to the intervention's patches or removes it."""
+    k = _clicked_patch(chart_key)
+    if k is not None:
+        st.session_state[K_INT_PATCHES] = toggled(st.session_state.get(K_INT_PATCHES, []), k)
+        st.session_state[_INT_CLICKS] = patch_clicks() + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The Many images page
+
+
+def latest_many_run() -> ManyRun | None:
+    """The last finished run of the Many images page in this session, or None."""
+    return st.session_state.get(_MANY_LATEST_RUN)
+
+
+def keep_many_run(run: ManyRun) -> None:
+    st.session_state[_MANY_LATEST_RUN] = run

@@ -1,0 +1,204 @@
+"""The Attention tab (every head's map for a query token, and attention rollout) and the Distance tab (mean
+attention distance per head, paper Fig. 7 right, with the session's average over images).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+
+import numpy as np
+import streamlit as st
+
+from dashboard import caches, session, text
+from dashboard.figures import attention as attention_figures
+from dashboard.figures import base as figures
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, check_file_size, markdown_literal
+from dashboard.views.context import ViewContext, cached_figure, shape, show_picture
+from vit_core import Geometry, ImageError, analyses, plots
+
+
+def default_query_token(g: Geometry) -> int:
+    """Default query token of the Attention tab: the first prefix token (the class token), else the centre patch."""
+    return 0 if g.num_prefix_tokens else g.center_patch
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Attention
+
+
+def attention_view(ctx: ViewContext) -> None:
+    st.markdown(text.ATTENTION)
+    _attention_maps(ctx)
+    st.divider()
+    st.markdown(text.ROLLOUT)
+    _rollout(ctx)
+
+
+def _head_or_none(head: int) -> int | None:
+    """The head selector's value (-1: the mean of all heads) as the analyses take it (None: the mean)."""
+    return None if head == -1 else head
+
+
+def _attention_overlay(ctx: ViewContext, layer: int, head: int, query: int, encoding: str) -> bytes:
+    """The query's attention map over the crop, enlarged for display."""
+    g, cap = ctx.loaded.geometry, ctx.cap
+    amap = analyses.attention_map(cap.pattern, layer, _head_or_none(head), query, g.num_prefix_tokens, g.grid)
+    scale = figures.display_scale(cap.input_image.shape[1])
+    return figures.encode(figures.enlarge(figures.overlay(cap.input_image, amap.map, g.patch_size), scale), encoding)
+
+
+def _head_maps_sheet(ctx: ViewContext, layer: int, query: int, encoding: str) -> bytes:
+    """Every head's map of one layer for the query, and their mean, over the crop: one sheet."""
+    g, cap = ctx.loaded.geometry, ctx.cap
+    p = g.num_prefix_tokens
+    maps = analyses.layer_attention_maps(cap.pattern, layer, query, p, g.grid)  # (H, gh, gw)
+    maps = np.concatenate([maps, maps.mean(axis=0, keepdims=True)])  # (H+1, gh, gw)
+    titles = [f"head {h}" for h in range(g.num_heads)] + ["mean"]
+    cols = 6 if g.num_heads + 1 > 8 else min(4, g.num_heads + 1)
+    query_patch = query - p if query >= p else None
+    sheet = attention_figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles, query_patch, g.grid, cols=cols)
+    return figures.encode(sheet, encoding)
+
+
+@st.fragment
+def _attention_maps(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    p = g.num_prefix_tokens
+    c1, c2, c3 = st.columns(3)
+    layer = c1.slider("Layer (0 = first block)", 0, g.num_layers - 1, g.num_layers - 1, key=session.K_LAYER, bind="query-params")
+    head = c2.selectbox("Head", [-1] + list(range(g.num_heads)), key=session.K_HEAD, bind="query-params",
+                        format_func=lambda h: "mean of all heads" if h == -1 else f"head {h}")
+    query = c3.selectbox("Query token (or click a patch)", list(range(g.num_tokens)), index=default_query_token(g),
+                         key=session.K_QUERY, format_func=g.token_name, bind="query-params")
+    amap = analyses.attention_map(cap.pattern, layer, _head_or_none(head), query, p, g.grid)
+    query_patch = query - p if query >= p else None
+    which = "mean of heads" if head == -1 else f"head {head}"
+    left, right = st.columns([2, 3])
+    with left:
+        st.markdown(f"**{g.token_name(query)}**, layer {layer}, {which}")
+        # shown as JPEG (it travels inside the plotly JSON on every change); the PNG is made on download
+        shown = cached_figure(_attention_overlay, ctx, layer, head, query, "jpeg")
+        fig = figures.clickable_image_figure(shown, g.grid, g.patch_size, selected=query_patch, hover_values=amap.map)
+        st.plotly_chart(fig, key="attn_click", on_select=partial(session.patch_click_callback, "attn_click", session.K_QUERY, p),
+                        selection_mode="points", config={"displayModeBar": False})
+        st.download_button("PNG", partial(_attention_overlay, ctx, layer, head, query, "png"),
+                           file_name=f"{ctx.stem}_attention_L{layer}_{which.replace(' ', '_')}_q{query}.png",
+                           mime="image/png", key="dl_attn_one", icon=":material/download:", on_click="ignore", type="tertiary")
+        if p:
+            st.metric("Share of this row that goes to prefix tokens", f"{amap.prefix_share:.1%}",
+                      help="the map shows only the attention to patches; it is not renormalised")
+            if p > 1:
+                shares = analyses.prefix_token_shares(cap.pattern, layer, _head_or_none(head), query, p)  # (P,)
+                st.caption(" · ".join(f"{name}: {v:.1%}" for name, v in zip(g.prefix_names, shares, strict=True)))
+        st.caption(f"attention of layer {layer}: `{shape(cap.pattern[layer].shape)}` (heads, queries, keys); "
+                   f"the query's row restricted to patches: `{shape(amap.map.shape, batch=False)}`")
+    with right:
+        show_picture(cached_figure(_head_maps_sheet, ctx, layer, query, "jpeg"),
+                     "attn_heads", f"{ctx.stem}_attention_L{layer}_q{query}_all_heads",
+                     caption=f"all {g.num_heads} heads of layer {layer} for {g.token_name(query)} (each scaled on its own)",
+                     png=partial(_head_maps_sheet, ctx, layer, query, "png"))
+
+
+ROLLOUT_DISPLAY_SIDE = 384  # pixels: the rollout overlay is shown smaller than the attention map
+
+
+def _rollout_overlay(ctx: ViewContext, fusion: str, last: int, encoding: str) -> bytes:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    rollout = caches.rollout(ctx.request.key, ctx.image.sha, fusion, last, cap)  # (gh, gw)
+    scale = figures.display_scale(cap.input_image.shape[1], ROLLOUT_DISPLAY_SIDE)
+    return figures.encode(figures.enlarge(figures.overlay(cap.input_image, rollout, g.patch_size), scale), encoding)
+
+
+def _rollout_map_png(ctx: ViewContext, fusion: str, last: int) -> bytes:
+    rollout = caches.rollout(ctx.request.key, ctx.image.sha, fusion, last, ctx.cap)  # (gh, gw)
+    return figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
+                           cmap=figures.ATTENTION_CMAP, label="share of the token")
+
+
+@st.fragment
+def _rollout(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    c1, c2 = st.columns(2)
+    fusion = c1.radio("Head fusion", ["mean", "max", "min"], horizontal=True, key=session.K_FUSION, bind="query-params")
+    last = c2.slider("Roll out up to layer", 0, g.num_layers - 1, g.num_layers - 1, key=session.K_ROLLOUT_LAYER,
+                     bind="query-params")
+    whose = "class token" if g.has_class_token else "mean of the patch rows"
+    left, right = st.columns(2)
+    with left:
+        show_picture(cached_figure(_rollout_overlay, ctx, fusion, last, "jpeg"),
+                     "rollout_overlay", f"{ctx.stem}_rollout_{fusion}_L{last}", width=420,
+                     caption=f"rollout ({fusion} fusion, layers 0-{last}), {whose}, over the crop",
+                     png=partial(_rollout_overlay, ctx, fusion, last, "png"))
+    with right:
+        show_picture(cached_figure(_rollout_map_png, ctx, fusion, last),
+                     "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}", width=420)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Attention distance
+
+
+MAX_BATCH_IMAGES = 32  # the distance tab's batch uploader: images added to the average in one go
+
+
+def record_attention_distances(ctx: ViewContext) -> tuple[np.ndarray, np.ndarray]:
+    """This image's mean attention distances (L, H) (`caches.attention_distances`), also recorded in the session's
+    history (the latest image of the latest model last)."""
+    result = caches.attention_distances(ctx.request, ctx.image, ctx.cap)
+    session.remember_distances(ctx.request.key, ctx.image.sha, result)
+    return result
+
+
+def add_to_distance_average(ctx: ViewContext, data: bytes) -> None:
+    """One image of the distance tab's batch uploader: its mean attention distances (L, H) join this session's
+    history (once per image), kept out of the shared caches (caches.uncached_attention_distances). Raises
+    vit_core.ImageError with a message for the user."""
+    check_file_size(data)
+    sha = hashlib.sha256(data).hexdigest()
+    if sha in session.distance_history(ctx.request.key):
+        return
+    session.remember_distances(ctx.request.key, sha, caches.uncached_attention_distances(ctx.loaded, data))
+
+
+def _distance_png(ctx: ViewContext, renormalized: bool, history_shas: tuple[str, ...]) -> bytes:
+    """This image's mean attention distance per head, the average over the images `history_shas`
+    (analysed with this model in this session) and the uniform-attention line."""
+    g, index = ctx.loaded.geometry, int(renormalized)
+    history = session.distance_history(ctx.request.key)
+    current = caches.attention_distances(ctx.request, ctx.image, ctx.cap)[index]  # (L, H)
+    average = analyses.average_over_images([history[sha][index] for sha in history_shas])  # (L, H)
+    convention = "renormalised over patches" if renormalized else "prefix attention left out"
+    return plots.attention_distance_png(current, analyses.uniform_attention_distance(g.grid, g.patch_size),
+                                        average=average, num_images=len(history_shas),
+                                        title=f"{ctx.loaded.name}: mean attention distance ({convention})")
+
+
+@st.fragment
+def distance_view(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    st.markdown(text.DISTANCE)
+    c1, c2 = st.columns([1, 2])
+    renorm = c1.toggle("Renormalise rows over patches", key=session.K_MAD_RENORM, help=text.DISTANCE_CONVENTION)
+    batch = c2.file_uploader(f"Add images to the average (up to {MAX_BATCH_IMAGES})", type=list(IMAGE_TYPES),
+                             accept_multiple_files=True, key=session.K_MAD_BATCH, max_upload_size=MAX_IMAGE_MB,
+                             help=text.UPLOAD_HELP.format(mb=MAX_IMAGE_MB) + " Each file is limited, not the batch.")
+    record_attention_distances(ctx)
+    if batch:
+        with st.spinner(f"Running the model on {len(batch[:MAX_BATCH_IMAGES])} images..."):
+            for upload in batch[:MAX_BATCH_IMAGES]:
+                try:  # each forward once, not on every rerun; reduced to (L, H), kept out of the shared caches
+                    add_to_distance_average(ctx, upload.getvalue())
+                except ImageError as e:
+                    st.warning(f"{markdown_literal(upload.name)}: {markdown_literal(str(e))}")
+    history = session.distance_history(ctx.request.key)
+    current = caches.attention_distances(ctx.request, ctx.image, cap)[int(renorm)]  # (L, H)
+    uniform = analyses.uniform_attention_distance(g.grid, g.patch_size)
+    png = cached_figure(_distance_png, ctx, renorm, tuple(history))  # the images averaged, in the order they came
+    show_picture(png, "mad", f"{ctx.stem}_attention_distance{'_renorm' if renorm else ''}", width=900)
+    st.caption(f"dots: this image; crosses: the average over the {len(history)} image(s) analysed with this model in "
+               f"this session. Distances in input pixels; per-head values `{shape(current.shape, batch=False)}` "
+               f"(layers, heads) from attention `{shape(cap.pattern.shape, batch=False)}`. "
+               f"Uniform attention over the {g.grid[0]} x {g.grid[1]} grid: {uniform:.1f} px.")
+    st.markdown(f"First layer: heads from **{current[0].min():.0f}** to **{current[0].max():.0f} px**; "
+                f"last layer: **{current[-1].min():.0f}** to **{current[-1].max():.0f} px**.")

@@ -1,0 +1,111 @@
+"""The widgets of the Many images page (dashboard/pages/many_images.py): the set's source, Run with a progress
+bar, and the kept result with its downloads. The sets and the run are `dashboard.image_sets`' (no Streamlit there);
+the session keeps the latest result (`session.keep_many_run`), so changing a widget afterwards recomputes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard import image_sets, session, text
+from dashboard.figures.many_images import per_layer_figure
+from dashboard.image_choice import IMAGE_TYPES, markdown_literal
+from dashboard.models import ModelRequest
+from vit_core.errors import ViTLensError
+from vit_core.model import LoadedModel
+
+
+def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:
+    """The set's source and its widgets. Returns how to make the set (called only when Run is pressed)."""
+    source = st.radio("Images", list(image_sets.SOURCES), format_func=image_sets.SOURCES.get, key=session.K_MANY_SOURCE,
+                      horizontal=True)
+    if source == image_sets.SHAPES:
+        left, right = st.columns(2)
+        count = left.number_input("How many images", min_value=1, max_value=image_sets.MAX_IMAGES,
+                                  value=image_sets.SHAPES_DEFAULT, step=16, key=session.K_MANY_COUNT,
+                                  help=f"1 to {image_sets.MAX_IMAGES}; the paper averages over 128")
+        seed = right.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key=session.K_MANY_SEED,
+                                  help="the same seed draws the same images")
+        st.caption("Drawn by the teaching model's own data generator: 8 shapes and 'other', in equal numbers, "
+                   "so the true labels are known.")
+        return lambda: image_sets.shapes_set(loaded, int(count), int(seed))
+    files = st.file_uploader("Images, or a .zip with one folder per class", type=[*IMAGE_TYPES, "zip"],
+                             accept_multiple_files=True, key=session.K_MANY_FILES, max_upload_size=image_sets.MAX_ZIP_MB,
+                             help="In a zip, first-level folders named after the model's classes (a class "
+                                  "index, a class name, or an ImageNet synset id) give the true labels.")
+    st.caption(image_sets.limits_text())
+    return lambda: image_sets.uploaded_set(loaded, [(f.name, f.getvalue()) for f in files or ()])  # copied on Run only
+
+
+def run_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], image_sets.ImageSet]) -> None:
+    """On Run: make the set, analyse it with a progress bar, keep the result in the session.
+    A refused set: one sentence, and the previous result stays."""
+    if not st.button("Run", key=session.K_MANY_RUN, type="primary", icon=":material/play_arrow:"):
+        return
+    try:
+        with st.spinner("Preparing the images..."):
+            image_set = make_set()
+    except image_sets.SetError as e:
+        st.error(markdown_literal(str(e)))
+        return
+    total = len(image_set.sources)
+    bar = st.progress(0.0, text=f"Analysing {total} images with {loaded.name}...")
+
+    def progress(done: int, of: int) -> None:
+        bar.progress(min(1.0, done / max(of, 1)), text=f"Analysed {done} of {of} images...")
+
+    try:
+        run = image_sets.run_set(request, loaded, image_set, progress)
+    except ViTLensError as e:
+        bar.empty()
+        st.error(markdown_literal(str(e)))
+        return
+    bar.empty()
+    session.keep_many_run(run)
+
+
+def results_ui(run: image_sets.ManyRun, request: ModelRequest) -> None:
+    """The kept result: what it was computed with, Fig. 7 right, accuracy, high-norm rate, failures, downloads."""
+    result = run.result
+    st.success(f"{result.num_images} images analysed ({markdown_literal(run.description)}) with "
+               f"**{markdown_literal(run.model_name)}** ({markdown_literal(run.weights)}) on {result.device}, "
+               f"in {run.seconds:.1f} s.")
+    if run.model_key != request.key:
+        st.info(f"This result is for {markdown_literal(run.model_name)}; press Run for the model in the sidebar.")
+    for note in run.notes:
+        st.caption(markdown_literal(note))
+    if result.failures:
+        st.warning(f"{len(result.failures)} image(s) could not be used and were skipped.")
+        with st.expander("Which, and why"):
+            st.markdown("\n".join(f"- {markdown_literal(name)}: {markdown_literal(reason)}"
+                                  for name, reason in result.failures))
+
+    st.subheader("Attention distance per head and layer")
+    st.markdown(text.MANY_FIGURE)
+    st.image(run.files["mean_attention_distance.png"], output_format="PNG")
+
+    st.subheader("Accuracy per layer")
+    if result.accuracy is None:
+        st.caption(markdown_literal(run.no_labels_reason or "No labels for this set, so no accuracy."))
+    else:
+        st.metric(f"Top-1 accuracy over {result.num_labelled} labelled images", f"{result.accuracy:.1%}")
+        st.markdown(text.MANY_LENS)
+        st.plotly_chart(per_layer_figure(result.logit_lens_accuracy, "Logit-lens top-1 accuracy", "accuracy"),
+                        key="many_lens_chart")
+
+    st.subheader("High-norm tokens per layer")
+    st.markdown(text.MANY_HIGH_NORM)
+    st.plotly_chart(per_layer_figure(result.high_norm_rate, "Share of high-norm patch tokens", "share of patches",
+                                     full_range=False),
+                    key="many_norm_chart")
+
+    st.subheader("Downloads")
+    st.caption("The same three files as `vit-lens dataset`.")
+    columns = st.columns(len(run.files))
+    mimes = {".npz": "application/zip", ".json": "application/json", ".png": "image/png"}
+    for column, (name, data) in zip(columns, run.files.items(), strict=True):
+        column.download_button(name, data=data, file_name=name, mime=mimes[Path(name).suffix], key=f"many_dl_{name}",
+                               on_click="ignore", icon=":material/download:")

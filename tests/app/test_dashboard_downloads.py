@@ -1,0 +1,80 @@
+"""The One image page's `.npz` downloads, through a shared AppTest runtime (their bytes can be read): the same file
+`vit_core.export.analysis_arrays` + `vit_core.serving.npz_bytes` write for the same capture, made from the arrays the
+page's caches hold, with no second attention-distance or rollout computation."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from conftest import assert_healthy, run_app
+from dashboard import caches, examples
+from dashboard.models import TEST_TINY, ModelRequest
+from support.shared_runtime import download, shared_runtime
+from vit_core import analyses, explain, export, serving
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with shared_runtime() as shared:
+        yield shared
+
+
+def counted(monkeypatch, module, name: str) -> list:
+    """Every call of `module.name` from now on (the function still runs)."""
+    calls, real = [], getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def test_the_npz_is_the_exports_own_file_from_what_the_caches_hold(tiny_env, runtime, monkeypatch):
+    """The page computed the attention distances (as for every image it shows), the Attention tab the rollout the
+    export holds (mean fusion, every layer), the Filters tab the PCA, the Why? tab the relevance maps: the downloads
+    compute none of them again."""
+    at = run_app(view="Attention")
+    request = ModelRequest(TEST_TINY)
+    loaded = caches.load(request)
+    name = examples.default_example(loaded.name)
+    image = caches.decode(name, caches.example_bytes(name))
+    cap = caches.shared_capture(request, loaded, image)  # the session's own capture, from the shared cache
+    g = loaded.geometry
+    caches.rollout(request.key, image.sha, "mean", g.num_layers - 1, cap)  # the Attention tab's (its figure may be cached)
+    caches.filters_pca(request.key, loaded)  # the Filters tab's
+    faith = caches.latest_faithfulness(request, image)  # the Why? tab's maps, for the target the export takes
+    caches.relevance(request, loaded, image, cap, faith.target if faith else explain.resolve_target(loaded, cap.logits))
+    assert_healthy(at)
+
+    distances = counted(monkeypatch, analyses, "mean_attention_distance")
+    rollouts = counted(monkeypatch, analyses, "attention_rollout")
+    pcas = counted(monkeypatch, analyses, "filters_pca")
+    got = download(runtime, at, "All arrays of this image (.npz)")
+    explained = download(runtime, at, "All arrays + explanations (.npz)")
+    assert (distances, rollouts, pcas) == ([], [], [])  # nothing computed twice
+
+    expected = export.analysis_arrays(loaded, cap)
+    assert len(distances) == 2 and len(rollouts) == 1  # the counters count: the standalone export computes them
+    assert got == serving.npz_bytes(expected)
+    with np.load(io.BytesIO(explained)) as npz:
+        for key, value in expected.items():
+            np.testing.assert_array_equal(npz[key], value, err_msg=key)
+
+
+def test_the_download_computes_the_rollout_once_when_no_tab_has(tiny_env, runtime, monkeypatch):
+    """A fresh image whose Attention tab was never opened: the download computes the default rollout once, into the
+    cache the tab reads, and the attention distances not at all (the page computed them)."""
+    at = run_app(view="Prediction")
+    at.selectbox(key="example").set_value(examples.SYNTHETIC_SCENE).run()
+    assert_healthy(at)
+    rollouts = counted(monkeypatch, analyses, "attention_rollout")
+    distances = counted(monkeypatch, analyses, "mean_attention_distance")
+    first = download(runtime, at, "All arrays of this image (.npz)")
+    assert len(rollouts) <= 1 and distances == []
+    again = download(runtime, at, "All arrays of this image (.npz)")
+    assert again == first and len(rollouts) <= 1 and distances == []

@@ -1,0 +1,318 @@
+"""The "why this prediction" tabs (Why?, Interventions, Logit lens) run in-process with Streamlit's AppTest.
+
+What they show is checked against `vit_core.explain` called directly on the same model and image:
+the test model (`VIT_LENS_MODEL=test-tiny`, random init, built the same way here) on its default
+example, and the bundled Shapes ViT where its weights exist (its size and classes are not assumed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import vit_core
+from conftest import REPO, assert_healthy, run_app
+from dashboard import caches, examples, session, text
+from dashboard.figures import base as figures
+from dashboard.figures import interventions as intervention_figures
+from dashboard.figures import lens as lens_figures
+from dashboard.figures import prediction as prediction_figures
+from dashboard.figures import why as why_figures
+from dashboard.image_choice import markdown_literal
+from dashboard.models import TEST_TINY, build_named_model
+from dashboard.views import interventions, lens, why
+from vit_core import analyses, explain
+from vit_core.loading import TEACHING_MODEL
+
+WHY_VIEWS = ("Why?", "Interventions", "Logit lens")
+SHAPES_VIT = REPO / "vit_core" / "assets" / "shapes_vit" / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The test model and its default example, as the app builds and decodes them."""
+    loaded = build_named_model(TEST_TINY)
+    image = vit_core.decode_image(examples.example_bytes(examples.default_example(loaded.name))).image
+    return loaded, image
+
+
+def images(at: AppTest) -> tuple[str, ...]:
+    return tuple(url for im in at.get("image") for url in im.value)
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def target_metric(at: AppTest) -> str:
+    return next(m.value for m in at.metric if m.label.startswith("p(target)"))
+
+
+def after_list(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("**After"))
+
+
+def top5_lines(loaded, logits: np.ndarray) -> str:
+    return "\n".join(f"{i + 1}. {markdown_literal(p.label)} ({p.prob:.1%})"
+                     for i, p in enumerate(analyses.top_k(logits, loaded.labels, 5)))
+
+
+@pytest.mark.parametrize("model, random_init", [
+    (TEST_TINY, False),
+    ("deit_small_distilled_patch16_224", True),  # two prefix tokens
+    ("vit_base_patch16_siglip_224", True),  # no class token, and no classifier head
+    pytest.param(TEACHING_MODEL, False, marks=pytest.mark.skipif(not SHAPES_VIT.is_file(), reason="Shapes ViT not trained")),
+])
+def test_the_why_views_render(monkeypatch, model, random_init):
+    monkeypatch.setenv("VIT_LENS_MODEL", model)
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1" if random_init else "0")
+    at = run_app(view=WHY_VIEWS[0])
+    has_head = not any("no classifier head" in i.value for i in at.info)
+    for view in WHY_VIEWS:
+        at.session_state["view"] = view
+        at.run()
+        assert_healthy(at)
+        assert not at.error, [e.value for e in at.error]
+        if has_head:
+            assert images(at), f"{view} shows no figure"
+        else:
+            assert any("no classifier head" in i.value for i in at.info), view
+    downloads = [b.proto.label for b in at.get("download_button")]
+    assert ("All arrays + explanations (.npz)" in downloads) == has_head
+    if has_head:  # AttnLRP: explain's one-sentence reason instead of a map
+        at.session_state["view"] = "Why?"
+        at.run()
+        reasons = [i.value for i in at.info]
+        assert explain.ATTNLRP_UNSUPPORTED in reasons
+
+
+def test_the_target_selection_changes_the_maps(tiny_env, reference):
+    loaded, image = reference
+    at = run_app()
+    at.session_state["view"] = "Why?"  # as a click on the tab does
+    at.run()
+    before = images(at)
+    box = at.selectbox(key="target")
+    assert box.value == int(np.argmax(vit_core.run_with_capture(loaded, image).logits))  # the top-1 by default
+    second = box.options[1]
+    box.select_index(1).run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    assert second.startswith(f"{target}: ")
+    assert f"({target})" in captions(at)
+    after = images(at)
+    assert after != before
+    # the class-independent maps stay, the gradient-based ones change
+    assert sum(a != b for a, b in zip(before, after, strict=True)) == 2
+    at.session_state["view"] = "Interventions"  # the same target there (one key, in the URL)
+    at.run()
+    assert at.selectbox(key="target").value == target
+    assert next(m.label for m in at.metric).endswith(f"for {markdown_literal(loaded.label(target))}")
+
+
+def test_dropping_masking_and_ablating_show_what_explain_gives(tiny_env, reference):
+    loaded, image = reference
+    logits = vit_core.run_with_capture(loaded, image).logits
+    target = int(np.argmax(logits))
+    at = run_app(view="Interventions")
+    assert target_metric(at) == interventions.percent(analyses.softmax(logits)[target])
+    assert after_list(at).endswith(top5_lines(loaded, logits))
+
+    chosen = [0, 7, 30, 100]
+    at.multiselect(key="int_patches").set_value(chosen).run()
+    assert_healthy(at)
+    dropped = explain.predict_intervened(loaded, image, drop=chosen)
+    assert not np.allclose(dropped, logits)
+    assert target_metric(at) == interventions.percent(analyses.softmax(dropped)[target])
+    assert after_list(at).endswith(top5_lines(loaded, dropped))
+    assert "4 patch(es) dropped" in after_list(at)
+
+    at.radio(key="int_mode").set_value("mask").run()
+    masked = explain.predict_intervened(loaded, image, mask=chosen)
+    assert target_metric(at) == interventions.percent(analyses.softmax(masked)[target])
+    assert after_list(at).endswith(top5_lines(loaded, masked))
+
+    at.multiselect(key="int_heads").set_value([(1, 0), (0, 2)]).run()
+    at.radio(key="int_ablation").set_value("mean").run()
+    both = explain.predict_intervened(loaded, image, mask=chosen, ablate=[(0, 2), (1, 0)], ablation="mean")
+    assert target_metric(at) == interventions.percent(analyses.softmax(both)[target])
+    assert after_list(at).endswith(top5_lines(loaded, both))
+
+    at.button(key="int_reset").click().run()
+    assert_healthy(at)
+    assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == []
+    assert target_metric(at) == interventions.percent(analyses.softmax(logits)[target])
+    assert after_list(at).startswith("**After: no intervention**")
+
+
+def test_a_click_toggles_a_patch():
+    assert session.toggled([], 5) == [5]
+    assert session.toggled([9, 5], 7) == [5, 7, 9]
+    assert session.toggled([5, 7, 9], 7) == [5, 9]
+
+
+def test_the_curves_button_fills_the_auc_table_with_explain_numbers(tiny_env, reference):
+    loaded, image = reference
+    at = run_app(view="Why?", steps="5")
+    assert "deletion AUC" not in markdown(at)  # computed on request only
+    at.button(key="why_curves").click().run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    relevance = explain.relevance_maps(loaded, image, target=target, cap=vit_core.run_with_capture(loaded, image))
+    expected = explain.faithfulness(loaded, image, relevance.maps, target, steps=5)
+    table = next(m.value for m in at.markdown if m.value.startswith("| method | deletion AUC"))
+    for method in relevance.maps:
+        title = text.METHOD_TITLES[method]
+        row = f"| {title} | {expected.deletion_auc[method]:.3g} | {expected.insertion_auc[method]:.3g} | "
+        assert row in table, (row, table)
+    assert f"| {expected.deletion_auc['random']:.3g} | {expected.insertion_auc['random']:.3g} |" in table
+    assert sum("deletion AUC **" in m.value for m in at.markdown) == len(relevance.maps)
+    # kept for every session: a new session sees the curves without clicking
+    again = run_app(view="Why?", steps="5")
+    assert any(m.value.startswith("| method | deletion AUC") for m in again.markdown)
+
+
+def test_the_curves_arrive_method_by_method_with_explain_numbers(tiny_env, reference, monkeypatch):
+    """After the click, the random baseline first, then each method's AUC row and curve as it finishes (the
+    progress bar saying which), every row with explain.faithfulness's numbers; the full table at the end."""
+    loaded, image = reference
+    shown_tables, messages, figures_drawn = [], [], []
+    table, curves_figure, compute = why._auc_table, why._curves_figure, caches.compute_faithfulness
+    monkeypatch.setattr(why, "_auc_table", lambda result, names: shown_tables.append(list(names)) or table(result, names))
+    monkeypatch.setattr(why, "_curves_figure", lambda ctx, result, steps, methods: figures_drawn.append(
+        list(result.deletion)) or curves_figure(ctx, result, steps, methods))
+
+    def recorded_compute(request, loaded, image, cap, relevance, steps, progress=None, on_partial=None):
+        return compute(request, loaded, image, cap, relevance, steps,
+                       lambda fraction, message: messages.append((fraction, message)) or progress(fraction, message),
+                       on_partial)
+
+    monkeypatch.setattr(caches, "compute_faithfulness", recorded_compute)
+    second = analyses.top_k(vit_core.run_with_capture(loaded, image).logits, loaded.labels, 5)[1]
+    at = run_app(view="Why?", steps="10", target=f"{second.index}: {second.label}")
+    at.button(key="why_curves").click().run()
+    assert_healthy(at)
+    target = at.selectbox(key="target").value
+    assert target == second.index
+    relevance = explain.relevance_maps(loaded, image, target=target, cap=vit_core.run_with_capture(loaded, image))
+    expected = explain.faithfulness(loaded, image, relevance.maps, target, steps=10)
+    methods = [m for m in explain.METHODS if m in relevance.maps]
+    units = len(methods) + 1
+    assert messages == [(1 / units, f"random done, 1 of {units}")] + [
+        ((i + 2) / units, f"{m} done, {i + 2} of {units}") for i, m in enumerate(methods)]
+    # one partial table and figure per finished unit (the random baseline alone first), then the final table
+    assert shown_tables[:units] == [methods[:i] for i in range(units)] and shown_tables[units:] == [methods]
+    assert figures_drawn[:units] == [methods[:i] + ["random"] for i in range(units)]
+    final = next(m.value for m in at.markdown if m.value.startswith("| method | deletion AUC"))
+    for method in methods:
+        row = (f"| {text.METHOD_TITLES[method]} | {expected.deletion_auc[method]:.3g} | "
+               f"{expected.insertion_auc[method]:.3g} | {'yes' if expected.beats_random[method] else 'no'} |")
+        assert row in final, (row, final)
+    assert f"| {expected.deletion_auc['random']:.3g} | {expected.insertion_auc['random']:.3g} |" in final
+
+
+def test_url_parameters_restore_the_selections(tiny_env, reference):
+    loaded, image = reference
+    logits = vit_core.run_with_capture(loaded, image).logits
+    third = analyses.top_k(logits, loaded.labels, 5)[2]
+    at = run_app(view="Why?", target=f"{third.index}: {third.label}", steps="20", methods=["Rollout", "Grad-CAM"])
+    assert at.selectbox(key="target").value == third.index
+    assert at.selectbox(key="steps").value == 20
+    assert at.pills(key="methods").value == ["rollout", "gradcam"]
+    assert f"({third.index})" in captions(at)
+    assert len(images(at)) == 2  # the maps of the two chosen methods only
+    at = run_app(view="Logit lens", lens_layer="after block 0")
+    assert at.select_slider(key="lens_layer").value == 1
+    assert any("after block 0" in c.value for c in at.caption)
+    at = run_app(view="Interventions", int_mode="mask", int_ablation="mean", target=f"{third.index}: {third.label}")
+    assert at.radio(key="int_mode").value == "mask" and at.radio(key="int_ablation").value == "mean"
+    assert target_metric(at) == interventions.percent(analyses.softmax(logits)[third.index])
+
+
+def test_the_logit_lens_strip_lists_the_classes_on_top_somewhere():
+    probs = np.array([[0.5, 0.3, 0.1, 0.1], [0.1, 0.2, 0.3, 0.4], [0.05, 0.05, 0.1, 0.8]])  # (L+1, C)
+    assert lens.lens_classes(probs, k=1) == [3, 0]
+    assert lens.lens_classes(probs, k=2) == [3, 2, 0, 1]
+    assert lens.lens_classes(probs, k=2, limit=3) == [3, 2, 0]
+
+
+def test_the_new_figures_are_pngs():
+    rng = np.random.default_rng(0)
+    curves = {"chefer": rng.random(10), "random": rng.random(10)}
+    pngs = [
+        why_figures.faithfulness_curves_png(curves, curves, np.full(10, 0.1), np.full(10, 0.1), title="t"),
+        lens_figures.logit_lens_strip_png(rng.random((3, 4)), ["a", "b", "c", "d"]),
+        lens_figures.patch_lens_png(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), rng.integers(0, 3, (4, 4)),
+                                    rng.random((4, 4)), {0: "a", 1: "b", 2: "c"}, (8, 8)),
+        intervention_figures.prediction_change_png(["a", "b"], [0.6, 0.3], [0.2, 0.7]),
+        figures.png_bytes(intervention_figures.removed_patches_image(np.zeros((32, 32, 3), np.uint8), (4, 4), (8, 8), [0, 5],
+                                                                     "drop")),
+    ]
+    for png in pngs:
+        assert png.startswith(b"\x89PNG")
+    crop = np.full((32, 32, 3), 200, np.uint8)
+    dropped = intervention_figures.removed_patches_image(crop, (4, 4), (8, 8), [5], "drop")
+    s = dropped.shape[0] // 32  # display scale
+    r, c = divmod(5, 4)
+    block = dropped[r * 8 * s + 3:(r + 1) * 8 * s - 3, c * 8 * s + 3:(c + 1) * 8 * s - 3]
+    assert (block.max(axis=-1) < 255).all() and (dropped[:8 * s - 2, :8 * s - 2] == 200).all()
+
+
+def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(tiny_env):
+    """caches.explanation_arrays (the sidebar's download) has the keys and values `vit_core.export` writes
+    for `analyze --explain`, from what the views computed: the curves once computed, for their target."""
+    from dashboard.models import ModelRequest
+    from vit_core import export
+
+    request = ModelRequest(TEST_TINY)
+    loaded = caches.load(request)
+    name = examples.SYNTHETIC_SCENE
+    image = caches.decode(name, examples.example_bytes(name))
+    cap = caches.shared_capture(request, loaded, image)
+    second = analyses.top_k(cap.logits, loaded.labels, 2)[1].index
+    expected, _ = export.explanation_export(loaded, cap, caches.full_image(image), second, steps=5)
+
+    before = caches.explanation_arrays(request, loaded, image, cap)  # no curves yet: the top-1's maps, no curves
+    assert int(before["target"]) == int(np.argmax(cap.logits))
+    assert set(before) == {k for k in expected if not k.startswith(("deletion_", "insertion_"))}
+
+    caches.compute_faithfulness(request, loaded, image, cap, caches.relevance(request, loaded, image, cap, second), steps=5)
+    arrays = caches.explanation_arrays(request, loaded, image, cap)
+    assert set(arrays) == set(expected)
+    for key, value in expected.items():
+        assert arrays[key].dtype == value.dtype and arrays[key].shape == value.shape, key
+        np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_another_image_clears_the_patches_and_keeps_the_heads(tiny_env):
+    at = run_app(view="Interventions")
+    at.multiselect(key="int_patches").set_value([3, 4]).run()
+    at.multiselect(key="int_heads").set_value([(0, 1)]).run()
+    at.selectbox(key="example").set_value(examples.SYNTHETIC_SCENE).run()
+    assert_healthy(at)
+    assert at.multiselect(key="int_patches").value == [] and at.multiselect(key="int_heads").value == [(0, 1)]
+    assert "1 head(s) zero-ablated" in after_list(at)
+
+
+def test_probabilities_keep_three_digits_when_small():
+    assert interventions.percent(0.5) == "50.00%" and interventions.percent(0.01) == "1.00%"
+    assert interventions.percent(0.0023125) == "0.231%"
+
+
+def test_class_names_with_markup_are_drawn_as_written():
+    """A label file may hold any text: `$` must not start matplotlib mathtext (malformed mathtext raises)."""
+    name = r"cat $\frac{1}{$ dog"
+    rng = np.random.default_rng(0)
+    for png in (lens_figures.logit_lens_strip_png(rng.random((2, 2)), [name, "b"], title=name),
+                lens_figures.patch_lens_png(np.zeros((16, 16, 3), np.uint8), np.zeros((2, 2), int), rng.random((2, 2)), {0: name},
+                                            (8, 8), title=name),
+                intervention_figures.prediction_change_png([name], [0.5], [0.4], title=name),
+                why_figures.faithfulness_curves_png({name: rng.random(4)}, {name: rng.random(4)}, np.zeros(4), np.zeros(4), name),
+                prediction_figures.top_k_png([name], [0.5]),
+                prediction_figures.logits_png(rng.random(3), [0], [name])):
+        assert png.startswith(b"\x89PNG")

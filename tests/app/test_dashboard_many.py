@@ -1,0 +1,301 @@
+"""The "Many images" page (dashboard/pages/many_images.py), run in-process with Streamlit's AppTest, and its set
+building (uploads, zips and their bounds, Shapes batches) on its own.
+
+The app runs the tiny random-init test model (`tiny_env`); the bundled Shapes ViT where a test needs
+the Shapes' classes. The downloads are read through one shared runtime (tests/support/shared_runtime.py) and
+compared with `vit_core.dataset.analyze_dataset` run here on the same images.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import assert_healthy, drawn_image, encoded, run_app
+from dashboard import image_sets, session
+from dashboard.image_sets import SetError, shapes_set, uploaded_set, zip_members
+from dashboard.models import ModelRequest, build_named_model
+from support.shared_runtime import download, shared_runtime
+from vit_core import TEACHING_MODEL, dataset, load_image
+from vit_core.loading import teaching_model_available
+from vit_core.teaching import data as shapes
+
+PAGE = "pages/many_images.py"  # relative to dashboard/app.py
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """One media-file manager for every AppTest of this module: a download button's bytes can be read."""
+    with shared_runtime() as shared:
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The test-tiny model as the app builds it (random init, seed 0: the same weights)."""
+    return build_named_model("test-tiny", False)
+
+
+def png(seed: int, size: tuple[int, int] = (60, 80)) -> bytes:
+    return encoded(drawn_image(seed, size))
+
+
+def zipped(members: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def one_sentence(text: str) -> bool:
+    """A single sentence: ends with a full stop, and no '. ' (the end of another sentence) inside."""
+    return text.endswith(".") and ". " not in text.rstrip(".")
+
+
+def as_written(markdown: str) -> str:
+    """A message as the user reads it: without markdown_literal's backslash escapes."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def open_page(runtime) -> AppTest:
+    at = run_app(default_timeout=180)
+    at.switch_page(PAGE).run()
+    assert_healthy(at)
+    assert at.button(key=session.K_MANY_RUN)
+    return at
+
+
+def run_clicked(at: AppTest) -> AppTest:
+    at.button(key=session.K_MANY_RUN).click().run()
+    assert_healthy(at)
+    return at
+
+
+def upload(at: AppTest, *files: tuple[str, bytes]) -> AppTest:
+    at.radio(key=session.K_MANY_SOURCE).set_value(image_sets.UPLOADS).run()
+    at.file_uploader(key=session.K_MANY_FILES).set_value([(name, data, "application/octet-stream") for name, data in files])
+    at.run()
+    assert_healthy(at)
+    return at
+
+
+def downloaded_npz(at: AppTest, runtime) -> dict[str, np.ndarray]:
+    return dict(np.load(io.BytesIO(download(runtime, at, "dataset.npz"))))
+
+
+def assert_same_arrays(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def successes(at: AppTest) -> list[str]:
+    return [s.value for s in at.success]
+
+
+# ----------------------------------------------------------------------------------------------
+# The page
+
+
+def test_a_shapes_batch_shows_the_figure_and_downloads_the_cli_files(tiny_env, runtime, tiny_model, monkeypatch):
+    """A Shapes batch runs on Run only; the figure, the high-norm chart and the three files appear; the .npz
+    equals analyze_dataset on the same drawn images; changing a widget afterwards recomputes nothing."""
+    at = open_page(runtime)
+    assert not at.get("image") and not successes(at)  # nothing runs before Run
+    at.number_input(key=session.K_MANY_COUNT).set_value(10).run()
+    assert not successes(at)
+    run_clicked(at)
+    assert successes(at) and successes(at)[0].startswith("10 images analysed (10 drawn Shapes (seed 0))")
+    assert "vit_tiny_patch16_224" in successes(at)[0] and "on CPU" in successes(at)[0]
+    assert len(at.get("image")) == 1  # Fig. 7 right for the set
+    assert any("Share of high-norm" in c.proto.spec for c in at.get("plotly_chart"))
+    assert [b.proto.label for b in at.get("download_button")] == [
+        "dataset.npz", "dataset.json", "mean_attention_distance.png"]
+
+    expected = dataset.analyze_dataset(tiny_model, shapes_set(tiny_model, 10, 0).sources, None, batch_size=4)
+    assert_same_arrays(downloaded_npz(at, runtime), expected.arrays())
+    summary = json.loads(download(runtime, at, "dataset.json"))
+    assert summary["num_images"] == 10 and summary["device"] == "CPU" and summary["accuracy"] is None
+    assert download(runtime, at, ".png").startswith(b"\x89PNG")
+
+    calls = []
+    monkeypatch.setattr(dataset, "analyze_dataset", lambda *a, **k: calls.append(a))
+    at.number_input(key=session.K_MANY_SEED).set_value(3).run()  # a widget changes: the result stays, no new run
+    assert_healthy(at)
+    assert not calls and successes(at)[0].startswith("10 images analysed (10 drawn Shapes (seed 0))")
+    assert len(at.get("image")) == 1
+
+
+def test_several_uploaded_images(tiny_env, runtime, tiny_model):
+    files = [(f"drawn_{i}.png", png(i)) for i in range(3)]
+    at = run_clicked(upload(open_page(runtime), *files))
+    assert successes(at)[0].startswith("3 images analysed (3 uploaded images)")
+    assert not at.error and not at.warning
+    assert any("No labels" in c.value for c in at.caption)
+    expected = dataset.analyze_dataset(tiny_model, files)
+    assert_same_arrays(downloaded_npz(at, runtime), expected.arrays())
+
+
+def test_a_zip_with_class_folders_gives_accuracy(tiny_env, runtime, tiny_model):
+    """Class folders one level down (a zip of `myset/`): index names 0 and 1 label the images; a nested zip and
+    a text file are skipped and named; a member named .png that is no image is listed as a failure."""
+    members = {"myset/0/a.png": png(0), "myset/0/b.png": png(1), "myset/1/c.png": png(2),
+               "myset/1/broken.png": b"not an image", "myset/notes.txt": b"hello", "myset/inner.zip": zipped({"x.png": png(3)}),
+               "__MACOSX/myset/._a.png": b"junk"}
+    at = run_clicked(upload(open_page(runtime), ("myset.zip", zipped(members))))
+    assert successes(at)[0].startswith("3 images analysed (4 uploaded images)")
+    skipped = next(c.value for c in at.caption if c.value.startswith("Skipped 2"))
+    assert "inner.zip" in skipped and "notes.txt" in skipped and "MACOSX" not in skipped
+    assert any("1 image(s) could not be used" in w.value for w in at.warning)
+    assert "broken.png" in "".join(m.value for m in at.markdown)
+    metric = next(m for m in at.metric if m.label.startswith("Top-1 accuracy"))
+    assert metric.label == "Top-1 accuracy over 3 labelled images"
+    assert any("Logit-lens" in c.proto.spec for c in at.get("plotly_chart"))
+
+    sources = [("myset.zip/" + name, members[name]) for name in ("myset/0/a.png", "myset/0/b.png", "myset/1/c.png",
+                                                                  "myset/1/broken.png")]
+    expected = dataset.analyze_dataset(tiny_model, sources, [0, 0, 1, 1])
+    got = downloaded_npz(at, runtime)
+    assert_same_arrays(got, expected.arrays())
+    assert "accuracy" in got and got["logit_lens_accuracy"].shape == (3,)  # 2 blocks: L + 1 rows
+
+
+@pytest.mark.parametrize("case", ["zip bomb", "too many files", "non-image zip", "path traversal", "no readable image"])
+def test_a_refused_set_says_why_in_one_sentence_and_keeps_the_previous_result(tiny_env, runtime, monkeypatch, case):
+    at = run_clicked(upload(open_page(runtime), ("good.png", png(0))))
+    before = successes(at)
+    assert before[0].startswith("1 images analysed")
+    if case == "zip bomb":  # 26 MB of zeros: a small file that unpacks beyond the 25 MB an image may have
+        files = [("bomb.zip", zipped({"bomb.png": bytes(26 * 2**20)}))]
+        said = "bomb.zip: bomb.png unpacks to 26 MB"
+    elif case == "too many files":
+        monkeypatch.setattr(image_sets, "MAX_IMAGES", 3)
+        files = [(f"drawn_{i}.png", png(i)) for i in range(4)]
+        said = "These uploads hold 4 images; one run takes at most 3."
+    elif case == "non-image zip":
+        files = [("papers.zip", zipped({"a.txt": b"text", "b.zip": zipped({"c.png": png(1)})}))]
+        said = "There is no image in these uploads (only 2 file(s) that are not images: papers.zip/a.txt, papers.zip/b.zip)."
+    elif case == "path traversal":
+        files = [("evil.zip", zipped({"../../etc/evil.png": png(1)}))]
+        said = "evil.zip holds a member named '../../etc/evil.png' that points outside the archive"
+    else:  # refused by analyze_dataset itself (DatasetError), after decoding
+        files = [("fake.png", b"not an image"), ("empty.jpg", b"")]
+        said = "None of the 2 images could be read (first: fake.png: "
+    upload(at, *files)
+    run_clicked(at)
+    errors = [as_written(e.value) for e in at.error]
+    assert len(errors) == 1 and said in errors[0], errors
+    if case != "no readable image":  # that message is vit_core.dataset's, and quotes the decoder's own reason
+        assert one_sentence(errors[0]), errors[0]
+    assert successes(at) == before  # nothing lost: the previous result is still shown, with its downloads
+    assert len(at.get("download_button")) == 3 and len(at.get("image")) == 1
+
+
+@pytest.mark.skipif(not teaching_model_available(), reason="the bundled Shapes ViT's weights are not here")
+def test_the_shapes_vit_on_a_shapes_batch_shows_accuracy_and_the_logit_lens(monkeypatch, runtime):
+    monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)
+    at = open_page(runtime)
+    at.number_input(key=session.K_MANY_COUNT).set_value(18).run()
+    run_clicked(at)
+    loaded = build_named_model(TEACHING_MODEL, False)
+    image_set = shapes_set(loaded, 18, 0)
+    assert image_set.labels == tuple(int(k) for k in shapes.draw_set(18, 0).labels)  # the model's classes = LABELS
+    expected = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels)
+    metric = next(m for m in at.metric if m.label.startswith("Top-1 accuracy"))
+    assert metric.value == f"{expected.accuracy:.1%}"
+    assert any("Logit-lens" in c.proto.spec for c in at.get("plotly_chart"))
+    assert_same_arrays(downloaded_npz(at, runtime), expected.arrays())
+
+
+# ----------------------------------------------------------------------------------------------
+# Sets and zips on their own
+
+
+def test_zip_members_checks_the_directory_before_extracting(monkeypatch):
+    assert zip_members("ok.zip", zipped({"a/x.png": b"1", "a/y.txt": b"2", ".DS_Store": b"3"})) == (
+        [("a/x.png", b"1")], ["a/y.txt"])
+    with pytest.raises(SetError, match="not a readable zip file"):
+        zip_members("no.zip", b"PK not really")
+    with pytest.raises(SetError, match="points outside the archive"):
+        zip_members("abs.zip", zipped({"/etc/x.png": b"1"}))
+    monkeypatch.setattr(image_sets, "MAX_ZIP_MEMBERS", 5)
+    with pytest.raises(SetError, match="has 6 entries; a zip here may have at most 5"):
+        zip_members("many.zip", zipped({f"{i}.txt": b"" for i in range(6)}))
+    monkeypatch.setattr(image_sets, "MAX_SET_MB", 1)
+    with pytest.raises(SetError, match="unpacks to 2 MB of images; a set may have at most 1 MB"):
+        zip_members("big.zip", zipped({"a.png": bytes(2**20), "b.png": bytes(2**20)}))
+
+
+def test_a_member_larger_than_it_declares_is_refused():
+    """A zip whose directory understates a member's size (a bomb hiding from the size checks): reading stops at
+    the declared size, the data then fails its checksum, and the zip is refused; nothing beyond is read."""
+    honest = zipped({"a.png": bytes(10_000)})
+    archive = zipfile.ZipFile(io.BytesIO(honest))
+    info = archive.infolist()[0]
+    lying = bytearray(honest)
+    size = info.file_size.to_bytes(4, "little")
+    for at in [m.start() for m in re.finditer(re.escape(size), bytes(lying))]:
+        lying[at:at + 4] = (100).to_bytes(4, "little")  # local header and central directory: "100 bytes"
+    with pytest.raises(SetError, match="a.png can't be unpacked"):
+        zip_members("liar.zip", bytes(lying))
+
+
+def test_uploaded_set_labels_and_bounds(tiny_model, monkeypatch):
+    image_set = uploaded_set(tiny_model, [("p.png", png(0)), ("c.zip", zipped({"0/a.png": png(1), "x/b.png": png(2)}))])
+    assert [name for name, _ in image_set.sources] == ["p.png", "c.zip/0/a.png", "c.zip/x/b.png"]
+    assert image_set.labels == (None, 0, None)  # 'x' names no class
+    assert image_set.no_labels_reason == ""
+    assert uploaded_set(tiny_model, [("p.png", png(0))]).labels is None
+    with pytest.raises(SetError, match="Upload some images"):
+        uploaded_set(tiny_model, [])
+    monkeypatch.setattr(image_sets, "MAX_IMAGE_MB", 1)  # a single image over the cap: skipped, and said
+    kept = uploaded_set(tiny_model, [("big.png", bytes(2 * 2**20)), ("small.png", png(0))])
+    assert [name for name, _ in kept.sources] == ["small.png"] and kept.notes == ("Skipped 1 image(s) over 1 MB: big.png.",)
+    with pytest.raises(SetError, match=re.escape("There is no image in these uploads (only 1 image(s) over 1 MB: big.png).")):
+        uploaded_set(tiny_model, [("big.png", bytes(2 * 2**20))])
+    monkeypatch.setattr(image_sets, "MAX_IMAGES", 3)  # a zip counts against what the other uploads hold
+    with pytest.raises(SetError, match=re.escape("c.zip holds 2 (and the other uploads 2) images; one run takes at most 3.")):
+        uploaded_set(tiny_model, [("p.png", png(0)), ("q.png", png(1)), ("c.zip", zipped({"a.png": png(2), "b.png": png(3)}))])
+    monkeypatch.setattr(image_sets, "MAX_SET_MB", 1)
+    with pytest.raises(SetError, match="These uploads hold 2 MB; a set may have at most 1 MB"):
+        uploaded_set(tiny_model, [("a.png", bytes(2 * 2**20))])
+
+
+def test_shapes_set_is_drawn_by_the_generator_with_the_model_s_labels(tiny_model):
+    drawn = shapes.draw_set(9, 4)
+    image_set = shapes_set(tiny_model, 9, 4)
+    assert len(image_set.sources) == 9 and image_set.description == "9 drawn Shapes (seed 4)"
+    first = np.asarray(load_image(image_set.sources[0][1]))
+    np.testing.assert_array_equal(first, drawn.images[0])  # PNG: lossless
+    assert image_set.labels is None and "not the Shapes' classes" in image_set.no_labels_reason  # ImageNet-sized head
+    with pytest.raises(SetError, match="1 to"):
+        shapes_set(tiny_model, image_sets.MAX_IMAGES + 1, 0)
+
+
+def test_a_kept_result_names_its_model_when_the_sidebar_changes(tiny_env, runtime):
+    at = open_page(runtime)
+    at.number_input(key=session.K_MANY_COUNT).set_value(4).run()
+    run_clicked(at)
+    before = successes(at)
+    at.selectbox(key=session.K_MODEL).set_value(TEACHING_MODEL).run()
+    assert_healthy(at)
+    assert successes(at) == before  # kept, not recomputed for the new model
+    assert [as_written(i.value) for i in at.info] == [
+        "This result is for vit_tiny_patch16_224; press Run for the model in the sidebar."]
+
+
+def test_run_set_reports_progress_to_the_end(tiny_model):
+    calls = []
+    run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, shapes_set(tiny_model, 5, 1),
+                              progress=lambda done, total: calls.append((done, total)))
+    assert calls and calls[-1] == (5, 5) and all(b == 5 for _, b in calls)
+    assert run.result.num_images == 5 and run.model_name == "vit_tiny_patch16_224" and run.seconds > 0
+    assert set(run.files) == {"dataset.npz", "dataset.json", "mean_attention_distance.png"}

@@ -1,0 +1,45 @@
+"""The browser tests' fixtures: `streamlit run dashboard/app.py` on the tiny random-init test model
+(`VIT_LENS_MODEL=test-tiny`, one server per test module) and a headless chromium page on it. Tests that use
+them are skipped where no `chromium` is installed (CI must have it: tests/support/browser.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, REPO, chromium_page
+from tools import loadtest
+
+
+@pytest.fixture(scope="module")
+def server():
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from dashboard.models import TEST_TINY
+
+    port = loadtest.free_port()
+    env = {**os.environ, "VIT_LENS_MODEL": TEST_TINY, "PYTHONUNBUFFERED": "1"}
+    env.pop("VIT_LENS_RANDOM_INIT", None)
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        loadtest.wait_healthy(proc, url, ARTIFACTS / "streamlit.log", timeout=90)
+        yield url
+    finally:
+        loadtest.stop_server(proc)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with chromium_page(server) as page:
+        yield page

@@ -1,0 +1,261 @@
+"""`python -m vit_core analyze`: the export format of interface.md, and failures that don't stop the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import drawn_image
+from vit_core import analyses, load_model, run_with_capture
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "vit_core", "analyze", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_analyze_writes_the_interface_format_and_reports_failures(tmp_path):
+    drawn_image(3).save(tmp_path / "scene.png")
+    (tmp_path / "notes.jpg").write_text("not an image")
+    result = run_cli(tmp_path / "scene.png", tmp_path / "notes.jpg", tmp_path / "missing.png",
+                     "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out", "--topk", "3", cwd=tmp_path)
+
+    assert result.returncode == 2
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 2 and "notes.jpg" in errors[0] and "missing.png" in errors[1]
+    assert "Traceback" not in result.stderr
+
+    arrays = np.load(tmp_path / "out" / "scene.npz")
+    L, H, T, D, N = 12, 3, 197, 192, 196
+    expected = {
+        "input_image": (np.uint8, (224, 224, 3)), "logits": (np.float32, (1000,)), "probs": (np.float32, (1000,)),
+        "pattern": (np.float32, (L, H, T, T)), "tokens": (np.float32, (L + 1, T, D)), "grid": (np.int64, (2,)),
+        "patch_size": (np.int64, (2,)), "num_prefix_tokens": (np.int64, ()),
+        "mean_attention_distance": (np.float32, (L, H)), "mean_attention_distance_renorm": (np.float32, (L, H)),
+        "rollout": (np.float32, (14, 14)), "pos_embed_similarity": (np.float32, (N, 14, 14)),
+        "filters_pca": (np.float32, (28, 16, 16, 3)), "filters_pca_explained": (np.float32, (28,)),
+    }
+    assert set(arrays.files) == set(expected)
+    for key, (dtype, shape) in expected.items():
+        assert arrays[key].dtype == dtype and arrays[key].shape == shape, key
+
+    # The same numbers as the Python API on the same image and model.
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0)
+    cap = run_with_capture(loaded, drawn_image(3))
+    np.testing.assert_allclose(arrays["logits"], cap.logits, atol=1e-5)
+    np.testing.assert_allclose(arrays["rollout"], analyses.attention_rollout(cap.pattern, 1, (14, 14)), atol=1e-6)
+    assert arrays["grid"].tolist() == [14, 14] and int(arrays["num_prefix_tokens"]) == 1
+
+    summary = json.loads((tmp_path / "out" / "scene.json").read_text())
+    assert summary["model"] == "vit_tiny_patch16_224" and summary["weights"] == "random init (seed 0)"
+    assert len(summary["topk"]) == 3
+    best = int(np.argmax(arrays["probs"]))
+    assert summary["topk"][0]["index"] == best and summary["topk"][0]["label"] == loaded.labels[best]
+    assert summary["topk"][0]["prob"] == np.float32(arrays["probs"][best]).item()
+
+
+def test_unsupported_model_is_one_line_and_exit_2(tmp_path):
+    drawn_image(0).save(tmp_path / "a.png")
+    result = run_cli(tmp_path / "a.png", "--model", "resnet50", "--random-init", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not a Vision Transformer" in result.stderr
+
+
+def test_vit_lens_offers_vit_cores_own_subcommands_and_the_dashboard(capsys):
+    from dashboard import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: vit-lens") and "analyze" in out and "dashboard" in out
+    from vit_core import __main__ as core_cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "--help"])
+    ours = capsys.readouterr().out.split()
+    with pytest.raises(SystemExit):
+        core_cli.main(["analyze", "--help"])
+    theirs = capsys.readouterr().out.replace("python -m vit_core", "vit-lens").split()
+    assert ours == theirs  # the very same parser (word by word: argparse wraps the usage by the program name's length)
+
+
+def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
+    from dashboard import cli
+    from dashboard.server import serve
+
+    seen = []
+    monkeypatch.setattr(serve, "main", lambda argv, whole_process: seen.append((argv, whole_process)))
+    assert cli.main(["dashboard", "--server.port", "8502", "--client.toolbarMode=minimal"]) == 0
+    # called from inside another program (this test), the server must not replace that program's process
+    assert seen == [(["--server.port", "8502", "--client.toolbarMode=minimal"], False)]
+
+
+def test_analyze_explain_writes_the_explanation_keys(tmp_path):
+    drawn_image(5).save(tmp_path / "scene.png")
+    result = run_cli(tmp_path / "scene.png", "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out",
+                     "--explain", "--target", "7", "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+    arrays = np.load(tmp_path / "out" / "scene.npz")
+    L, T, C = 12, 197, 1000
+    methods = ["raw_attention", "rollout", "chefer", "gradcam"]  # attnlrp: not supported for timm ViTs
+    expected = {"target": (np.int64, ()), "logit_lens": (np.float32, (L + 1, C)), "token_norms": (np.float32, (L + 1, T)),
+                **{f"relevance_{m}": (np.float32, (14, 14)) for m in methods},
+                **{f"{curve}_{m}": (np.float32, (3,)) for curve in ("deletion", "insertion") for m in [*methods, "random"]}}
+    assert "relevance_attnlrp" not in arrays.files and "pattern" in arrays.files  # the base keys stay
+    for key, (dtype, shape) in expected.items():
+        assert arrays[key].dtype == dtype and arrays[key].shape == shape, key
+    assert int(arrays["target"]) == 7
+    np.testing.assert_allclose(arrays["relevance_rollout"], arrays["rollout"])
+    np.testing.assert_allclose(arrays["logit_lens"][-1], arrays["logits"], atol=1e-5)
+    np.testing.assert_allclose(arrays["token_norms"], np.linalg.norm(arrays["tokens"], axis=-1), rtol=1e-5)
+
+    # The same numbers as the Python API on the same image and model.
+    from vit_core import explain
+
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0)
+    relevance = explain.relevance_maps(loaded, drawn_image(5), target=7)
+    faith = explain.faithfulness(loaded, drawn_image(5), relevance.maps, 7, steps=3)
+    for m in methods:
+        np.testing.assert_allclose(arrays[f"relevance_{m}"], relevance.maps[m], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(arrays[f"deletion_{m}"], faith.deletion[m], atol=1e-6)
+    np.testing.assert_allclose(arrays["insertion_random"], faith.insertion["random"], atol=1e-6)
+
+    summary = json.loads((tmp_path / "out" / "scene.json").read_text())
+    assert summary["target"] == 7 and set(summary["faithfulness"]) == {*methods, "random"}
+    for name, aucs in summary["faithfulness"].items():
+        assert aucs["deletion_auc"] == pytest.approx(faith.deletion_auc[name], abs=1e-6)
+        assert aucs["insertion_auc"] == pytest.approx(faith.insertion_auc[name], abs=1e-6)
+    assert "attnlrp" in summary["unsupported"]
+
+
+def test_analyze_explain_with_a_target_the_model_lacks_is_one_line_and_exit_2(tmp_path):
+    drawn_image(0).save(tmp_path / "a.png")
+    result = run_cli(tmp_path / "a.png", "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path,
+                     "--explain", "--target", "1000", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "outside 0..999" in result.stderr
+    result = run_cli(tmp_path / "a.png", "--model", "vit_tiny_patch16_224", "--random-init", "--target", "3", cwd=tmp_path)
+    assert result.returncode == 2 and "--target and --steps need --explain" in result.stderr
+
+
+# Issue 12, CLI: same stems, atomic writes, an OSError on one image.
+
+def _analyze_in_process(capsys, *args) -> tuple[int, list[str]]:
+    """`python -m vit_core analyze ...` run in this process (monkeypatches reach it); exit status and stderr lines."""
+    from vit_core import __main__ as core_cli
+
+    status = core_cli.main(["analyze", *map(str, args), "--model", "vit_tiny_patch16_224", "--random-init"])
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+def _mean_colour(npz_path) -> list[int]:
+    return np.load(npz_path)["input_image"].reshape(-1, 3).mean(axis=0).round().astype(int).tolist()
+
+
+def test_inputs_that_share_a_stem_keep_their_own_results_under_the_documented_names(tmp_path, capsys):
+    import hashlib
+    import os
+
+    colours = {"a/photo.jpg": (200, 30, 30), "b/photo.png": (30, 200, 30), "c/photo.jpg": (30, 30, 200),
+               "c/Photo.png": (200, 200, 30), "c/alone.png": (90, 90, 90)}
+    for name, colour in colours.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        Image.new("RGB", (64, 48), colour).save(tmp_path / name, quality=100)
+    status, errors = _analyze_in_process(capsys, *(tmp_path / n for n in colours), "--out", tmp_path / "out")
+    assert status == 0 and errors == []
+
+    def expected_name(name):  # the module docstring's rule, written again: stem, or stem-<sha256(abspath)[:8]>
+        stem = Path(name).stem
+        if stem.lower() != "photo":
+            return stem
+        return f"{stem}-{hashlib.sha256(os.path.abspath(tmp_path / name).encode()).hexdigest()[:8]}"
+
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == sorted(f"{expected_name(n)}{ext}" for n in colours for ext in (".npz", ".json"))
+    for name, colour in colours.items():
+        assert np.abs(np.subtract(_mean_colour(tmp_path / "out" / f"{expected_name(name)}.npz"), colour)).max() <= 2, name
+        assert json.loads((tmp_path / "out" / f"{expected_name(name)}.json").read_text())["image"] == str(tmp_path / name)
+
+
+def test_output_names_are_deterministic_and_the_same_file_twice_is_one_name(tmp_path, monkeypatch):
+    from vit_core.__main__ import output_names
+
+    monkeypatch.chdir(tmp_path)
+    inputs = [Path("x/photo.jpg"), Path("y/photo.jpg"), Path("x/../x/photo.jpg"), Path("scene.png")]
+    names = output_names(inputs)
+    assert names == output_names(inputs) and names[0] == names[2] != names[1] and names[3] == "scene"
+    assert all(n.startswith("photo-") and len(n) == len("photo-") + 8 for n in names[:3])
+    assert output_names([Path("x/photo.jpg")]) == ["photo"]
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_the_batch_carries_on(tmp_path, capsys):
+    for name in ("a", "b", "c"):
+        drawn_image(len(name)).save(tmp_path / f"{name}.png")
+    (tmp_path / "folder.png").mkdir()  # a folder given as an image
+    (tmp_path / "out" / "b.npz").mkdir(parents=True)  # b's result can't be written under its name
+    status, errors = _analyze_in_process(capsys, tmp_path / "a.png", tmp_path / "b.png", tmp_path / "folder.png",
+                                         tmp_path / "c.png", "--out", tmp_path / "out")
+    assert status == 2
+    assert len(errors) == 2 and "b.png" in errors[0] and "b.npz" in errors[0] and "Is a directory" in errors[0]
+    assert "folder.png" in errors[1]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.json", "a.npz", "b.npz", "c.json", "c.npz"]
+    assert (tmp_path / "out" / "b.npz").is_dir() and not list((tmp_path / "out" / "b.npz").iterdir())
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):
+    drawn_image(0).save(tmp_path / "a.png")
+    (tmp_path / "taken").write_text("a file where the output folder should be")
+    status, errors = _analyze_in_process(capsys, tmp_path / "a.png", "--out", tmp_path / "taken" / "out")
+    assert status == 2 and len(errors) == 1 and "--out" in errors[0] and "taken" in errors[0]
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_result_whole(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vit_core import files
+
+    drawn_image(1).save(tmp_path / "scene.png")
+    assert _analyze_in_process(capsys, tmp_path / "scene.png", "--out", tmp_path / "out")[0] == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    drawn_image(2).save(tmp_path / "scene.png")  # a new image under the same name: its results would replace the old
+
+    def disk_full_after_half(fd, *args):  # the data is half written when the disk fills up
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", disk_full_after_half)
+    status, errors = _analyze_in_process(capsys, tmp_path / "scene.png", "--out", tmp_path / "out")
+    assert status == 2 and len(errors) == 1 and "No space left on device" in errors[0] and "scene.npz" in errors[0]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before  # no .part left, old files whole
+    np.load(tmp_path / "out" / "scene.npz")["logits"]
+
+
+def test_write_atomically_replaces_whole_files_with_a_plain_files_permissions(tmp_path):
+    from vit_core.files import write_atomically
+
+    target = tmp_path / "r.bin"
+    assert write_atomically(target, b"first") == target and target.read_bytes() == b"first"
+    write_atomically(target, b"second, longer")
+    assert target.read_bytes() == b"second, longer"
+    (tmp_path / "plain.bin").write_bytes(b"x")
+    assert target.stat().st_mode == (tmp_path / "plain.bin").stat().st_mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.bin", "r.bin"]
+    with pytest.raises(FileNotFoundError) as error:
+        write_atomically(tmp_path / "missing" / "r.bin", b"x")
+    assert error.value.filename == str(tmp_path / "missing" / "r.bin")
+
+
+def test_a_bad_setting_is_one_line_and_exit_2_before_any_load(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "vit_core", "analyze", "x.png", "--model", "test-tiny"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "VIT_LENS_ONEDNN_LINEAR": "sometimes"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use on or off."

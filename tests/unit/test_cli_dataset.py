@@ -1,0 +1,200 @@
+"""`python -m vit_core dataset` (and `vit-lens dataset`): the files of interface.md "Many images", checked
+against per-image results of the Python API; failures reported and skipped; --limit, --device, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import drawn_image
+from vit_core import __main__ as core_cli
+from vit_core import analyses, load_model, run_with_capture
+
+MODEL = ("--model", "vit_tiny_patch16_224", "--random-init")
+L, H = 12, 3  # vit_tiny_patch16_224: 12 blocks of 3 heads, 14 x 14 patches of 16 px, one class token
+# Class-named subfolders in the three conventions: an index, a label's first part (ImageNet 0 is "tench,
+# Tinca tinca"), an ImageNet synset id (n01443537: goldfish, class 1). Sorted order is this order.
+IMAGES = {"0/a.png": 0, "0/b.jpg": 0, "n01443537/d.png": 1, "tench/c.png": 0}
+FAILURES = ("unlabelled/notes.png",)  # not an image, under a folder that names no class
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    for seed, name in enumerate(IMAGES):
+        (root / name).parent.mkdir(exist_ok=True)
+        drawn_image(seed).save(root / name, quality=95)
+    (root / "unlabelled").mkdir()
+    (root / "unlabelled" / "notes.png").write_text("not an image")
+    (root / "readme.txt").write_text("not an image suffix: not listed")
+    return root
+
+
+@pytest.fixture(scope="module")
+def per_image(folder):
+    """Each image's capture through the Python API: what the dataset values must be the means of."""
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, device="cpu")
+    from vit_core.images import load_image
+
+    return loaded, {name: run_with_capture(loaded, load_image(folder / name)) for name in IMAGES}
+
+
+def _dataset(capsys, *args) -> tuple[int, list[str]]:
+    """The command run in this process; its exit status and its stderr lines."""
+    status = core_cli.main(["dataset", *map(str, args)])
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+def _distances(loaded, caps, renormalize=False) -> np.ndarray:
+    g = loaded.geometry
+    return np.stack([analyses.mean_attention_distance(cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size, renormalize)
+                     for cap in caps])  # (images, L, H)
+
+
+def test_dataset_writes_the_interface_files_equal_to_per_image_means_and_reports_failures(folder, per_image, tmp_path,
+                                                                                          capsys):
+    status, errors = _dataset(capsys, folder, *MODEL, "--out", tmp_path / "out", "--device", "cpu", "--batch-size", "3",
+                              "--workers", "0")
+    assert status == 2
+    assert len(errors) == 1 and "notes.png" in errors[0] and "Traceback" not in "".join(errors)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dataset.json", "dataset.npz",
+                                                                    "mean_attention_distance.png"]
+
+    arrays = np.load(tmp_path / "out" / "dataset.npz")
+    expected = {"num_images": (np.int64, ()), "mean_attention_distance": (np.float32, (L, H)),
+                "mean_attention_distance_std": (np.float32, (L, H)), "mean_attention_distance_renorm": (np.float32, (L, H)),
+                "high_norm_rate": (np.float32, (L + 1,)), "accuracy": (np.float64, ()),
+                "logit_lens_accuracy": (np.float32, (L + 1,))}
+    assert set(arrays.files) == set(expected)
+    for key, (dtype, shape) in expected.items():
+        assert arrays[key].dtype == dtype and arrays[key].shape == shape, key
+
+    loaded, caps = per_image
+    distances = _distances(loaded, caps.values())
+    assert int(arrays["num_images"]) == len(IMAGES)
+    np.testing.assert_allclose(arrays["mean_attention_distance"], distances.mean(axis=0), rtol=1e-4)
+    np.testing.assert_allclose(arrays["mean_attention_distance_std"], distances.std(axis=0), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(arrays["mean_attention_distance_renorm"],
+                               _distances(loaded, caps.values(), renormalize=True).mean(axis=0), rtol=1e-4)
+    from vit_core import explain
+
+    rates = [analyses.high_norm_rate(explain.token_norms(cap), loaded.geometry.num_prefix_tokens) for cap in caps.values()]
+    np.testing.assert_allclose(arrays["high_norm_rate"], np.mean(rates, axis=0), atol=1e-6)
+    top1 = {name: int(np.argmax(cap.logits)) for name, cap in caps.items()}
+    assert float(arrays["accuracy"]) == pytest.approx(np.mean([top1[n] == label for n, label in IMAGES.items()]))
+
+    summary = json.loads((tmp_path / "out" / "dataset.json").read_text())
+    assert summary["model"] == "vit_tiny_patch16_224" and summary["weights"] == "random init (seed 0)"
+    assert summary["device"] == "CPU" and summary["num_images"] == len(IMAGES)
+    assert len(summary["failures"]) == 1 and "notes.png" in summary["failures"][0]
+    assert (tmp_path / "out" / "mean_attention_distance.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_limit_takes_the_first_images_in_sorted_order(folder, per_image, tmp_path, capsys):
+    status, errors = _dataset(capsys, folder, *MODEL, "--out", tmp_path, "--device", "cpu", "--limit", "2", "--workers", "0")
+    assert status == 0 and errors == []  # notes.png comes after the first two: not read, no failure
+    arrays = np.load(tmp_path / "dataset.npz")
+    loaded, caps = per_image
+    assert int(arrays["num_images"]) == 2
+    np.testing.assert_allclose(arrays["mean_attention_distance"],
+                               _distances(loaded, [caps["0/a.png"], caps["0/b.jpg"]]).mean(axis=0), rtol=1e-4)
+    assert json.loads((tmp_path / "dataset.json").read_text())["failures"] == []
+
+
+def test_explain_adds_the_mean_aucs_of_every_method_and_the_random_baseline(folder, per_image, tmp_path, capsys):
+    from vit_core import explain
+    from vit_core.images import load_image
+
+    status, errors = _dataset(capsys, folder, *MODEL, "--out", tmp_path, "--device", "cpu", "--limit", "1", "--explain",
+                              "--steps", "3", "--workers", "0")
+    assert status == 0, errors
+    arrays = np.load(tmp_path / "dataset.npz")
+    loaded, _ = per_image
+    image = load_image(folder / "0" / "a.png")
+    relevance = explain.relevance_maps(loaded, image)
+    faith = explain.faithfulness(loaded, image, relevance.maps, relevance.target, steps=3)
+    assert set(faith.deletion_auc) >= {"raw_attention", "rollout", "chefer", "gradcam", "random"}
+    for name in faith.deletion_auc:
+        assert arrays[f"deletion_auc_{name}"].dtype == np.float64 and arrays[f"deletion_auc_{name}"].shape == ()
+        assert float(arrays[f"deletion_auc_{name}"]) == pytest.approx(faith.deletion_auc[name], abs=1e-5)
+        assert float(arrays[f"insertion_auc_{name}"]) == pytest.approx(faith.insertion_auc[name], abs=1e-5)
+    assert set(json.loads((tmp_path / "dataset.json").read_text())["faithfulness"]) == set(faith.deletion_auc)
+
+
+def test_steps_without_explain_and_a_missing_folder_are_one_line_and_exit_2(folder, tmp_path, capsys):
+    status, errors = _dataset(capsys, folder, *MODEL, "--out", tmp_path / "out", "--steps", "3")
+    assert status == 2 and errors == ["vit_core: --steps needs --explain"]
+    status, errors = _dataset(capsys, tmp_path / "nowhere", *MODEL, "--out", tmp_path / "out")
+    assert status == 2 and len(errors) == 1 and "nowhere" in errors[0] and "not a folder" in errors[0]
+    status, errors = _dataset(capsys, tmp_path, *MODEL, "--out", tmp_path / "out", "--device", "cpu")  # no images at all
+    assert status == 2 and len(errors) == 1 and "no images" in errors[0]
+    assert not (tmp_path / "out" / "dataset.npz").exists()
+
+
+@pytest.mark.parametrize("command", ["analyze", "dataset"])
+@pytest.mark.parametrize("device", ["tpu", "cuda:7"])
+def test_a_bad_or_missing_device_is_one_line_and_exit_2_before_any_load(command, device, folder, tmp_path, capsys,
+                                                                        monkeypatch):
+    loads = []
+    monkeypatch.setattr(core_cli, "load_model", lambda *a, **k: loads.append(a))
+    target = folder / "0" / "a.png" if command == "analyze" else folder
+    status = core_cli.main([command, str(target), *MODEL, "--out", str(tmp_path / "out"), "--device", device])
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(errors) == 1 and errors[0].startswith("vit_core: --device:") and repr(device) in errors[0]
+    assert loads == [] and not (tmp_path / "out").exists()
+
+
+def test_analyze_names_its_device_in_the_json(folder, tmp_path, capsys):
+    status = core_cli.main(["analyze", str(folder / "0" / "a.png"), *MODEL, "--out", str(tmp_path), "--device", "cpu"])
+    assert status == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "a.json").read_text())["device"] == "CPU"
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_the_other_files_are_written(folder, tmp_path, capsys):
+    (tmp_path / "dataset.json").mkdir()
+    status, errors = _dataset(capsys, folder, *MODEL, "--out", tmp_path, "--device", "cpu", "--limit", "1", "--workers", "0")
+    assert status == 2 and len(errors) == 1 and "dataset.json" in errors[0] and "Is a directory" in errors[0]
+    assert (tmp_path / "dataset.npz").is_file() and (tmp_path / "mean_attention_distance.png").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+def test_progress_is_shown_on_a_terminal(folder, tmp_path, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    status = core_cli.main(["dataset", str(folder), *MODEL, "--out", str(tmp_path), "--device", "cpu", "--limit", "3",
+                            "--batch-size", "2", "--workers", "0"])
+    assert status == 0
+    assert "3/3" in terminal.getvalue() and "100%" in terminal.getvalue()
+
+
+def _installed_command() -> Path:
+    """The `vit-lens` script pip installed beside this interpreter (the project is installed into the test venv)."""
+    script = Path(sys.executable).parent / "vit-lens"
+    assert script.is_file(), f"{script} missing: install the project (pip install -e .)"
+    return script
+
+
+@pytest.mark.live  # the installed `vit-lens` command, with worker processes
+def test_installed_vit_lens_dataset_decodes_in_worker_processes_with_no_bar_off_a_terminal(folder, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    help_text = subprocess.run([_installed_command(), "dataset", "--help"], capture_output=True, text=True, timeout=120,
+                               env=env)
+    assert help_text.returncode == 0 and help_text.stdout.startswith("usage: vit-lens dataset")
+    assert all(option in help_text.stdout for option in ("--batch-size", "--device", "--limit", "--workers", "--explain"))
+
+    result = subprocess.run([_installed_command(), "dataset", folder, *MODEL, "--out", tmp_path, "--device", "cpu",
+                             "--workers", "2", "--batch-size", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "notes.png" in result.stderr  # the one failure, no progress bar
+    assert int(np.load(tmp_path / "dataset.npz")["num_images"]) == len(IMAGES)

@@ -1,0 +1,111 @@
+"""Interventions: the prediction after dropping patch tokens, masking patches' pixels or ablating heads.
+
+Each reruns the shared model from the image; hooks live only inside the pass (`vit_core.hooks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..capture import Capture
+from ..devices import to_host
+from ..hooks import register
+from ..model import Geometry, LoadedModel
+from .lens import head_logits
+from .passes import InterventionError, model_input, model_pass
+
+Ablation = Literal["zero", "mean"]
+
+
+def embedded_tokens(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The token sequence that enters `patch_drop`: patch embedding, prefix tokens, position. (B, 3, H, W) -> (B, T, D)"""
+    return model._pos_embed(model.patch_embed(x))
+
+
+def run_from_embedded(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The rest of timm's forward from what enters `patch_drop` (any sequence length): (B, T', D) -> (B, C)."""
+    return head_logits(model, model.blocks(model.norm_pre(model.patch_drop(tokens))))
+
+
+def keep_tokens(tokens: torch.Tensor, kept_patches: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """The prefix tokens and the kept patches, in the order given.
+    tokens (1 or B, T, D), kept_patches (B, K) patch indices 0..N-1 (on any device) -> (B, P + K, D) on the tokens' device."""
+    batch = kept_patches.shape[0]
+    tokens = tokens.expand(batch, -1, -1)
+    kept_patches = kept_patches.to(tokens.device)
+    prefix = torch.arange(num_prefix_tokens, device=tokens.device).expand(batch, -1)  # (B, P)
+    index = torch.cat([prefix, kept_patches + num_prefix_tokens], dim=1)
+    return torch.gather(tokens, 1, index[..., None].expand(-1, -1, tokens.shape[-1]))  # (B, P + K, D)
+
+
+def mask_patches(x: torch.Tensor, patches: Iterable[int], geometry: Geometry) -> torch.Tensor:
+    """The normalised input with the pixels of `patches` set to 0 (the normalisation mean). (B, 3, H, W), a copy."""
+    (_, gw), (ph, pw) = geometry.grid, geometry.patch_size
+    masked = x.clone()
+    for k in patches:
+        row, col = divmod(int(k), gw)
+        masked[:, :, row * ph:(row + 1) * ph, col * pw:(col + 1) * pw] = 0
+    return masked
+
+
+@contextlib.contextmanager
+def heads_ablated(model: torch.nn.Module, heads: Iterable[tuple[int, int]], ablation: Ablation = "zero") -> Iterator[None]:
+    """Inside the block, head h of layer l (its slice of `attn @ v`, i.e. of the (B, T, H*hd) input of
+    `attn.proj`) is set to 0 ("zero") or to its mean over the sequence's tokens ("mean"). Hooks removed
+    on exit."""
+    if ablation not in ("zero", "mean"):
+        raise InterventionError(f"unknown ablation {ablation!r}; use 'zero' or 'mean'")
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(int(layer), []).append(int(head))
+
+    def hook_for(attn: torch.nn.Module, chosen: list[int]) -> Callable:
+        head_dim = attn.head_dim
+
+        def ablate(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            out = args[0].clone()  # (B, T, H*hd)
+            for h in chosen:
+                part = out[..., h * head_dim:(h + 1) * head_dim]
+                out[..., h * head_dim:(h + 1) * head_dim] = 0 if ablation == "zero" else part.mean(dim=1, keepdim=True)
+            return (out, *args[1:])
+
+        return ablate
+
+    with contextlib.ExitStack() as stack:
+        for layer, chosen in by_layer.items():
+            if not 0 <= layer < len(model.blocks):
+                raise InterventionError(f"layer {layer} is outside 0..{len(model.blocks) - 1}")
+            attn = model.blocks[layer].attn
+            if not all(0 <= h < attn.num_heads for h in chosen):
+                raise InterventionError(f"a head of layer {layer} is outside 0..{attn.num_heads - 1}")
+            register(stack, model, attn.proj.register_forward_pre_hook(hook_for(attn, chosen)))
+        yield
+
+
+def predict_intervened(loaded: LoadedModel, image: Image.Image | Capture, *, drop: Iterable[int] = (), mask: Iterable[int] = (),
+                       ablate: Iterable[tuple[int, int]] = (), ablation: Ablation = "zero") -> np.ndarray:
+    """The logits (C,) float32 after an intervention, any combination of: `drop` patch tokens (indices
+    0..N-1) after the position embedding; `mask` patches in pixel space (normalised input 0); `ablate`
+    heads given as (layer, head), by `ablation` "zero" or "mean". No intervention: the plain logits.
+    Raises InterventionError (a ValueError) for patches or heads the model lacks, or no patch left to pool."""
+    model, geometry = loaded.model, loaded.geometry
+    dropped, masked = set(int(k) for k in drop), [int(k) for k in mask]
+    if not all(0 <= k < geometry.num_patches for k in dropped | set(masked)):
+        raise InterventionError(f"a patch index is outside 0..{geometry.num_patches - 1}")
+    if len(dropped) == geometry.num_patches and not geometry.has_class_token:
+        raise InterventionError("keep at least one patch: this model pools its patch tokens (it has no class token)")
+    kept = torch.tensor([k for k in range(geometry.num_patches) if k not in dropped], dtype=torch.long)[None]  # (1, K)
+    x = model_input(loaded, image)  # (1, 3, H, W)
+    x = mask_patches(x, masked, geometry)
+    with model_pass(loaded), heads_ablated(model, ablate, ablation):
+        tokens = keep_tokens(embedded_tokens(model, x), kept, geometry.num_prefix_tokens)
+        return to_host(run_from_embedded(model, tokens)[0])  # (1, C) -> (C,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Faithfulness: deletion and insertion curves

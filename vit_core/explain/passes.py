@@ -1,0 +1,97 @@
+"""What every explanation pass shares: the target class, the model's input, and a pass of the shared model.
+
+Each entry point of `vit_core.explain` takes `loaded.lock` around every forward (a capture on another thread
+registers hooks on the same modules, which a concurrent forward would fire), runs in eval mode and in ViT
+Lens's float32 (`devices.full_float32`), and hands the model inputs made on its device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..capture import Capture, preprocess
+from ..devices import full_float32, on_model_device
+from ..errors import ViTLensError
+from ..model import LoadedModel
+
+
+class TargetError(ViTLensError, ValueError):
+    """A target class that the model does not have (index out of range, unknown label)."""
+
+
+class InterventionError(ViTLensError, ValueError):
+    """An intervention the model can't run: a patch or head it does not have, an unknown ablation, or
+    every patch dropped from a model that pools its patch tokens (no class token)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Target class
+
+
+def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | None = None) -> int:
+    """The target class c: None -> top-1 of `logits` (C,) (ties: the lower index, as `analyses.top_k`);
+    an int -> that class index; a string -> the class whose label (or its first comma-separated part)
+    equals it, case-insensitive, or a decimal index. Raises TargetError (a ValueError) with a message for the user."""
+    num_classes = int(logits.shape[-1])
+    if target is None:
+        return int(np.argmax(logits))  # argmax returns the first maximum: the lower index wins ties
+    if isinstance(target, str):
+        wanted = target.strip().lower()
+        if wanted.isdigit():
+            return resolve_target(loaded, logits, int(wanted))
+        for i in range(num_classes):
+            label = loaded.label(i).lower()
+            if wanted in (label, label.split(",")[0].strip()):
+                return i
+        raise TargetError(f"no class is labelled {target!r}")
+    index = int(target)
+    if not 0 <= index < num_classes:
+        raise TargetError(f"class index {index} is outside 0..{num_classes - 1}")
+    return index
+
+
+
+@contextlib.contextmanager
+def parameters_frozen(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block no parameter requires grad (so backward writes no `.grad`); every parameter's
+    `requires_grad` is restored on exit, also when the block raises."""
+    with contextlib.ExitStack() as stack:
+        for param in model.parameters():
+            stack.callback(param.requires_grad_, param.requires_grad)
+            param.requires_grad_(False)
+        yield
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside the block; the previous mode restored on exit."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def model_pass(loaded: LoadedModel) -> Iterator[None]:
+    """A forward of the shared model without gradients: its lock held, eval mode, ViT Lens's float32 (`full_float32`:
+    no TF32 on a GPU, linears on oneDNN on a CPU)."""
+    with loaded.lock, torch.inference_mode(), eval_mode(loaded.model), full_float32(loaded.device):
+        yield
+
+
+
+def model_input(loaded: LoadedModel, image: Image.Image | Capture) -> torch.Tensor:
+    """The normalised model input (1, 3, H, W) of `image`, on the model's device: a picture preprocessed as the
+    capture does, or a Capture of it, whose `input_tensor` is exactly that input (no second decode and preprocessing)."""
+    if isinstance(image, Capture):
+        x = torch.tensor(image.input_tensor).unsqueeze(0)  # (3, H, W) -> (1, 3, H, W), a writable copy
+    else:
+        x = preprocess(loaded, image)[1]
+    return on_model_device(loaded.model, x)

@@ -1,0 +1,167 @@
+"""A capture forward without the GIL, for a server on the CPU (`set_traced_forward(True)`).
+
+An eager forward gives the GIL up around each of its few hundred torch operations and must win it back after
+each; on a server where 30 sessions' scripts, figures and downloads hold it, that made a forward take up to
+three times its time alone (docs/performance.md, "The traced forward"). A TorchScript trace of the hooked forward runs the whole
+recorded graph in C++ without the GIL and returns every intermediate the hooks saw as an output. It is recorded
+once per model, by the model's first capture pass, and kept only if its outputs equal the eager forward's in
+every bit, on that pass's input and on the same input mirrored (a ViT's forward has no branch that depends on
+the pixels; a model that had one would show it here); else, or if tracing fails, the model stays eager. The
+graph holds no hooks and changes no flags; it reads the model's parameters in place. `torch.jit.trace` is
+deprecated (a FutureWarning since torch 2.10): torch.compile's and torch.export's programs still come back to
+Python between operations, so nothing else in torch does this; without torch.jit the model stays eager.
+
+The traced forwards run on "forward lanes": as many threads as passes may run at once, at a lower CPU priority
+than the threads that answer pages (Linux: a thread's own nice value), so that a forward that never gives the
+GIL up fills the time the pages leave instead of taking both cores from a student moving a slider.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..hooks import CAPTURED_KEYS, foreign_hooks
+from ..model import LoadedModel
+from .passes import parallel_passes
+from .priority import lower_this_threads_priority
+
+_logger = logging.getLogger(__name__)
+
+# A lane's nice value above the pages' threads: the step that kept control changes fast in the class load test
+# (docs/performance.md, "Forward lanes").
+FORWARD_LANE_NICENESS = 10
+
+@dataclass
+class _Tracing:
+    enabled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one model traced at a time
+    traced: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # model -> _Traced | None
+    lanes: concurrent.futures.ThreadPoolExecutor | None = None
+    lane_count: int = 0
+
+
+_tracing = _Tracing()
+
+
+def set_traced_forward(enabled: bool) -> None:
+    """Run capture passes of models on the CPU through a trace of the hooked forward (see above): the same
+    numbers, bit for bit, without the GIL during the forward. Off by default: recording and checking the
+    trace costs five forwards more, once per model, which a server earns back and a single analysis does not."""
+    _tracing.enabled = enabled
+
+
+def traced_forward_enabled() -> bool:
+    """Whether capture passes run traced where they can (`set_traced_forward`)."""
+    return _tracing.enabled
+
+
+class _Recorder(torch.nn.Module):
+    """The model's forward returning (logits, *intermediates): traced once, with the capture hooks on."""
+
+    def __init__(self, model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> None:
+        super().__init__()
+        self.model = model
+        self._store = store  # filled by this thread's capture hooks during the forward
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._store.clear()
+        logits = self.model(x)
+        return (logits, *(t for key in CAPTURED_KEYS for t in self._store.get(key, [])))
+
+
+@dataclass(frozen=True)
+class _Traced:
+    graph: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+    counts: dict[str, int]  # tensors per key of the store, in the order of CAPTURED_KEYS
+    input_shape: tuple[int, ...]  # a trace is valid for this input shape only
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+        """(logits, store) as the eager hooked forward gives them."""
+        outputs, store, i = self.graph(x), {}, 1
+        for key in CAPTURED_KEYS:
+            store[key], i = list(outputs[i:i + self.counts[key]]), i + self.counts[key]
+        return outputs[0], store
+
+
+def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]]) -> _Traced | None:
+    """Inside a capture pass (its hooks fill `store`): `loaded.model` traced at the shape of `x`, or None if
+    tracing fails or the trace's outputs differ from the eager forward's in any bit."""
+    started = time.perf_counter()
+
+    def eager(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+        logits = loaded.model(x)
+        return logits, {key: store.pop(key, []) for key in CAPTURED_KEYS}
+
+    def same(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> bool:
+        return torch.equal(a[0], b[0]) and all(
+            len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
+
+    try:
+        checks = [x, x.flip(-1)]
+        expected = [eager(c) for c in checks]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
+            graph = torch.jit.trace(_Recorder(loaded.model, store), x, check_trace=False)
+        traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape))
+        with torch.jit.optimized_execution(False):
+            exact = all(same(traced(c), e) for c, e in zip(checks, expected, strict=True))
+    except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
+        _logger.info("%s: capture stays eager (tracing failed: %s)", loaded.name, e)
+        return None
+    finally:
+        store.clear()
+    if not exact:
+        _logger.info("%s: capture stays eager (the traced forward differs from the eager one)", loaded.name)
+        return None
+    _logger.info("%s: capture forward traced in %.1f s", loaded.name, time.perf_counter() - started)
+    return traced
+
+
+def traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]]) -> _Traced | None:
+    """Inside a capture pass, with tracing on and the model on the CPU: the model's trace, recorded now if it
+    has none yet; None where the model stays eager."""
+    if not _tracing.enabled or loaded.device.type != "cpu" or not hasattr(torch, "jit") or foreign_hooks(loaded.model):
+        return None
+    with _tracing.lock:
+        if loaded.model not in _tracing.traced:
+            _tracing.traced[loaded.model] = _trace(loaded, x, store)
+        traced = _tracing.traced[loaded.model]
+    return traced if traced is not None and traced.input_shape == tuple(x.shape) else None
+
+
+
+def on_a_lane(traced: _Traced, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+    """`traced(x)` on a forward lane, with this pass's share of torch's threads."""
+    threads = torch.get_num_threads()
+
+    def run() -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)  # the lane's own OpenMP setting, as the pass's
+        with torch.inference_mode(), torch.jit.optimized_execution(False):  # the recorded operations as they are
+            return traced(x)
+
+    return _forward_lanes().submit(run).result()
+
+
+def _forward_lanes() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads traced forwards run on, one per pass that may run at once, at a lower CPU priority."""
+    with _tracing.lock:
+        if _tracing.lanes is None or _tracing.lane_count < parallel_passes():
+            if _tracing.lanes is not None:
+                _tracing.lanes.shutdown(wait=False)  # its running forwards finish; new ones go to the wider pool
+            _tracing.lanes = concurrent.futures.ThreadPoolExecutor(
+                max_workers=parallel_passes(), thread_name_prefix="vit-lens-forward",
+                initializer=lower_this_threads_priority, initargs=(FORWARD_LANE_NICENESS,))
+            _tracing.lane_count = parallel_passes()
+        return _tracing.lanes
+
+

@@ -1,0 +1,97 @@
+"""Every `VIT_LENS_*` environment variable, read one way.
+
+A leaf module: it imports nothing of ViT Lens and nothing heavy, so that the server's launcher can read a setting
+before torch is imported. Each setting is read when asked (tests and the launcher change the environment), never
+cached. docs/serving.md has the same table for people; tests/unit/test_settings.py keeps the two in step.
+
+    from vit_core import settings
+    settings.WEIGHTS_UPLOADS.on()      # a flag: on, 1, true, yes / off, 0, false, no (any case); unset or "" = default
+    settings.THREADS.number()          # a whole number >= 0; 0 = "decide from the machine"
+    settings.MODEL.text()              # stripped text; unset or "" = default
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+class SettingError(ValueError):
+    """A `VIT_LENS_*` variable holds a value its setting can't take. (A ValueError, not a ViTLensError: this
+    module imports nothing of the project; the CLI and the server report it in one line all the same.)"""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the environment variable
+    kind: Literal["flag", "number", "text"]
+    default: str  # as it would be written in the environment
+    meaning: str  # one sentence for docs/serving.md's table
+    who: Literal["server", "library"]  # read by the dashboard's server only, or by the library too
+
+    def raw(self, env: Mapping[str, str] | None = None) -> str:
+        return (os.environ if env is None else env).get(self.name, "").strip()
+
+    def on(self, env: Mapping[str, str] | None = None) -> bool:
+        assert self.kind == "flag", f"{self.name} is a {self.kind} setting"
+        value = (self.raw(env) or self.default).lower()
+        if value in _ON:
+            return True
+        if value in _OFF:
+            return False
+        raise SettingError(f"{self.name}={value!r}: use on or off.")
+
+    def number(self, env: Mapping[str, str] | None = None) -> int:
+        assert self.kind == "number", f"{self.name} is a {self.kind} setting"
+        value = self.raw(env) or self.default
+        try:
+            number = int(value)
+        except ValueError:
+            raise SettingError(f"{self.name}={value!r}: use a whole number.") from None
+        if number < 0:
+            raise SettingError(f"{self.name}={value!r}: use a whole number, 0 or more.")
+        return number
+
+    def text(self, env: Mapping[str, str] | None = None) -> str:
+        assert self.kind == "text", f"{self.name} is a {self.kind} setting"
+        return self.raw(env) or self.default
+
+
+MODEL = Setting("VIT_LENS_MODEL", "text", "vit_base_patch16_224",
+                "The model the dashboard opens with: a timm name, `vit-lens/shapes-vit` or `test-tiny`.", "server")
+RANDOM_INIT = Setting("VIT_LENS_RANDOM_INIT", "flag", "off",
+                      "Build every timm model with random weights (structure only, nothing downloaded).", "server")
+WEIGHTS_UPLOADS = Setting("VIT_LENS_WEIGHTS_UPLOADS", "flag", "on",
+                          "Offer \"Your own weights file...\" in the model picker; off for a class.", "server")
+ANY_MODEL = Setting("VIT_LENS_ANY_MODEL", "flag", "on",
+                    "Let the picker take any ViT-family timm name or hf-hub id, not only its list; off for a class.",
+                    "server")
+DEVICE = Setting("VIT_LENS_DEVICE", "text", "auto",
+                 "Where the server's models run: auto (CUDA, then Apple MPS, then the CPU), cpu, cuda, cuda:N or mps.",
+                 "server")
+THREADS = Setting("VIT_LENS_THREADS", "number", "0",
+                  "torch's thread count; 0 = the CPUs this process may use (its cgroup quota and affinity).", "library")
+PARALLEL_PASSES = Setting("VIT_LENS_PARALLEL_PASSES", "number", "0",
+                          "Capture passes of one model at once on the server; 0 = the thread count, at most 4.", "server")
+TRACED_FORWARD = Setting("VIT_LENS_TRACED_FORWARD", "flag", "on",
+                         "Run the server's CPU capture through a TorchScript trace that needs no GIL.", "server")
+ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "flag", "on",
+                        "Run float32 CPU linears without gradients on oneDNN instead of MKL (x86-64).", "library")
+CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
+                     "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
+HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "on",
+                     "Restart the server once with glibc's malloc on transparent huge pages (Linux, glibc).", "server")
+
+ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
+                            TRACED_FORWARD, ONEDNN_LINEAR, CAPTURE_MB, HUGE_PAGES)
+
+
+def check_all(env: Mapping[str, str] | None = None) -> None:
+    """Read every setting once, so that a program stops at its start, in one line, on a value a setting can't take
+    (a server would otherwise meet it later, inside some student's page). Raises the first SettingError."""
+    for setting in ALL:
+        {"flag": setting.on, "number": setting.number, "text": setting.text}[setting.kind](env)
