@@ -32,7 +32,7 @@ import streamlit as st
 from PIL import Image
 
 import vit_core
-from dashboard import examples, figure_keys
+from dashboard import examples, figure_keys, session
 from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
 from dashboard.server import process
@@ -102,11 +102,20 @@ def _image_info(sha: str, _data: bytes) -> tuple[tuple[int, int], tuple[str, ...
     return decoded.image.size, decoded.notes, preview_copy(decoded.image)
 
 
-def decode(name: str, data: bytes) -> ImageChoice:
-    """Decode uploaded or example bytes; raises vit_core.ImageError with a message for the user."""
+def decode(name: str, data: bytes, in_session: bool = True) -> ImageChoice:
+    """Decode uploaded or example bytes; raises vit_core.ImageError with a message for the user (also for a picture
+    the sidebar's model would enlarge too far before its crop: LoadedModel.crop_transform.check). `in_session`:
+    False outside a session's script run (the server's warm-up)."""
     check_file_size(data)
     sha = hashlib.sha256(data).hexdigest()
-    return ImageChoice(name, sha, data, *_image_info(sha, data))
+    if not in_session:
+        return ImageChoice(name, sha, data, *_image_info(sha, data))
+    with session.decode_lock():  # one decode in flight per session (vit_core.images.decode_image's slots are shared)
+        choice = ImageChoice(name, sha, data, *_image_info(sha, data))
+    loaded = session.chosen_model_if_any()
+    if loaded is not None:  # refused now, while the previous image can still be kept, not in the forward pass
+        loaded.crop_transform.check(choice.size)
+    return choice
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

@@ -1,35 +1,46 @@
 """The Draw input: a canvas where a student draws with mouse or finger, with colour, stroke width and clear.
 
 The canvas is `streamlit-drawable-canvas` (a Fabric.js component whose frontend ships inside its wheel, served
-by this Streamlit server: nothing is fetched from the network). `draw_ui` hands back PNG bytes, so a drawing goes
-through exactly the decode and capture path of an uploaded file.
+by this Streamlit server: nothing is fetched from the network). The drawing is an upload like any other: what
+the browser sends is a `data:` URL that a student's own script can fill with any file, of any size. So
+`draw_ui` hands back that URL as sent, never the package's decoded array (`CanvasResult.image_data` opens
+whatever came with a bare `Image.open`: FITS, EPS through Ghostscript, a 169 MP PNG), and `canvas_png` lets
+through only a PNG of the canvas's own size, within `MAX_CANVAS_BYTES`, checked from its first bytes; the
+caller then decodes it on the upload's path (`dashboard.caches.decode` -> `vit_core.images`).
 """
 
 from __future__ import annotations
 
-import io
+import base64
+import binascii
+import importlib.metadata
+import struct
 from collections.abc import Callable
+from functools import cache
+from typing import Any
 
-import numpy as np
 import streamlit as st
-from PIL import Image
 
 from dashboard import session
+from vit_core.errors import ImageError
 
 CANVAS_PX = 232  # fits the sidebar's default width (240 px of content); the model resizes what it gets anyway
 PAPER = "#ffffff"
 DEFAULT_INK = "#000000"
 DEFAULT_STROKE_PX = 12  # about 5 px at the teaching model's 96 px input (12 x 96 / 232): a felt pen, not a hairline
+DRAWING_NAME = "drawing.png"
 
-
-def png_on_white(rgba: np.ndarray) -> bytes:
-    """(H, W, 4) uint8 RGBA from the canvas -> PNG bytes of the drawing composited on white (RGB)."""
-    assert rgba.ndim == 3 and rgba.shape[2] == 4 and rgba.dtype == np.uint8, (rgba.shape, rgba.dtype)
-    alpha = rgba[..., 3:].astype(np.float32) / 255.0  # (H, W, 1)
-    rgb = rgba[..., :3].astype(np.float32) * alpha + 255.0 * (1.0 - alpha)  # (H, W, 3)
-    buffer = io.BytesIO()
-    Image.fromarray(rgb.round().astype(np.uint8), "RGB").save(buffer, format="PNG")
-    return buffer.getvalue()
+# The frontend sends `canvas.toDataURL({format: "png", multiplier: 1})`: Fabric.js renders it at multiplier x
+# its retina scaling only when `enableRetinaScaling` is asked for, which it is not, so the PNG is the canvas's
+# own CANVAS_PX x CANVAS_PX whatever the device's pixel ratio (frontend/build/index-*.js of 0.13.0).
+PNG_DATA_URL = "data:image/png;base64,"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A 232 x 232 RGBA PNG is at most about 216 KB (stored, uncompressed: 232 rows of 1 + 232 x 4 bytes, plus
+# chunk and zlib framing); a browser's compresses to a few KB. Twice the uncompressed size leaves room for
+# any encoder's extra chunks.
+MAX_CANVAS_BYTES = 2 * CANVAS_PX * (1 + 4 * CANVAS_PX) + 4096
+_MAX_URL_CHARS = len(PNG_DATA_URL) + 4 * -(-MAX_CANVAS_BYTES // 3)  # base64: 4 characters per 3 bytes
+SUPPORTED_CANVAS = "0.13."  # the package versions whose CanvasResult keeps the data URL in `_image_data_url`
 
 
 def has_strokes(json_data: dict | None) -> bool:
@@ -37,8 +48,50 @@ def has_strokes(json_data: dict | None) -> bool:
     return bool(json_data and json_data.get("objects"))
 
 
-def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple = ()) -> bytes | None:
-    """The canvas with its controls; the drawing as PNG bytes on white, or None while nothing is drawn.
+def canvas_png(data_url: str) -> bytes:
+    """The PNG bytes of a canvas value (the data URL the browser sent), checked before anything decodes them.
+
+    Raises ImageError (one sentence for the student) unless it is a base64 `data:image/png` URL of at most
+    MAX_CANVAS_BYTES whose bytes start with PNG's signature and an IHDR of CANVAS_PX x CANVAS_PX pixels.
+    Pillow is not involved: the caller decodes what passes as an uploaded file (caches.decode)."""
+    if not isinstance(data_url, str) or not data_url.startswith(PNG_DATA_URL):
+        raise ImageError("The drawing did not arrive as a PNG image, so it was not opened.")
+    if len(data_url) > _MAX_URL_CHARS:
+        raise ImageError(f"The drawing is larger than a {CANVAS_PX} x {CANVAS_PX} canvas can make "
+                         f"(over {MAX_CANVAS_BYTES // 1024} KB), so it was not opened.")
+    try:
+        data = base64.b64decode(data_url[len(PNG_DATA_URL):], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError("The drawing's data is damaged (not valid base64), so it was not opened.") from e
+    if not data.startswith(PNG_SIGNATURE) or data[8:16] != b"\x00\x00\x00\x0dIHDR" or len(data) < 24:
+        raise ImageError("The drawing is not a PNG image, so it was not opened.")
+    width, height = struct.unpack(">II", data[16:24])
+    if (width, height) != (CANVAS_PX, CANVAS_PX):
+        raise ImageError(f"The drawing is {width} x {height} pixels, not the canvas's {CANVAS_PX} x {CANVAS_PX}, "
+                         f"so it was not opened.")
+    return data
+
+
+@cache
+def _check_canvas_version() -> None:
+    version = importlib.metadata.version("streamlit-drawable-canvas")
+    if not version.startswith(SUPPORTED_CANVAS):
+        raise RuntimeError(f"dashboard/draw.py reads streamlit-drawable-canvas {SUPPORTED_CANVAS}x's CanvasResult; "
+                           f"{version} is installed (pyproject.toml pins {SUPPORTED_CANVAS}*)")
+
+
+def _data_url(result: Any) -> str | None:
+    """The data URL the browser sent, as sent (the package's one private attribute this project reads).
+
+    CanvasResult's public accessors are `image_data`, which opens the value with a bare `Image.open` (any
+    format Pillow knows, any size), and `image_bytes`, which base64-decodes it whatever its length."""
+    _check_canvas_version()
+    return result._image_data_url
+
+
+def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple = ()) -> str | None:
+    """The canvas with its controls; the drawing as the browser sent it (a data URL, unchecked: see
+    `canvas_png`), or None while nothing is drawn.
 
     `on_change(*args)` runs when the student finishes a stroke (like a file uploader's on_change), so the
     caller can make the drawing the image the dashboard shows."""
@@ -52,12 +105,14 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
     # The canvas's own toolbar (undo, redo, delete) floats over its top right corner, where a stroke can't start;
     # a little space keeps it off the slider above.
     st.space("small")
+    # background_color paints the paper into the PNG the browser sends; a transparent pixel would still be
+    # composited on white by the decoder (vit_core.images.to_rgb).
     result = st_canvas(stroke_width=stroke, stroke_color=ink, background_color=PAPER, width=CANVAS_PX,
                        height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
                        key=f"{key}_canvas_{session.canvas_generation(key)}",
                        on_change=(lambda: on_change(*args)) if on_change is not None else None)
     # No tooltip on Clear: it would float over the canvas's bottom edge and swallow the next stroke.
     st.button("Clear", key=f"{key}_clear", on_click=session.clear_canvas, args=(key,), icon=":material/ink_eraser:")
-    if not has_strokes(result.json_data) or result.image_data is None:
+    if not has_strokes(result.json_data):
         return None
-    return png_on_white(np.asarray(result.image_data))
+    return _data_url(result)

@@ -16,11 +16,15 @@ extracted. A refused set is said in one sentence and the page, and the previous 
 from __future__ import annotations
 
 import io
+import struct
 import time
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path, PurePosixPath
+
+import numpy as np
 
 from dashboard.figures.base import png_bytes
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
@@ -34,8 +38,17 @@ from vit_core.teaching import data as shapes
 # (`vit-lens dataset`) has no cap.
 MAX_IMAGES = 256
 MAX_SET_MB = 100  # all images of one set together: the uploads, or a zip's uncompressed members
-MAX_ZIP_MB = 100  # one uploaded file (a zip; a single image is held to MAX_IMAGE_MB)
+MAX_ZIP_MB = 100  # one uploaded file, a zip (a single image is held to MAX_IMAGE_MB), unless the server's cap is lower
 MAX_ZIP_MEMBERS = 1000  # entries in a zip, folders and skipped files included
+# The zip's directory, as its end record declares it, before zipfile reads it: zipfile walks as many bytes as the
+# record says, whatever count it gives. An entry is 46 bytes and its name; 1 KiB each leaves room for long paths.
+MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_MEMBERS * 1024
+# One run's wall-clock budget: 256 ViT-B/16 images take about 80 s alone on the development VM and about 200 s on
+# the shared 2-core VM under a class's load (docs/performance.md, "Many images"); only costly files (each decode is
+# bounded on its own, not their sum) or a large model reach it. Wall time, not CPU time: a run's decodes and its
+# forward's threads are not all on the page's thread, and what the budget bounds is how long it holds the server.
+RUN_BUDGET_S = 300.0
+RUN_CHUNK = 16  # images analysed between two looks at the budget: two batches on a CPU
 SHAPES_DEFAULT = 128  # images in a Shapes batch: the paper's Fig. 7 right averages over 128 images
 _MB = 2**20
 
@@ -88,6 +101,7 @@ def zip_members(zip_name: str, data: bytes, images_before: int = 0,
     `images_before`, `bytes_before`: what the set holds already (other uploads), counted against the same caps.
     Raises SetError.
     """
+    check_zip_directory(zip_name, data)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, OSError, ValueError) as e:
@@ -99,6 +113,7 @@ def zip_members(zip_name: str, data: bytes, images_before: int = 0,
         unsafe = next((i.filename for i in infos if _unsafe_member_name(i.filename)), None)
         if unsafe is not None:
             raise SetError(f"{zip_name} holds a member named {unsafe!r} that points outside the archive, so it is refused.")
+        check_zip_entries(zip_name, data, infos)
         wanted, skipped = [], []
         for info in infos:
             base = PurePosixPath(info.filename).name
@@ -130,6 +145,67 @@ def zip_members(zip_name: str, data: bytes, images_before: int = 0,
                 raise SetError(f"{zip_name}: {info.filename} unpacks to more than its declared size, so the zip is refused.")
             members.append((info.filename, content))
     return members, [i.filename for i in skipped]
+
+
+_EOCD = struct.Struct("<4s4H2LH")  # signature, disks, entries here, entries in all, directory size, offset, comment
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")  # signature, disk, offset of the zip64 end record, disks
+_ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")  # signature, size, versions, disks, entries here, in all, size, offset
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # ..., name length, extra length: 30 bytes before the name
+
+
+def declared_directory(data: bytes) -> tuple[int, int] | None:
+    """(entries, directory bytes) as the zip's end-of-central-directory record declares them, the zip64 record's
+    where the classic one points at it; read as zipfile finds the record (the last one, within the final 64 KiB
+    comment), before zipfile parses anything. None without such a record (zipfile then refuses the file)."""
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
+    if at < 0 or len(data) - at < _EOCD.size:
+        return None
+    _, _, _, here, entries, size, offset, _ = _EOCD.unpack_from(data, at)
+    locator = at - _ZIP64_LOCATOR.size
+    if locator >= 0 and data[locator:locator + 4] == b"PK\x06\x07":
+        record = _ZIP64_LOCATOR.unpack_from(data, locator)[2]
+        if 0 <= record <= len(data) - _ZIP64_EOCD.size and data[record:record + 4] == b"PK\x06\x06":
+            fields = _ZIP64_EOCD.unpack_from(data, record)  # zipfile then reads these, not the classic record's
+            return max(fields[6], fields[7]), fields[8]
+    return max(entries, here), size
+
+
+def check_zip_directory(zip_name: str, data: bytes) -> None:
+    """Refuse a zip whose end record declares more entries, or a larger directory, than a set may have: in
+    microseconds, where zipfile would parse a directory of 500,000 entries for seconds and hundreds of MB."""
+    declared = declared_directory(data)
+    if declared is None:
+        return  # not a zip: zipfile says so
+    entries, size = declared
+    if entries > MAX_ZIP_MEMBERS:
+        raise SetError(f"{zip_name} has {entries:,} entries; a zip here may have at most {MAX_ZIP_MEMBERS}.")
+    if size > MAX_ZIP_DIRECTORY_BYTES:
+        raise SetError(f"{zip_name} has a directory of {size / _MB:,.1f} MB; a zip here may have at most "
+                       f"{MAX_ZIP_MEMBERS} entries.")
+
+
+def check_zip_entries(zip_name: str, data: bytes, infos: Sequence[zipfile.ZipInfo]) -> None:
+    """Refuse a zip that names a file twice, or whose entries' data overlap (a zip bomb's trick: many entries
+    inflating the same compressed bytes). Each entry's range runs from its local header to the end of its
+    compressed data, from the directory's offsets and sizes and the local header's own lengths."""
+    seen: set[str] = set()
+    for info in infos:
+        name = info.filename.replace("\\", "/")
+        if name in seen:
+            raise SetError(f"{zip_name} holds {info.filename!r} twice, so it is refused.")
+        seen.add(name)
+    ranges = []
+    for info in infos:
+        start = info.header_offset
+        if not 0 <= start <= len(data) - _LOCAL_HEADER.size or data[start:start + 4] != b"PK\x03\x04":
+            raise SetError(f"{zip_name} is damaged: the entry {info.filename!r} is not where its directory says.")
+        name_length, extra_length = _LOCAL_HEADER.unpack_from(data, start)[-2:]
+        ranges.append((start, start + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size, info))
+    ranges.sort(key=lambda r: r[0])
+    for (_, end, first), (start, _, second) in pairwise(ranges):
+        if start < end:
+            raise SetError(f"{zip_name}: the entries {first.filename!r} and {second.filename!r} share their data "
+                           "(a zip bomb's trick), so it is refused.")
 
 
 def _without_common_root(paths: Sequence[str]) -> list[PurePosixPath]:
@@ -230,20 +306,93 @@ class ManyRun:
     notes: tuple[str, ...]
     no_labels_reason: str
     seconds: float
+    stopped: str = ""  # why the run stopped before the end of the set (its budget): one sentence; "" if it did not
 
 
 def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
-            progress: Callable[[int, int], None] | None = None) -> ManyRun:
-    """analyze_dataset over the set (batched, reduced on the model's device), and the CLI's three files."""
-    start = time.perf_counter()
-    result = dataset.analyze_dataset(loaded, image_set.sources, image_set.labels, batch_size=None,
-                                     progress=progress)
+            progress: Callable[[int, int], None] | None = None, *, budget_s: float = RUN_BUDGET_S,
+            clock: Callable[[], float] = time.monotonic) -> ManyRun:
+    """analyze_dataset over the set (batched, reduced on the model's device), and the CLI's three files.
+
+    The set is analysed RUN_CHUNK images at a time; once `budget_s` seconds of wall time are spent the run stops
+    after its current chunk and keeps what it finished, the rest counted as not analysed (`ManyRun.stopped`)."""
+    start = clock()
+    sources, labels = image_set.sources, image_set.labels
+    parts: list[dataset.DatasetResult] = []
+    failures: list[tuple[str, str]] = []  # in the set's order
+    done = 0
+    for first in range(0, len(sources), RUN_CHUNK):
+        if clock() - start > budget_s:
+            break
+        chunk = slice(first, first + RUN_CHUNK)
+        report = (lambda d, _, first=first: progress(first + d, len(sources))) if progress else None
+        try:
+            parts.append(dataset.analyze_dataset(loaded, sources[chunk], labels[chunk] if labels else None,
+                                                 batch_size=None, progress=report))
+            failures += parts[-1].failures
+        except dataset.DatasetError as e:  # no image of this chunk could be read
+            failures += [(name, f"not read ({e})") for name, _ in sources[chunk]]
+        done = min(first + RUN_CHUNK, len(sources))
+    stopped = ""
+    if done < len(sources):
+        stopped = (f"The run stopped after {clock() - start:.0f} s, the time one run may take here: {done} of "
+                   f"{len(sources)} images were analysed, the others not; the results below are for those.")
+    if not parts:
+        first = f" (first: {failures[0][0]}: {failures[0][1]})" if failures else ""
+        raise dataset.DatasetError(f"None of the {done} images could be read{first}.")
+    result = parts[0] if len(parts) == 1 and failures == list(parts[0].failures) else merged_results(parts, failures)
     files = dataset.dataset_files(result, loaded.geometry)
     return ManyRun(result, files, request.key, loaded.name, loaded.weights, image_set.description, image_set.notes,
-                   image_set.no_labels_reason, time.perf_counter() - start)
+                   image_set.no_labels_reason, clock() - start, stopped)
 
 
-def limits_text() -> str:
-    return (f"At most {MAX_IMAGES} images and {MAX_SET_MB} MB per set; an image up to {MAX_IMAGE_MB} MB, a .zip up "
-            f"to {MAX_ZIP_MB} MB (at most {MAX_ZIP_MEMBERS} entries). For larger sets use "
-            f"`vit-lens dataset FOLDER` on your own machine.")
+def merged_results(parts: Sequence[dataset.DatasetResult], failures: Sequence[tuple[str, str]]) -> dataset.DatasetResult:
+    """One result of the results of consecutive parts of a set (without explanations), as one analyze_dataset over
+    the whole set gives it: means weighted by images (labelled images for the accuracies), the standard deviation
+    by Chan et al.'s parallel merge of the parts' (count, mean, population variance). `failures`: all of the set's."""
+    counts = np.array([p.num_images for p in parts], dtype=np.float64)  # (P,)
+    total = counts.sum()
+
+    def mean(field: str, weights: np.ndarray = counts) -> np.ndarray:
+        values = np.stack([np.asarray(getattr(p, field), dtype=np.float64) for p in parts])  # (P, ...)
+        return np.tensordot(weights, values, axes=1) / weights.sum()  # (...)
+
+    distance = mean("mean_attention_distance")  # (L, H)
+    m2 = sum(n * (np.asarray(p.mean_attention_distance_std, dtype=np.float64) ** 2
+                  + (np.asarray(p.mean_attention_distance, dtype=np.float64) - distance) ** 2)
+             for n, p in zip(counts, parts, strict=True))  # (L, H): sum of squared deviations over all images
+    labelled = np.array([p.num_labelled for p in parts], dtype=np.float64)
+    with_labels = [p for p in parts if p.num_labelled]
+    lens = None  # (L+1,): the parts without a labelled image have none
+    if with_labels:
+        rows = np.stack([np.asarray(p.logit_lens_accuracy, dtype=np.float64) for p in with_labels])  # (P', L+1)
+        lens = np.tensordot(labelled[labelled > 0], rows, axes=1) / labelled.sum()
+    result = dataset.DatasetResult(
+        model=parts[0].model, weights=parts[0].weights, device=parts[0].device, num_images=int(total),
+        mean_attention_distance=distance.astype(np.float32),
+        mean_attention_distance_std=np.sqrt(m2 / total).astype(np.float32),
+        mean_attention_distance_renorm=mean("mean_attention_distance_renorm").astype(np.float32),
+        high_norm_rate=mean("high_norm_rate").astype(np.float32),
+        accuracy=float(sum(p.accuracy * p.num_labelled for p in with_labels) / labelled.sum()) if with_labels else None,
+        logit_lens_accuracy=lens.astype(np.float32) if lens is not None else None,
+        deletion_auc={}, insertion_auc={},
+        failures=tuple(failures),
+        num_labelled=int(labelled.sum()))
+    for value in vars(result).values():  # read-only, as analyze_dataset's own: the session may share it
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    return result
+
+
+def limits_text(upload_mb: int) -> str:
+    """The page's limits in one sentence; `upload_mb`: the largest file the uploader takes (upload_limit_mb)."""
+    return (f"At most {MAX_IMAGES} images and {MAX_SET_MB} MB per set; an image up to {min(MAX_IMAGE_MB, upload_mb)} MB, "
+            f"a .zip up to {upload_mb} MB (at most {MAX_ZIP_MEMBERS} entries); a run stops after "
+            f"{RUN_BUDGET_S / 60:.0f} minutes with what it finished. For larger sets use `vit-lens dataset FOLDER` "
+            "on your own machine.")
+
+
+def upload_limit_mb(server_mb: float) -> int:
+    """The largest file the page's uploader takes: its own cap, or the server's (Streamlit's server.maxUploadSize,
+    which answers 413 above it) where that is lower, as in class mode."""
+    return max(1, min(MAX_ZIP_MB, int(server_mb)))

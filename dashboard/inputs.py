@@ -30,16 +30,17 @@ def image_ui(model_name: str) -> ImageChoice:
         drawing = draw.draw_ui(session.K_DRAW, on_change=session.set_image_source, args=("draw",))
 
     source = session.image_source()
+    from_canvas = source == "draw" and drawing is not None
     if source == "upload" and upload is not None:
         name, data = upload.name, upload.getvalue()
     elif source == "camera" and camera is not None:
         name, data = "camera photo", camera.getvalue()
-    elif source == "draw" and drawing is not None:
-        name, data = "drawing.png", drawing
+    elif from_canvas:
+        name, data = draw.DRAWING_NAME, None  # the browser's data URL, checked before anything decodes it
     else:
         name, data = example, caches.example_bytes(example)
     try:
-        image = caches.decode(name, data)
+        image = caches.decode(name, draw.canvas_png(drawing) if from_canvas else data)
     except vit_core.ImageError as e:
         st.error(f"{markdown_literal(name)}: {markdown_literal(str(e))}")
         previous = session.last_good_image()
@@ -48,7 +49,7 @@ def image_ui(model_name: str) -> ImageChoice:
             return previous
         return caches.decode(example, caches.example_bytes(example))
     session.remember_good_image(image)
-    for note in image.notes:
+    for note in () if from_canvas else image.notes:  # a drawing's only note would be its RGBA -> RGB on white
         st.caption(note)
     return image
 

@@ -16,6 +16,7 @@ Many images page's latest result. What a session keeps is capped (the distance h
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ _CHOSEN_MODEL = "_chosen_model"  # (ModelRequest, LoadedModel) the sidebar chose
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
 _INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_interventions_for
 _INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
+_DECODE_LOCK = "_decode_lock"  # see decode_lock
 _MANY_LATEST_RUN = "_many_latest_run"  # ManyRun: the last finished run of the Many images page
 
 
@@ -73,6 +75,12 @@ def keep_chosen_model(request: ModelRequest, loaded: LoadedModel) -> None:
 def chosen_model() -> tuple[ModelRequest, LoadedModel]:
     """The page scripts: (request, loaded) of the model chosen in the sidebar in this script run."""
     return st.session_state[_CHOSEN_MODEL]
+
+
+def chosen_model_if_any() -> LoadedModel | None:
+    """The model chosen in the sidebar in this script run, or None before the sidebar chose one."""
+    chosen = st.session_state.get(_CHOSEN_MODEL)
+    return None if chosen is None else chosen[1]
 
 
 def model_choice() -> str | None:
@@ -255,3 +263,9 @@ def latest_many_run() -> ManyRun | None:
 
 def keep_many_run(run: ManyRun) -> None:
     st.session_state[_MANY_LATEST_RUN] = run
+
+
+def decode_lock() -> threading.Lock:
+    """This session's lock around its image decodes: one decode in flight per session (a second tab is a second
+    session), so one student's files hold at most one of the server's MAX_CONCURRENT_DECODES slots."""
+    return st.session_state.setdefault(_DECODE_LOCK, threading.Lock())

@@ -41,13 +41,14 @@ from .devices import DEVICE_CHOICES, describe_device, resolve_device
 from .errors import ViTLensError
 from .explain import DEFAULT_STEPS
 from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
-from .files import write_atomically
-from .images import load_image
+from .files import OutputFolder, read_input
+from .images import MAX_FILE_BYTES, load_image
 from .loading import DEFAULT_MODEL, load_model
 from .model import LoadedModel
 from .runtime import configure_threads, cpu_quota
 
 EXIT_FAILURES = 2
+MAX_INPUT_BYTES = MAX_FILE_BYTES  # the largest input read (vit_core.images), a regular file only (vit_core.files.read_input)
 
 
 def default_workers() -> int:
@@ -155,8 +156,9 @@ def _fail(message: str) -> None:
     print(f"vit_core: {message}", file=sys.stderr)
 
 
-def _load(args: argparse.Namespace) -> LoadedModel | None:
-    """The model the arguments name, on their device, and the output folder made; None after saying why not."""
+def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
+    """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
+    symlink: results land only in the folder named); None after saying why not."""
     try:
         device = resolve_device(args.device)  # before the model: a bad device costs no load
     except ViTLensError as e:
@@ -169,33 +171,43 @@ def _load(args: argparse.Namespace) -> LoadedModel | None:
         _fail(f"{args.model}: {e}")
         return None
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
+        if not args.out.is_symlink():  # a link is refused by OutputFolder, not made
+            args.out.mkdir(parents=True, exist_ok=True)
+        out = OutputFolder(args.out)
     except OSError as e:
         _fail(f"--out: {_os_reason(e)}")
         return None
-    return loaded
+    return loaded, out
 
 
 def analyze(args: argparse.Namespace) -> int:
     if not args.explain and (args.target is not None or args.steps != DEFAULT_STEPS):
         _fail("--target and --steps need --explain")
         return EXIT_FAILURES
-    loaded = _load(args)
-    if loaded is None:
+    opened = _load(args)
+    if opened is None:
         return EXIT_FAILURES
+    loaded, out = opened
+    with out:
+        return _analyze_each(args, loaded, out)
+
+
+def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
+    """`analyze`'s loop: each image read (a regular file, at most MAX_INPUT_BYTES), analysed and written; a failure
+    is one line and the next image goes on. Returns the exit status."""
     device_name = describe_device(loaded.device)
     failures = 0
     for path, name in zip(args.images, output_names(args.images), strict=True):
         try:
-            image = load_image(path, loaded.decode_min_side)
+            image = load_image(read_input(path, MAX_INPUT_BYTES), loaded.decode_min_side)
             cap = run_with_capture(loaded, image)
             arrays, described = analysis_arrays(loaded, cap), {"image": str(path), **summary(loaded, cap, args.topk),
                                                            "device": device_name}
             if args.explain:
                 extra_arrays, extra_summary = explanation_export(loaded, cap, image, args.target, args.steps)
                 arrays, described = {**arrays, **extra_arrays}, {**described, **extra_summary}
-            write_atomically(args.out / f"{name}.npz", npz_bytes(arrays))
-            write_atomically(args.out / f"{name}.json", json_bytes(described))
+            out.write(f"{name}.npz", npz_bytes(arrays))
+            out.write(f"{name}.json", json_bytes(described))
             logging.getLogger(__name__).info("%s -> %s", path, args.out / f"{name}.npz")
         except ViTLensError as e:
             failures += 1
@@ -212,21 +224,41 @@ def _os_reason(error: OSError) -> str:
 
 
 def dataset(args: argparse.Namespace) -> int:
-    # Imported here: `analyze` need not load the DataLoader, matplotlib's figure or tqdm.
-    from tqdm import tqdm
-
-    from .dataset import analyze_dataset, dataset_files, folder_labels, list_images
-
     if not args.explain and args.steps != DEFAULT_STEPS:
         _fail("--steps needs --explain")
         return EXIT_FAILURES
     if not args.folder.is_dir():
         _fail(f"{args.folder}: not a folder")
         return EXIT_FAILURES
-    loaded = _load(args)
-    if loaded is None:
+    opened = _load(args)
+    if opened is None:
         return EXIT_FAILURES
-    paths = list_images(args.folder)[: args.limit]  # sorted; the first N with --limit
+    loaded, out = opened
+    with out:
+        return _dataset_run(args, loaded, out)
+
+
+def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
+    """`dataset` once the model is loaded: the images analysed, a line per one that failed, the three files written."""
+    # Imported here: `analyze` need not load the DataLoader, matplotlib's figure or tqdm.
+    from tqdm import tqdm
+
+    from .dataset import analyze_dataset, dataset_files, folder_labels, list_images
+
+    failures = 0
+    paths = []
+    for path in list_images(args.folder)[: args.limit]:  # sorted regular files; the first N with --limit
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            failures += 1
+            _fail(f"{path}: {_os_reason(e)}")
+            continue
+        if size > MAX_INPUT_BYTES:
+            failures += 1
+            _fail(f"{path}: {size:,} bytes, more than the {MAX_INPUT_BYTES:,} an input may have, so it was skipped.")
+            continue
+        paths.append(path)
     labels = folder_labels(loaded, args.folder, paths)
     sources = [(str(path), path) for path in paths]  # decoded in the workers: only the paths travel
     # On a terminal only: a bar in a log file or a test's captured output is noise.
@@ -243,10 +275,10 @@ def dataset(args: argparse.Namespace) -> int:
             return EXIT_FAILURES
     for name, reason in result.failures:
         _fail(f"{name}: {reason}")
-    failures = len(result.failures)
+    failures += len(result.failures)
     for name, data in dataset_files(result, loaded.geometry).items():
         try:
-            write_atomically(args.out / name, data)
+            out.write(name, data)
         except OSError as e:
             failures += 1
             _fail(_os_reason(e))

@@ -142,9 +142,10 @@ class DecodedImages(Dataset):
         _, source = self.sources[index]
         try:
             image = load_image(source, self.min_side)  # RGB, the same hostile-input checks as one upload
+            crop = self.crop_transform(image)  # refuses what the model's resize would enlarge too far
         except ImageError as e:
             return index, str(e)
-        return index, self.tensor_transform(self.crop_transform(image))  # (3, H, W), as capture.preprocess
+        return index, self.tensor_transform(crop)  # (3, H, W), as capture.preprocess
 
 
 def collate_decoded(items: list[tuple[int, torch.Tensor | str]]

@@ -21,6 +21,7 @@ import io
 import logging
 import math
 import os
+import re
 import struct
 import threading
 from dataclasses import dataclass
@@ -29,13 +30,22 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from . import decoding
 from .errors import ImageError
+from .files import read_input
 
 _logger = logging.getLogger(__name__)
 
 # Refuse before decoding anything larger: 50 MP is a 8660 x 5770 photo, well above any phone camera,
 # and below Pillow's own decompression-bomb warning level (89 MP), so we decide, not a warning filter.
 MAX_PIXELS = 50_000_000
+# The largest file read from a path: 50 MP of 16-bit RGBA, uncompressed. Only regular files are read
+# (vit_core.files.read_input): a FIFO or /dev/zero is refused unread.
+MAX_FILE_BYTES = MAX_PIXELS * 8
+# The longer side at most this many times the shorter: past it, any model's resize of the shorter side to 224 or
+# more would make over 50 MP (model.MAX_RESIZED_PIXELS), and the model's crop would refuse it; refused here before
+# its pixels are decoded (a 1 x 49,000,000 PNG is 95 KB and 49 MP).
+MAX_SIDE_RATIO = 1000
 # The only formats Pillow may open here (its JPEG opener also takes MPO, the JPEG variant some
 # cameras write). Left to itself Pillow would also open FITS, EPS, PSD, ICO and dozens more, some
 # through external programs (EPS: Ghostscript), whatever the file's name says; a file of any other
@@ -84,7 +94,7 @@ def _read_bytes(source: bytes | str | Path | io.IOBase) -> bytes:
         return bytes(source)
     if isinstance(source, (str, Path)):
         try:
-            return Path(source).read_bytes()
+            return read_input(source, MAX_FILE_BYTES)  # a regular file only, read up to the cap
         except OSError as e:  # the file's name, not its folder: a server's paths are its own business
             raise ImageError(f"Could not read {Path(source).name}: {e.strerror or 'error'}.") from e
     return source.read()
@@ -158,18 +168,36 @@ def draft_size(size: tuple[int, int], min_side: int) -> tuple[int, int] | None:
 def decode_image(source: bytes | str | Path | io.IOBase | Image.Image, min_side: int = DRAFT_MIN_SIDE) -> DecodedImage:
     """Decode an image file (bytes, path or file object) or normalise a PIL image to RGB.
 
-    A large JPEG is decoded at reduced size, its shorter side at least `min_side` pixels (0: full size;
-    see `draft_size`); other formats and PIL images keep their size. Raises ImageError with a
-    user-facing sentence for an empty, unreadable, truncated or oversized file. Animated files give
-    their first frame.
+    A file is checked from its bytes first (`check_header`: a JPEG's scans and segments), then decoded in one of
+    `vit_core.decoding`'s worker processes, limited in CPU time and memory, at most MAX_CONCURRENT_DECODES at once.
+    A large JPEG is decoded at reduced size, its shorter side at least `min_side` pixels (0: full size; see
+    `draft_size`); other formats and PIL images keep their size. Raises ImageError with a user-facing sentence for
+    an empty, unreadable, damaged, oversized or too costly file; nothing else escapes for a file's content.
+    Animated files give their first frame.
     """
     if isinstance(source, Image.Image):
         im = ImageOps.exif_transpose(source)
         return DecodedImage(to_rgb(im), source.format or "PIL", source.size)
-
     data = _read_bytes(source)
     if not data:
         raise ImageError("The file is empty.")
+    check_header(data)
+    with _decode_slots:  # at most MAX_CONCURRENT_DECODES pictures in flight, each in a worker of its own
+        return DecodedImage(*decoding.decode_in_worker(data, min_side))
+
+
+def decode_here(data: bytes, min_side: int = DRAFT_MIN_SIDE) -> DecodedImage:
+    """`decode_image` of a file's bytes in this process, without its time and memory limits (what a decode worker
+    runs). Raises ImageError and nothing else for anything in the file (MemoryError aside)."""
+    try:
+        return _decode_here(data, min_side)
+    except (ImageError, MemoryError):
+        raise
+    except Exception as e:  # Pillow's decoders raise anything on damaged data (TypeError, IndexError, ...)
+        raise ImageError(f"The image file is damaged ({type(e).__name__} while reading it).") from e
+
+
+def _decode_here(data: bytes, min_side: int) -> DecodedImage:
     try:
         im = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
@@ -190,12 +218,18 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image, min_side:
         )
     if width < 1 or height < 1:
         raise ImageError("The image has no pixels.")
+    if max(width, height) > MAX_SIDE_RATIO * min(width, height):
+        raise ImageError(f"This image is {width} x {height} pixels: a model would enlarge it to billions of pixels "
+                         f"before cropping; crop it closer to a square first.")
 
     notes = []
-    frames = getattr(im, "n_frames", 1)
-    if frames > 1:
+    frames = frame_count(im, data)  # never Pillow's n_frames: quadratic in a TIFF's frames; frame 0 is all we use
+    if frames is None:
+        notes.append("Animated file: using its first frame (a later one is damaged).")
+    elif frames > MAX_COUNTED_FRAMES:
+        notes.append(f"Animated file: using the first of its more than {MAX_COUNTED_FRAMES} frames.")
+    elif frames > 1:
         notes.append(f"Animated file: using the first of its {frames} frames.")
-        im.seek(0)
     reduction = 1
     asked = draft_size((width, height), min_side) if im.format == "JPEG" else None  # (not MPO: several frames)
     if asked is not None and im.draft(None, asked) is not None:
@@ -203,10 +237,133 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image, min_side:
     if reduction > 1:
         notes.append(f"Decoded at 1/{reduction} of its {width} x {height} pixels ({im.size[0]} x {im.size[1]}): "
                      f"still more than the model's crop and the preview use.")
-    with _decode_slots:  # the pixels: at most MAX_CONCURRENT_DECODES pictures in flight
-        rgb = _pixels(im, notes)
+    rgb = _pixels(im, notes)
     _logger.debug("decoded %s %sx%s %s -> RGB %s", im.format, width, height, im.mode, rgb.size)
     return DecodedImage(rgb, im.format or "unknown", (width, height), tuple(notes), reduction)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the bytes show before any decode: linear walks, bounded by the caps
+
+
+# A progressive JPEG's scans, each a pass over every block of the picture (about 6 ms each for a large one):
+# libjpeg's progressive default writes 10 (6 for grey), mozjpeg's optimised ones a few more, a camera 1.
+# 100 is ten times libjpeg's default; the thousands of a hostile file cost minutes (issue 28).
+MAX_JPEG_SCANS = 100
+# A JPEG's segments (APPn, DQT, DHT, SOF, SOS, ...), which Pillow's opener reads one by one in Python (6.3 M empty
+# ones took 14.7 s in Image.open): a photo has a few dozen; an ICC profile split in 255 APP2 chunks and extended
+# XMP are the most a file legitimately carries.
+MAX_JPEG_SEGMENTS = 2000
+# Frames counted for the "first of its N frames" note; past this the note says "more than".
+MAX_COUNTED_FRAMES = 10_000
+
+_MARKER_AT = re.compile(rb"\xff+(.)", re.DOTALL)  # a marker, after any fill bytes
+_NEXT_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")  # the end of entropy-coded data (not 0xFF00 nor a restart)
+
+
+def jpeg_scans_and_segments(data: bytes) -> tuple[int, int]:
+    """(scans, segments) of the JPEG in `data` up to its first EOI, each counted to one past its cap at most.
+
+    One pass over the bytes (the entropy-coded data skipped by a regular expression, in C); every step counts a
+    segment, so the walk ends after at most MAX_JPEG_SEGMENTS + 1 steps, whatever the file. A damaged structure
+    ends the walk: Pillow's decoder then says what is wrong.
+    """
+    scans = segments = 0
+    pos = 2  # after SOI
+    while scans <= MAX_JPEG_SCANS and segments <= MAX_JPEG_SEGMENTS:
+        found = _MARKER_AT.match(data, pos)
+        if found is None:
+            break
+        marker, pos = found.group(1)[0], found.end()
+        segments += 1
+        if marker == 0xD9:  # EOI: what follows (an MPO's other pictures) is not decoded
+            break
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # TEM, SOI, RSTn: no length
+            continue
+        if pos + 2 > len(data):
+            break
+        length = (data[pos] << 8) | data[pos + 1]
+        if marker == 0xDA:
+            scans += 1
+            after = _NEXT_MARKER.search(data, pos + length)
+            if after is None:
+                break
+            pos = after.start()
+        else:
+            pos += length
+    return scans, segments
+
+
+def check_header(data: bytes) -> None:
+    """Refuse, from the bytes alone, a file whose structure makes its decode far costlier than its size says
+    (raises ImageError): a JPEG with more scans or segments than any camera or encoder writes."""
+    if data[:2] == b"\xff\xd8":
+        scans, segments = jpeg_scans_and_segments(data)
+        if scans > MAX_JPEG_SCANS:
+            raise ImageError(f"This JPEG has more than {MAX_JPEG_SCANS} progressive scans (a camera writes 1 to about "
+                             f"10), which would take minutes to decode; save it again as an ordinary JPEG first.")
+        if segments > MAX_JPEG_SEGMENTS:
+            raise ImageError(f"This JPEG has more than {MAX_JPEG_SEGMENTS} header segments (a photo has a few "
+                             f"dozen); save it again as an ordinary JPEG first.")
+
+
+def frame_count(im: Image.Image, data: bytes) -> int | None:
+    """How many frames the file has, counted to MAX_COUNTED_FRAMES + 1 at most, in time linear in what it counts;
+    None when a later frame is damaged. TIFF and GIF directories are walked here over the bytes (Pillow's n_frames
+    is quadratic in a TIFF's frames, and raises whatever a damaged frame makes it); other formats state their
+    count in their header."""
+    if im.format == "TIFF":
+        return _tiff_frames(data)
+    if im.format == "GIF":
+        return _gif_frames(data)
+    try:
+        return int(getattr(im, "n_frames", 1))
+    except Exception:  # noqa: BLE001 - a damaged frame table: frame 0 is still what we decode
+        return None
+
+
+def _tiff_frames(data: bytes) -> int | None:
+    """The length of a TIFF's chain of image directories (classic or BigTIFF), None if it is damaged."""
+    order = "<" if data[:2] == b"II" else ">"
+    big = data[2:4] in (b"\x00+", b"+\x00")
+    offset_format, count_format, entry_size = (order + "Q", order + "Q", 20) if big else (order + "I", order + "H", 12)
+    offset = struct.unpack_from(offset_format, data, 8 if big else 4)[0]
+    seen: set[int] = set()
+    try:
+        while offset and len(seen) <= MAX_COUNTED_FRAMES:
+            if offset in seen:
+                return None  # a loop
+            seen.add(offset)
+            entries = struct.unpack_from(count_format, data, offset)[0]
+            offset = struct.unpack_from(offset_format, data, offset + struct.calcsize(count_format) + entries * entry_size)[0]
+    except struct.error:
+        return None  # a directory past the end of the file
+    return len(seen)
+
+
+def _gif_frames(data: bytes) -> int | None:
+    """The number of image descriptors in a GIF, found by skipping its blocks; None if they are damaged."""
+    try:
+        pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)  # header, screen descriptor, colour table
+        frames = 0
+        while frames <= MAX_COUNTED_FRAMES:
+            kind = data[pos]
+            if kind == 0x3B:  # trailer
+                return frames
+            if kind == 0x21:  # extension: label, then sub-blocks
+                pos += 2
+            elif kind == 0x2C:  # image: descriptor, local colour table, LZW code size, then sub-blocks
+                frames += 1
+                flags = data[pos + 9]
+                pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1
+            else:
+                return None
+            while data[pos]:
+                pos += data[pos] + 1
+            pos += 1
+        return frames
+    except IndexError:  # cut short: in frame 0, Pillow's decode says so; past it, a later frame is damaged
+        return frames if frames <= 1 else None
 
 
 def _pixels(im: Image.Image, notes: list[str]) -> Image.Image:

@@ -6,15 +6,17 @@ can be wrong is one sentence (a WeightsError).
 
 from __future__ import annotations
 
-import json
+import stat
 from pathlib import Path
 
 import torch
 
+from . import bounded_json
 from .errors import WeightsError
 
 MAX_CLASSES = 100_000  # ImageNet-21k has 21,843; the head of a 100k-class ViT-B is 300 MB
 MAX_LABEL_FILE_BYTES = 8 * 2**20  # 100k names of 80 characters
+MAX_LABEL_JSON_DEPTH = 8  # {"id2label": {"0": "cat"}} is 2 levels deep
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:
@@ -24,7 +26,10 @@ def read_labels(path: str | Path) -> tuple[str, ...]:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):  # a FIFO would block the read, a device never end it
+            raise WeightsError(f"The label file {path.name} is not a regular file.")
+        size = status.st_size
         if size > MAX_LABEL_FILE_BYTES:
             raise WeightsError(f"The label file {path.name} is {size / 2**20:.0f} MB; label files are limited to "
                                f"{MAX_LABEL_FILE_BYTES // 2**20} MB.")
@@ -48,8 +53,8 @@ def read_labels(path: str | Path) -> tuple[str, ...]:
 def _labels_from_json(text: str) -> tuple[str, ...] | None:
     """Names from a JSON list, {"label_names" | "labels" | "id2label": ...} or an {"0": name} map; None if it is none of those."""
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = bounded_json.loads(text, MAX_LABEL_JSON_DEPTH)
+    except ValueError:  # not JSON, or nested deeper than any label list (NestingError)
         return None
     if isinstance(data, dict):
         data = data.get("label_names") or data.get("labels") or data.get("id2label") or data

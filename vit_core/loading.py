@@ -78,18 +78,20 @@ def _embeds_pixel_patches(patch_embed: torch.nn.Module) -> bool:
 
 
 def _check_name(name: str) -> None:
-    if timm.is_model(name):
-        return
-    arch, _ = timm.models.split_model_name_tag(name)
-    if timm.is_model(arch):
-        return
-    close = difflib.get_close_matches(arch, timm.list_models("*vit*") + timm.list_models("deit*"), n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ModelError(f"timm has no model called {name!r}.{hint}")
+    """Refuse a name timm doesn't know, or a pretrained tag (`arch.tag`) that is not one of the architecture's."""
+    arch, tag = timm.models.split_model_name_tag(name)
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models("*vit*") + timm.list_models("deit*"), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ModelError(f"timm has no model called {name!r}.{hint}")
+    if tag:  # timm.is_model ignores the tag, and create_model raises a RuntimeError for one it doesn't know
+        tags = [known.split(".", 1)[1] for known in timm.list_pretrained(f"{arch}.*")]
+        if tag not in tags:
+            listed = f"its tags are {', '.join(tags[:6])}{', ...' if len(tags) > 6 else ''}" if tags else "it has none"
+            raise ModelError(f"timm has no pretrained tag {tag!r} for {arch} ({listed}).")
 
 
-
-
+# ----------------------------------------------------------------------------------------------
 # The bundled teaching model
 
 

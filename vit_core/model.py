@@ -19,7 +19,8 @@ from timm.models.vision_transformer import VisionTransformer
 from torchvision import transforms as T
 
 from .devices import describe_device, to_host
-from .images import DRAFT_MIN_SIDE
+from .errors import ImageError
+from .images import DRAFT_MIN_SIDE, MAX_PIXELS
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,12 @@ class LoadedModel:
     # Forwards on a shared model are serialised: capture flips module flags and registers hooks.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # timm's eval transform for `data_config`, built once here and split where the crop becomes a tensor:
-    crop_transform: T.Compose = field(init=False, repr=False, compare=False)  # PIL RGB -> PIL crop (H, W)
+    crop_transform: GuardedCrop = field(init=False, repr=False, compare=False)  # PIL RGB -> PIL crop (H, W)
     tensor_transform: T.Compose = field(init=False, repr=False, compare=False)  # PIL crop -> float32 (3, H, W), normalised
 
     def __post_init__(self) -> None:
         crop, to_tensor = split_eval_transform(self.data_config)
-        object.__setattr__(self, "crop_transform", crop)  # frozen dataclass: set once, at construction
+        object.__setattr__(self, "crop_transform", GuardedCrop(crop, self.data_config))  # frozen: set once
         object.__setattr__(self, "tensor_transform", to_tensor)
 
     def label(self, index: int) -> str:
@@ -114,6 +115,55 @@ class LoadedModel:
     def device_name(self) -> str:
         """The device for people: 'CPU', 'CUDA 0 (NVIDIA H100 80GB HBM3)', 'Apple MPS'."""
         return describe_device(self.device)
+
+
+# The largest picture the model's resize may make before its crop: the largest file decoded (images.MAX_PIXELS),
+# so a preprocess never holds more than a decode did. A 400,000 x 10 PNG (12 KB, 4 MP) would be enlarged to
+# 9,920,000 x 248 (2.5 GP, 9.8 GB) by a 224-pixel model's resize; a 4:3 photo becomes 331 x 248.
+MAX_RESIZED_PIXELS = MAX_PIXELS
+
+
+def resized_size(data_config: dict[str, Any], size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) that timm's eval transform for `data_config` resizes a picture of `size` (width, height) to
+    before its crop (timm.data.transforms_factory.transforms_imagenet_eval): each side of the input / crop_pct,
+    then 'squash' takes that size, 'border' fits the picture inside it, 'center' (the default) scales the shorter
+    side to it (torchvision's Resize(int) when square: the longer side truncated; timm's ResizeKeepRatio: rounded)."""
+    height, width = data_config["input_size"][1:]
+    crop_pct = data_config.get("crop_pct") or timm.data.DEFAULT_CROP_PCT
+    scale_h, scale_w = math.floor(height / crop_pct), math.floor(width / crop_pct)
+    w, h = size
+    mode = data_config.get("crop_mode") or "center"
+    if mode == "squash":
+        return scale_w, scale_h
+    if mode == "border":
+        ratio = max(h / scale_h, w / scale_w)
+        return round(w / ratio), round(h / ratio)
+    if scale_h == scale_w:  # Resize(int): the shorter side to scale, the longer int(scale * long / short)
+        return (scale_w, scale_w * h // w) if w <= h else (scale_h * w // h, scale_h)
+    ratio = min(h / scale_h, w / scale_w)
+    return round(w / ratio), round(h / ratio)
+
+
+class GuardedCrop:
+    """timm's eval transform up to its crop (PIL RGB -> PIL crop), refusing with ImageError a picture its resize
+    would enlarge past MAX_RESIZED_PIXELS (an extreme aspect ratio). Picklable, for DataLoader workers."""
+
+    def __init__(self, crop: T.Compose, data_config: dict[str, Any]) -> None:
+        self.crop, self.data_config = crop, dict(data_config)
+
+    def resized_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        return resized_size(self.data_config, size)
+
+    def check(self, size: tuple[int, int]) -> None:
+        """Raise ImageError if a picture of `size` (width, height) would be resized past MAX_RESIZED_PIXELS."""
+        width, height = self.resized_size(size)
+        if width * height > MAX_RESIZED_PIXELS:
+            raise ImageError(f"This image is {size[0]} x {size[1]} pixels: the model would enlarge it to "
+                             f"{width} x {height} before cropping; crop it closer to a square first.")
+
+    def __call__(self, image):
+        self.check(image.size)
+        return self.crop(image)
 
 
 def split_eval_transform(data_config: dict[str, Any]) -> tuple[T.Compose, T.Compose]:

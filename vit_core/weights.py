@@ -9,19 +9,24 @@ before refusing it. Every refusal is one sentence (a WeightsError) that names th
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from . import bounded_json
 from .errors import WeightsError
 from .labels import MAX_CLASSES
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin")  # torch.save checkpoints: their tensors are checked once read
-SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+# A safetensors header lists every tensor: vit_gigantic_patch14_clip_224 (the largest timm ViT) has 585 tensors in a
+# 57 KB header, ViT-H/14 390 in 37 KB (built on 'meta', float32). The caps are far above those, and far below
+# safetensors' own limit of 100 MB, a header that takes minutes and gigabytes (1.67 M empty tensors) to refuse.
+SAFETENSORS_MAX_HEADER_BYTES = 4 * 2**20  # read and parsed (nesting checked first) in well under a second
+SAFETENSORS_MAX_TENSORS = 10_000
+SAFETENSORS_MAX_DEPTH = 8  # {name: {"shape": [...], ...}} is 3 levels deep
 NPZ_MAX_MEMBERS = 4096  # a ViT-H JAX checkpoint with its optimizer state has about 1,500 arrays
 # The item sizes of safetensors' dtypes (its spec), to check declared shapes against the bytes present.
 _SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -80,14 +85,23 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         if len(head) < 8:
             raise refuse("too short")
         header_len = int.from_bytes(head, "little")
-        if header_len > min(SAFETENSORS_MAX_HEADER_BYTES, size - 8):
+        if header_len > SAFETENSORS_MAX_HEADER_BYTES:  # from the first 8 bytes: nothing more is read
+            raise WeightsError(f"{path.name} has a safetensors header of {header_len / 2**20:,.1f} MB; ViT Lens reads "
+                               f"headers of at most {SAFETENSORS_MAX_HEADER_BYTES // 2**20} MB (a ViT's is under 100 KB).")
+        if header_len > size - 8:
             raise refuse("its header is larger than the file")
         try:
-            header = json.loads(f.read(header_len))
+            header = bounded_json.loads(f.read(header_len).decode("utf-8"), SAFETENSORS_MAX_DEPTH)
+        except bounded_json.NestingError as e:
+            raise refuse(f"its header is not a table of tensors: {e}") from e
         except (UnicodeDecodeError, ValueError) as e:
             raise refuse("its header is not JSON") from e
     if not isinstance(header, dict):
         raise refuse("its header is not a table of tensors")
+    tensors = len(header) - ("__metadata__" in header)
+    if tensors > SAFETENSORS_MAX_TENSORS:
+        raise WeightsError(f"{path.name} declares {tensors:,} tensors; ViT Lens loads at most "
+                           f"{SAFETENSORS_MAX_TENSORS:,} (a ViT has under 1,000).")
     data_len = size - 8 - header_len
     shapes = {}
     for name, entry in header.items():
@@ -95,14 +109,21 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             continue
         try:
             itemsize = _SAFETENSORS_ITEMSIZE[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
+            shape, offsets = entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError) as e:
             raise refuse(f"tensor {name[:80]!r} is not described properly") from e
-        if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len or end - begin != math.prod(shape) * itemsize:
+        if not _counts(shape) or not _counts(offsets) or len(offsets) != 2:  # 1e400, -1, "3", 2.5 are not sizes
+            raise refuse(f"tensor {name[:80]!r} is not described properly (its shape and offsets must be whole numbers)")
+        shape, (begin, end) = tuple(shape), offsets
+        if not begin <= end <= data_len or end - begin != math.prod(shape) * itemsize:
             raise refuse(f"tensor {name[:80]!r} declares {shape} but the file holds {max(end - begin, 0)} bytes for it")
         shapes[str(name)] = shape
     return shapes
+
+
+def _counts(values: object) -> bool:
+    """A JSON list of non-negative integers (a shape, data offsets); JSON's true and false are not counts."""
+    return isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
 
 
 def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -71,7 +71,7 @@ def warm_up() -> None:
             request = models.fallback_request()[0]
             loaded = caches.load(request)
         example = examples.default_example(loaded.name)
-        cap = caches.shared_capture(request, loaded, caches.decode(example, caches.example_bytes(example)))
+        cap = caches.shared_capture(request, loaded, caches.decode(example, caches.example_bytes(example), in_session=False))
         pipeline_figures.token_matrix_png(cap.tokens[-1], "warm-up", cap.geometry.num_prefix_tokens)
         import plotly.graph_objects  # noqa: F401 - the first interactive figure
     except vit_core.ViTLensError as e:  # the page will say so
@@ -174,6 +174,12 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     if device is not None:
         os.environ[settings.DEVICE.name] = device  # read by dashboard.models.server_device in this process
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # pandas before any session runs: Streamlit imports it at the first render of the Draw canvas (any custom
+    # component with data: components.v2 looks for data frames in it), in that session's thread, and meanwhile
+    # plotly, in other sessions' threads, takes the half-imported module from sys.modules and fails on
+    # `pd.Series` (tracebacks in others' views; found by the load test's attacker, who turns Draw on mid-class).
+    import pandas  # noqa: F401
+
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
     from dashboard.server import process, streamlit_internals

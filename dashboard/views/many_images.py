@@ -32,11 +32,12 @@ def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:
         st.caption("Drawn by the teaching model's own data generator: 8 shapes and 'other', in equal numbers, "
                    "so the true labels are known.")
         return lambda: image_sets.shapes_set(loaded, int(count), int(seed))
+    upload_mb = image_sets.upload_limit_mb(st.get_option("server.maxUploadSize"))  # what the server really takes
     files = st.file_uploader("Images, or a .zip with one folder per class", type=[*IMAGE_TYPES, "zip"],
-                             accept_multiple_files=True, key=session.K_MANY_FILES, max_upload_size=image_sets.MAX_ZIP_MB,
+                             accept_multiple_files=True, key=session.K_MANY_FILES, max_upload_size=upload_mb,
                              help="In a zip, first-level folders named after the model's classes (a class "
                                   "index, a class name, or an ImageNet synset id) give the true labels.")
-    st.caption(image_sets.limits_text())
+    st.caption(image_sets.limits_text(upload_mb))
     return lambda: image_sets.uploaded_set(loaded, [(f.name, f.getvalue()) for f in files or ()])  # copied on Run only
 
 
@@ -75,6 +76,8 @@ def results_ui(run: image_sets.ManyRun, request: ModelRequest) -> None:
                f"in {run.seconds:.1f} s.")
     if run.model_key != request.key:
         st.info(f"This result is for {markdown_literal(run.model_name)}; press Run for the model in the sidebar.")
+    if run.stopped:
+        st.warning(markdown_literal(run.stopped))
     for note in run.notes:
         st.caption(markdown_literal(note))
     if result.failures:

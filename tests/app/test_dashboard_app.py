@@ -16,6 +16,7 @@ from conftest import assert_healthy, encoded, run_app
 from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
 from dashboard.views import VIEWS
 from dashboard.views.header import outside_its_world
+from support import hostile_images as hostile
 from vit_core import TEACHING_MODEL
 from vit_core.analyses import Prediction
 
@@ -98,6 +99,27 @@ def test_bad_upload_shows_an_error_and_keeps_the_previous_image(tiny_env):
     assert_healthy(at)
     assert not at.error
     assert any("noise.png" in m.value for m in at.markdown)
+
+
+@pytest.mark.parametrize("name, maker, message", [
+    ("scans.jpg", lambda: hostile.many_scan_jpeg(3000), "progressive scans"),
+    ("wide.png", lambda: hostile.gray_png(10_000, 10), "enlarge it to"),  # refused by the model's crop
+])
+def test_a_hostile_upload_is_refused_and_the_previous_image_kept(tiny_env, name, maker, message):
+    at = run_app(view="Attention")
+    before = shown(at)[0]
+    at.file_uploader(key="upload").set_value((name, maker(), "image/png")).run()
+    assert_healthy(at)
+    assert any(message in e.value for e in at.error)
+    assert shown(at)[0] == before
+
+
+def test_a_damaged_later_frame_shows_the_first_one(tiny_env):
+    at = run_app(view="Attention")
+    at.file_uploader(key="upload").set_value(("damaged.gif", hostile.damaged_second_frame_gif(), "image/gif")).run()
+    assert_healthy(at)
+    assert not at.error
+    assert any("damaged.gif" in m.value for m in at.markdown)
 
 
 def test_examples_and_export(tiny_env):

@@ -21,6 +21,7 @@ from conftest import assert_healthy, drawn_image, encoded, run_app
 from dashboard import image_sets, session
 from dashboard.image_sets import SetError, shapes_set, uploaded_set, zip_members
 from dashboard.models import ModelRequest, build_named_model
+from support import hostile_archives as hostile
 from support.shared_runtime import download, shared_runtime
 from vit_core import TEACHING_MODEL, dataset, load_image
 from vit_core.loading import teaching_model_available
@@ -234,6 +235,42 @@ def test_zip_members_checks_the_directory_before_extracting(monkeypatch):
         zip_members("big.zip", zipped({"a.png": bytes(2**20), "b.png": bytes(2**20)}))
 
 
+@pytest.mark.parametrize("entries", [500_000, 70_000, 1_001])
+def test_a_zips_entry_count_is_refused_from_its_end_record_before_zipfile_reads_the_directory(entries, monkeypatch):
+    """Issue 28: a directory of 500,000 entries cost 6.2 s and 200 MB in zipfile before its count was refused."""
+    def no_parse(*args, **kwargs):
+        raise AssertionError("zipfile parsed the directory")
+
+    data = hostile.zip_claiming_entries(entries)
+    monkeypatch.setattr(zipfile, "ZipFile", no_parse)
+    with pytest.raises(SetError, match=rf"^big\.zip has {entries:,} entries; a zip here may have at most 1000\.$"):
+        zip_members("big.zip", data)
+
+
+def test_a_real_directory_of_many_entries_is_refused_from_its_end_record(monkeypatch):
+    data = hostile.zip_of_many_entries(70_000)  # zip64: more than 65,535 entries
+    monkeypatch.setattr(zipfile, "ZipFile", None)  # never reached
+    with pytest.raises(SetError, match=r"has 70,000 entries"):
+        zip_members("many.zip", data)
+
+
+def test_a_directory_larger_than_its_entries_need_is_refused(monkeypatch):
+    """zipfile walks the directory's declared bytes, whatever count the record gives."""
+    data = bytearray(hostile.zip_claiming_entries(3))
+    at = data.rfind(b"PK\x05\x06")
+    data[at + 12:at + 16] = (50 * 2**20).to_bytes(4, "little")
+    with pytest.raises(SetError, match=r"has a directory of 50\.0 MB; a zip here may have at most 1000 entries\.$"):
+        zip_members("wide.zip", bytes(data))
+
+
+def test_duplicate_and_overlapping_entries_are_refused_before_anything_is_inflated():
+    with pytest.raises(SetError, match=r"^dup\.zip holds 'a/x\.png' twice, so it is refused\.$"):
+        zip_members("dup.zip", hostile.zip_with_duplicate("a/x.png", png(0), png(1)))
+    with pytest.raises(SetError, match=r"^bomb\.zip: the entries 'a\.png' and 'b\.png' share their data \(a zip "
+                                       r"bomb's trick\), so it is refused\.$"):
+        zip_members("bomb.zip", hostile.zip_with_overlap(["a.png", "b.png", "c.png"], bytes(2**20)))
+
+
 def test_a_member_larger_than_it_declares_is_refused():
     """A zip whose directory understates a member's size (a bomb hiding from the size checks): reading stops at
     the declared size, the data then fails its checksum, and the zip is refused; nothing beyond is read."""
@@ -299,3 +336,51 @@ def test_run_set_reports_progress_to_the_end(tiny_model):
     assert calls and calls[-1] == (5, 5) and all(b == 5 for _, b in calls)
     assert run.result.num_images == 5 and run.model_name == "vit_tiny_patch16_224" and run.seconds > 0
     assert set(run.files) == {"dataset.npz", "dataset.json", "mean_attention_distance.png"}
+
+
+# ----------------------------------------------------------------------------------------------
+# A run's budget, and the limits the page states
+
+
+def test_a_run_in_parts_gives_the_same_result_as_one_pass(tiny_model, monkeypatch):
+    monkeypatch.setattr(image_sets, "RUN_CHUNK", 4)
+    drawn = shapes_set(tiny_model, 10, 0)
+    sources = (*drawn.sources[:5], ("broken.png", b"not an image"), *drawn.sources[5:])
+    labels = (3, None, 7, 3, 3, 0, None, 1, 2, 3, 4)
+    run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, image_sets.ImageSet("parts", sources, labels))
+    expected = dataset.analyze_dataset(tiny_model, sources, labels)
+    assert run.result.num_images == 10 and run.result.num_labelled == expected.num_labelled and not run.stopped
+    assert run.result.failures == expected.failures and run.result.accuracy == pytest.approx(expected.accuracy)
+    for key, value in expected.arrays().items():
+        np.testing.assert_allclose(run.result.arrays()[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monkeypatch):
+    """Issue 28: 256 costly files passed every check and held the server for as long as they took."""
+    monkeypatch.setattr(image_sets, "RUN_CHUNK", 4)
+    ticks = iter(range(0, 10_000, 100))  # each look at the clock: 100 s later
+    image_set = shapes_set(tiny_model, 20, 0)
+    run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, image_set, budget_s=250, clock=lambda: next(ticks))
+    assert run.result.num_images == 8  # the clock read 100 and 200 s before the first two parts of 4, then 300
+    assert re.fullmatch(r"The run stopped after \d+ s, the time one run may take here: 8 of 20 images were "
+                        r"analysed, the others not; the results below are for those\.", run.stopped)
+    expected = dataset.analyze_dataset(tiny_model, image_set.sources[:8])
+    np.testing.assert_allclose(run.result.mean_attention_distance, expected.mean_attention_distance, rtol=1e-5)
+    assert run.files["dataset.json"] and json.loads(run.files["dataset.json"])["num_images"] == 8
+
+
+@pytest.mark.parametrize("server_mb, shown_mb", [(25, 25), (400, 100)])
+def test_the_page_states_the_upload_limit_the_server_enforces(tiny_env, runtime, server_mb, shown_mb):
+    """Issue 28: in class mode (server.maxUploadSize 25 MB) the page said 100 MB zips and the server answered 413."""
+    from streamlit import config
+
+    before = config.get_option("server.maxUploadSize")
+    config.set_option("server.maxUploadSize", server_mb)
+    try:
+        at = open_page(runtime)
+        at.radio(key=session.K_MANY_SOURCE).set_value(image_sets.UPLOADS).run()
+        limits = next(c.value for c in at.caption if c.value.startswith("At most"))
+    finally:
+        config.set_option("server.maxUploadSize", before)
+    assert f"an image up to {min(shown_mb, 25)} MB, a .zip up to {shown_mb} MB" in as_written(limits)
+    assert at.file_uploader(key=session.K_MANY_FILES).proto.max_upload_size_mb == shown_mb

@@ -14,15 +14,18 @@ chromium is installed; the checks of draw.py's pure helpers always run. Screensh
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import vit_core
-from dashboard.draw import has_strokes, png_on_white
+from dashboard.draw import CANVAS_PX, canvas_png, has_strokes
 from dashboard.views import VIEWS
 from support.browser import ARTIFACTS, CHROMIUM, chromium_page, no_exception, open_tab, settle
 from tools import loadtest
@@ -41,12 +44,17 @@ in_browser = pytest.mark.skipif(
 
 
 def test_a_drawing_is_composited_on_white_and_decodes_like_an_upload():
-    rgba = np.zeros((40, 30, 4), np.uint8)  # a transparent canvas ...
+    """The canvas's PNG goes to the upload's decoder as the browser sent it (dashboard.draw.canvas_png checks it
+    first), and the decoder puts what is transparent on white."""
+    rgba = np.zeros((CANVAS_PX, CANVAS_PX, 4), np.uint8)  # a transparent canvas ...
     rgba[10:20, 5:15] = (200, 0, 0, 255)  # ... an opaque red stroke ...
     rgba[25:30, 5:15] = (0, 0, 0, 128)  # ... and a half-transparent black one
-    decoded = vit_core.decode_image(png_on_white(rgba))
+    buffer = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
+    sent = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    decoded = vit_core.decode_image(canvas_png(sent))
     rgb = np.asarray(decoded.image)
-    assert rgb.shape == (40, 30, 3)
+    assert rgb.shape == (CANVAS_PX, CANVAS_PX, 3)
     assert (rgb[0, 0] == 255).all() and (rgb[15, 10] == (200, 0, 0)).all()
     assert np.abs(rgb[27, 10].astype(int) - 127).max() <= 1  # 50 % black over white
 
@@ -57,14 +65,19 @@ def test_an_empty_or_cleared_canvas_has_no_strokes():
 
 
 @pytest.fixture(scope="module")
-def page():
+def server() -> str:
     ARTIFACTS.mkdir(exist_ok=True)
     proc, url = loadtest.start_server(TEACHING_MODEL, random_init=False, log_path=ARTIFACTS / "streamlit_draw.log")
     try:
-        with chromium_page(url) as page:
-            yield page
+        yield url
     finally:
         loadtest.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with chromium_page(server) as page:
+        yield page
 
 
 def star_path(cx: float, cy: float, radius: float) -> list[tuple[float, float]]:
@@ -91,8 +104,7 @@ def main_text(page) -> str:
     return page.locator('[data-testid="stMain"]').inner_text()
 
 
-@pytest.fixture(scope="module")
-def drawn_star(page) -> re.Match:
+def draw_star(page) -> re.Match:
     """Turn on Draw, draw a star on the canvas; the dashboard's prediction line for it."""
     settle(page)
     no_exception(page)
@@ -113,6 +125,11 @@ def drawn_star(page) -> re.Match:
     found = PREDICTION.search(text)
     assert found is not None, text[:500]
     return found
+
+
+@pytest.fixture(scope="module")
+def drawn_star(page) -> re.Match:
+    return draw_star(page)
 
 
 @in_browser
@@ -141,3 +158,18 @@ def test_clear_empties_the_canvas_and_the_example_comes_back(page, drawn_star):
     no_exception(page)
     assert not DRAWING_SHOWN.search(main_text(page))
     assert PREDICTION.search(main_text(page)) is not None
+
+
+@in_browser
+def test_a_drawing_on_a_high_density_screen_is_accepted(page, server):
+    """The canvas sends its own CANVAS_PX x CANVAS_PX whatever the screen's pixel ratio (Fabric.js's toDataURL with
+    multiplier 1 and no retina scaling), which is all dashboard.draw.canvas_png lets through: a student on a phone
+    or a laptop's high-density screen (2 device pixels per CSS pixel) must not be refused."""
+    dense = page.context.browser.new_page(viewport={"width": 1600, "height": 1800}, device_scale_factor=2)
+    try:
+        dense.goto(server)
+        found = draw_star(dense)
+        assert not dense.locator('[data-testid="stAlertContentError"]').count(), main_text(dense)[:500]
+        assert found.group(1) in LABELS
+    finally:
+        dense.close()

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from conftest import drawn_image
-from vit_core import analyses, load_model, run_with_capture
+from vit_core import ImageError, analyses, load_model, run_with_capture
+from vit_core.__main__ import MAX_INPUT_BYTES
 
 
 def run_cli(*args, cwd):
@@ -259,3 +260,71 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_load(tmp_path):
                             env={**os.environ, "VIT_LENS_ONEDNN_LINEAR": "sometimes"})
     assert result.returncode == 2
     assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use on or off."
+
+
+# ---------------------------------------------------------------------------------- issue 28: inputs and outputs
+
+
+def test_inputs_that_are_not_regular_files_are_one_line_each_and_the_others_go_on(tmp_path):
+    """A FIFO hung `analyze` and /dev/zero was read without limit: each is refused from its stat, unread."""
+    drawn_image(3).save(tmp_path / "scene.png")
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "folder.png").mkdir()
+    result = run_cli(tmp_path / "pipe.png", "/dev/zero", tmp_path / "folder.png", tmp_path / "scene.png",
+                     "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out", cwd=tmp_path)
+    assert result.returncode == 2
+    errors = result.stderr.strip().splitlines()
+    assert [line.split(": ", 2)[1] for line in errors] == [str(tmp_path / "pipe.png"), "/dev/zero", str(tmp_path / "folder.png")]
+    assert all(line.endswith("not a regular file (a folder, a FIFO or a device), so it was skipped.") for line in errors)
+    assert (tmp_path / "out" / "scene.npz").is_file()
+
+
+def test_inputs_are_read_up_to_a_cap(tmp_path, monkeypatch):
+    from vit_core.files import read_input
+
+    (tmp_path / "big.png").write_bytes(bytes(1000))
+    with pytest.raises(ImageError, match=r"^1,000 bytes, more than the 999 an input may have, so it was skipped\.$"):
+        read_input(tmp_path / "big.png", 999)
+    assert read_input(tmp_path / "big.png", 1000) == bytes(1000)
+    with (tmp_path / "sparse.png").open("wb") as f:
+        f.truncate(MAX_INPUT_BYTES + 1)  # no disk: refused from its size, unread
+    with pytest.raises(ImageError, match=r"^400,000,001 bytes, more than the 400,000,000 an input"):
+        read_input(tmp_path / "sparse.png", MAX_INPUT_BYTES)
+
+
+def test_an_out_folder_that_is_a_symlink_is_refused_in_one_line(tmp_path):
+    drawn_image(3).save(tmp_path / "scene.png")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+    result = run_cli(tmp_path / "scene.png", "--model", "vit_tiny_patch16_224", "--random-init", "--out",
+                     tmp_path / "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"vit_core: --out: {tmp_path / 'out'}: is a symbolic link; name the folder it points to."
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_writes_stay_in_the_output_folder_opened(tmp_path):
+    """A result's name that is a symlink is replaced, not followed; the folder swapped for a link after it was
+    opened still receives the writes (they are relative to the open folder)."""
+    from vit_core.files import OutputFolder
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "secret").write_bytes(b"keep")
+    (tmp_path / "out" / "r.json").symlink_to(tmp_path / "secret")
+    with OutputFolder(tmp_path / "out") as out:
+        out.write("r.json", b"{}")
+        (tmp_path / "out").rename(tmp_path / "moved")
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+        out.write("s.json", b"{}")
+    assert (tmp_path / "secret").read_bytes() == b"keep" and (tmp_path / "moved" / "r.json").read_bytes() == b"{}"
+    assert (tmp_path / "moved" / "s.json").is_file() and list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_bad_pretrained_tag_is_one_line(tmp_path):
+    drawn_image(3).save(tmp_path / "scene.png")
+    result = run_cli(tmp_path / "scene.png", "--model", "vit_tiny_patch16_224.x", "--random-init", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("vit_core: vit_tiny_patch16_224.x: timm has no pretrained tag 'x' for "
+                                    "vit_tiny_patch16_224 (its tags are ")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -13,6 +13,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -22,8 +23,10 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import assert_healthy, choose_weights, drawn_image, run_app
+from support import hostile_archives as hostile
 from vit_core import WeightsError, load_model
 from vit_core.labels import MAX_CLASSES, MAX_LABEL_FILE_BYTES
+from vit_core.weights import SAFETENSORS_MAX_TENSORS
 
 ARCH = "vit_tiny_patch16_224"
 TINY = dict(depth=2)
@@ -107,6 +110,50 @@ def test_the_class_count_is_capped(tmp_path, monkeypatch, suffix):
     assert MAX_CLASSES >= 21_843  # ImageNet-21k heads still load
 
 
+HEADER_ATTACKS = [  # issue 28: escaped as RecursionError, OverflowError, or refused only after minutes and GBs
+    ("deep", hostile.nested_header(100_000), r"not a valid safetensors file \(its header is not a table of tensors: "
+                                              r"it nests 100,002 levels deep, more than the 8 allowed\)\.$"),
+    ("1e400", hostile.overflowing_shape(), r"tensor 'x' is not described properly \(its shape and offsets must be whole"),
+    ("negative", hostile.safetensors_from_header('{"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}'),
+     r"whole numbers"),
+    ("text-shape", hostile.safetensors_from_header('{"x": {"dtype": "F32", "shape": ["3"], "data_offsets": [0, 12]}}',
+                                                   bytes(12)), r"whole numbers"),
+    ("many-empty", hostile.empty_tensors_header(SAFETENSORS_MAX_TENSORS + 1),
+     rf"declares {SAFETENSORS_MAX_TENSORS + 1:,} tensors; ViT Lens loads at most {SAFETENSORS_MAX_TENSORS:,}"),
+]
+
+
+@pytest.mark.parametrize("name, data, message", HEADER_ATTACKS, ids=[a[0] for a in HEADER_ATTACKS])
+def test_hostile_safetensors_headers_are_one_weights_error(tmp_path, name, data, message):
+    path = tmp_path / f"{name}.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(WeightsError, match=message):
+        load_model(ARCH, weights=path, **TINY)
+
+
+def test_a_huge_header_is_refused_from_its_length_field_unread(tmp_path):
+    """A 99 MB header (1.67 M empty tensors took 106-123 s and +2.5 GB to refuse): the length field alone refuses it.
+    The file is sparse: a reader that trusted the field would read 99 MB of it."""
+    path = hostile.sparse_safetensors(tmp_path / "huge.safetensors", 99_000_000)
+    started = time.perf_counter()
+    with pytest.raises(WeightsError, match=r"^huge\.safetensors has a safetensors header of 94\.4 MB; ViT Lens reads "
+                                           r"headers of at most 4 MB \(a ViT's is under 100 KB\)\.$"):
+        load_model(ARCH, weights=path, **TINY)
+    assert time.perf_counter() - started < 5
+
+
+def test_a_real_vits_header_is_far_below_the_caps():
+    """The caps' margin: the largest timm ViT's header (built on 'meta', as a safetensors file of it would list it)."""
+    from vit_core.weights import SAFETENSORS_MAX_HEADER_BYTES
+
+    with torch.device("meta"):
+        import timm
+
+        state = timm.create_model("vit_gigantic_patch14_clip_224", pretrained=False).state_dict()
+    header = {k: {"dtype": "F32", "shape": list(v.shape), "data_offsets": [0, v.numel() * 4]} for k, v in state.items()}
+    assert len(state) * 10 < SAFETENSORS_MAX_TENSORS and len(json.dumps(header)) * 50 < SAFETENSORS_MAX_HEADER_BYTES
+
+
 def test_a_pickled_tensor_larger_than_its_storage_is_refused(tmp_path):
     path = tmp_path / "stride0.pth"
     torch.save({"head.weight": torch.zeros(1).expand(200_000, 192)}, path)  # one float, declared as 38M
@@ -152,6 +199,7 @@ LABEL_ATTACKS = [
     ("number.json", b"42", r"is not JSON of the form"),
     ("keys.json", b'{"a": "cat", "b": "dog"}', r"is not JSON of the form"),
     ("nested.json", b'[["cat"], {"x": 1}]', r"is not JSON of the form"),
+    ("deep.json", hostile.nested_labels(100_000).encode(), r"is not JSON of the form"),  # was a RecursionError
 ]
 
 

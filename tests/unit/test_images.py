@@ -13,6 +13,7 @@ from PIL import Image
 
 from conftest import encoded
 from vit_core import ImageError, decode_image, run_with_capture
+from vit_core.images import decode_here
 
 
 def solid(color, size=(32, 24), mode="RGB") -> Image.Image:
@@ -134,7 +135,7 @@ def test_a_failure_after_the_pixels_are_read_is_an_image_error(monkeypatch):
     exif = Image.Exif()
     exif[0x0112] = 6  # rotated: exif_transpose runs (an upright image skips it)
     with pytest.raises(ImageError, match="damaged"):
-        decode_image(encoded(solid((1, 2, 3)), "JPEG", exif=exif))
+        decode_here(encoded(solid((1, 2, 3)), "JPEG", exif=exif))  # in this process: the monkeypatch holds
 
 
 def test_a_missing_file_is_named_without_its_folder(tmp_path):
@@ -188,7 +189,7 @@ def test_exif_rotated_jpeg_is_turned_upright():
     assert any("EXIF" in note for note in decoded.notes)
 
 
-@pytest.mark.parametrize("size", [(1, 1), (10000, 10), (10, 10000)])
+@pytest.mark.parametrize("size", [(1, 1), (4000, 10), (10, 4000)])  # resized to 99,200 x 248: 25 MP
 def test_extreme_aspect_ratios_reach_the_model(tiny, size):
     decoded = decode_image(encoded(Image.new("RGB", size, (10, 200, 30)), "PNG"))
     cap = run_with_capture(tiny, decoded.image)
@@ -264,24 +265,24 @@ def test_pixel_decodes_at_once_are_limited(monkeypatch):
     decoded at once (each holds its full picture in memory)."""
     import threading
 
-    from vit_core import images
+    from vit_core import decoding, images
 
     monkeypatch.setattr(images, "_decode_slots", threading.BoundedSemaphore(2))
     busy, peak, lock, release = [0], [0], threading.Lock(), threading.Event()
-    real_pixels = images._pixels
+    real_decode = decoding.decode_in_worker
 
-    def slow_pixels(im, notes):
+    def slow_decode(data, min_side):
         with lock:
             busy[0] += 1
             peak[0] = max(peak[0], busy[0])
         release.wait(0.2)  # keep the slot a moment, so that the other threads pile up behind it
         try:
-            return real_pixels(im, notes)
+            return real_decode(data, min_side)
         finally:
             with lock:
                 busy[0] -= 1
 
-    monkeypatch.setattr(images, "_pixels", slow_pixels)
+    monkeypatch.setattr(decoding, "decode_in_worker", slow_decode)
     data = encoded(solid((1, 2, 3)), "PNG")
     threads = [threading.Thread(target=decode_image, args=(data,)) for _ in range(6)]
     for t in threads:

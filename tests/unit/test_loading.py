@@ -146,10 +146,23 @@ def test_unsupported_weights_format(tmp_path):
     ("resnet50", "not a Vision Transformer"),
     ("swin_tiny_patch4_window7_224", "not a Vision Transformer"),
     ("vit_bas_patch16_224", "Did you mean vit_base_patch16_224"),
+    ("vit_base_patch16_224.x", r"no pretrained tag 'x' for vit_base_patch16_224 \(its tags are augreg2_in21k_ft_in1k"),
+    ("vit_tiny_patch16_224.no_such_tag", r"no pretrained tag 'no_such_tag' for vit_tiny_patch16_224"),
 ])
 def test_models_outside_the_family_are_refused(name, message):
     with pytest.raises(ModelError, match=message):
         load_model(name, pretrained=False)
+
+
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_an_unknown_pretrained_tag_is_a_model_error_not_timms_runtime_error(pretrained):
+    """Issue 28: `vit_base_patch16_224.x` escaped as timm's RuntimeError, whether its weights were wanted or not."""
+    with pytest.raises(ModelError, match=r"^timm has no pretrained tag 'x' for vit_base_patch16_224 .*\)\.$"):
+        load_model("vit_base_patch16_224.x", pretrained=pretrained)
+
+
+def test_a_known_pretrained_tag_still_builds():
+    assert load_model("vit_tiny_patch16_224.augreg_in21k", pretrained=False, **TINY).name == "vit_tiny_patch16_224.augreg_in21k"
 
 
 def test_random_init_is_deterministic_under_its_seed():

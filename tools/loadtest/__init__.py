@@ -4,7 +4,8 @@ images analysed alone (see tools/loadtest/sessions.py for what it does and repor
     .venv/bin/python -m tools.loadtest --sessions 5 --model test-tiny
 
 `sessions` holds the server start/stop, the sessions (chromium pages or protocol clients), the comparison
-and the report; `client` the protocol client (`StreamlitSession`). The names the tests and the benchmark
+and the report; `client` the protocol client (`StreamlitSession`); `attacker` the one session of `--attacker` that
+sends hostile files. The names the tests and the benchmark
 use are re-exported here."""
 
 from .sessions import (

@@ -19,6 +19,7 @@ Widgets are found by their key: Streamlit's element id for a keyed widget ends i
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import ExitStack
@@ -27,6 +28,7 @@ from urllib.parse import urlencode
 
 import requests
 from google.protobuf.message import Message
+from streamlit.proto.Alert_pb2 import Alert
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
@@ -46,6 +48,7 @@ class Run:
     """What one script run sent: its texts (markdown, captions, alerts), exceptions and media files."""
 
     texts: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the bodies of st.error alerts (also in texts)
     exceptions: list[str] = field(default_factory=list)
     media: list[str] = field(default_factory=list)  # "/media/..." paths, fetched after the run
     media_bytes: int = 0
@@ -140,6 +143,8 @@ class StreamlitSession:
             self.widget_ids[key], self.fragments[key], self.elements[key] = element_id, fragment_id, widget
         if run is not None:
             run.texts += _texts(element)
+            if kind == "alert" and element.alert.format == Alert.ERROR:
+                run.errors.append(element.alert.body)
             if kind == "exception":
                 run.exceptions.append(f"{element.exception.type}: {element.exception.message}")
             _media_paths(element, run.media)
@@ -186,8 +191,10 @@ class StreamlitSession:
         """The first page load: a rerun with no widget state."""
         return self._rerun()
 
-    def set(self, key: str, value: str | int | float | bool, query_value: str | None = None) -> Run:
-        """Choose ``value`` in the widget with ``key`` (select box / tabs: the option's text; slider: a number).
+    def set(self, key: str, value: str | int | float | bool | dict, query_value: str | None = None) -> Run:
+        """Choose ``value`` in the widget with ``key`` (select box / tabs: the option's text; slider: a number;
+        a custom component (components v2, e.g. the Draw canvas): its state, a dict sent as JSON, as its frontend
+        sends it).
 
         The rerun is the fragment's own when the widget lives in a fragment, as in a browser. Widgets bound to
         the URL (``bind="query-params"``) also put ``query_value`` (default: str(value)) in the page's query.
@@ -195,7 +202,9 @@ class StreamlitSession:
         if key not in self.widget_ids:
             raise KeyError(f"no widget with key {key!r} on the page; known: {sorted(self.widget_ids)}")
         state = WidgetState(id=self.widget_ids[key])
-        if isinstance(value, bool):
+        if isinstance(value, dict):
+            state.json_value = json.dumps(value)
+        elif isinstance(value, bool):
             state.bool_value = value
         elif isinstance(value, (int, float)):
             state.double_array_value.data.append(float(value))

@@ -4,6 +4,7 @@
     .venv/bin/python -m tools.loadtest --browsers 2           # ... of which 2 are real chromium pages
     .venv/bin/python -m tools.loadtest --sessions 5 --model test-tiny
     .venv/bin/python -m tools.loadtest --url http://127.0.0.1:8501 --model vit_base_patch16_224 --server-pid 1234
+    .venv/bin/python -m tools.loadtest --attacker             # 29 students alone, then with 1 attacker: the ratio
 
 Starts the dashboard as tools/dashboard does (`python -m dashboard.server.serve`) on a free loopback port
 (unless --url). Each session is either a protocol client (tools/loadtest/client.py: Streamlit's
@@ -30,6 +31,12 @@ fetched (the server's whole share of the work; a page adds its drawing, about 0.
 exceptions seen in any page, run or the server log, mismatches, and the server's peak RSS (sampled
 VmRSS of the server and its children, and the server's VmHWM from /proc). Exits 1 on any mismatch,
 exception or timeout. All traffic goes to 127.0.0.1; the run is bounded by --deadline.
+
+With --attacker, one of the N sessions sends issue 28's hostile files in a loop instead (tools/loadtest/attacker.py:
+a JPEG of thousands of scans, a 400,000 x 10 PNG, a TIFF of 20,000 frames, a damaged GIF, a 169 MP PNG as the Draw
+canvas's value) until the others are done; the tool runs twice, each on its own server, the N - 1 students alone and
+then with the attacker, and reports what each hostile file got (refused / shown, how fast) and the students'
+new-image and control-change medians with / without it (issue 28's target: at most 1.5x). Exits 1 above it.
 
 Why protocol clients: the clients run on the server's machine. Thirty chromium pages need most of
 2 cores to draw, so on a small machine they starve the server they are measuring (30 pages on this
@@ -316,6 +323,7 @@ class SessionResult:
     downloads: list[tuple[str, bytes, bytes | Path]] = field(default_factory=list, repr=False)
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)  # protocol clients: requests sent twice (see tools/loadtest/client.py)
+    attacks: list = field(default_factory=list)  # the attacker (client "attacker"): an attacker.Outcome per file sent
 
 
 @dataclass(frozen=True)
@@ -545,33 +553,47 @@ def lowered(executable: str, workdir: Path) -> str:
 
 async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
                 stagger_s: float, workdir: Path, screenshot: Path | None, store: DownloadStore,
-                browsers: int = 0) -> list[SessionResult]:
+                browsers: int = 0, attacker: bool = False, attack_pause_s: float = 1.0) -> list[SessionResult]:
     """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
     as protocol clients (one thread each, their downloads kept in `store`); then, if `screenshot`, one more page
-    to show the app still answers."""
+    to show the app still answers. With `attacker`, one more protocol session (the last) sends hostile files
+    (tools/loadtest/attacker.py) until every other one is done; its result comes last."""
+    from .attacker import run_attacker
+
     sessions = len(prepared)
     browsers = min(browsers, sessions)
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
-    threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers), thread_name_prefix="session")
+    threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers + attacker), thread_name_prefix="session")
+    stop = threading.Event()
+    attack = SessionResult(sessions, client="attacker")
     try:
         loop = asyncio.get_running_loop()
+        attacking = loop.run_in_executor(threads, run_attacker, url, sessions, step_timeout_s, sessions * stagger_s,
+                                         stop, attack_pause_s, attack) if attacker else None
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers:
             results = list(await asyncio.gather(*protocol))
+            stop.set()
             if screenshot is not None:  # chromium starts after the class: its start-up is no student's work
                 await _with_browser(url, 0, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot, [])
-            return results
-        return await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot,
-                                   protocol)
+        else:
+            results = await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir,
+                                          screenshot, protocol, stop)
+        if attacking is not None:
+            await attacking
+            results.append(attack)
+        return results
     finally:
+        stop.set()  # (a deadline's cancellation too: the attacker's thread ends after its current file)
         threads.shutdown(wait=False, cancel_futures=True)
 
 
 async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, bytes]]], changes: int,
                         step_timeout_s: float, stagger_s: float, workdir: Path, screenshot: Path | None,
-                        protocol: list) -> list[SessionResult]:
-    """The chromium pages of `drive`, gathered with the protocol sessions already under way."""
+                        protocol: list, sessions_done: threading.Event | None = None) -> list[SessionResult]:
+    """The chromium pages of `drive`, gathered with the protocol sessions already under way (`sessions_done` is set
+    once they all are)."""
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -585,6 +607,8 @@ async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, 
             pages = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir,
                                  poll_ms) for i in range(browsers)]
             results = list(await asyncio.gather(*pages, *protocol))
+            if sessions_done is not None:
+                sessions_done.set()
             if screenshot is not None:  # one more page after the storm: the app still answers
                 page = await browser.new_page(viewport={"width": 1400, "height": 1200})
                 await page.goto(url)
@@ -663,8 +687,11 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
         stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
         photo_size: tuple[int, int] | None = None, browsers: int = 0, keep_downloads: bool = False,
-        downloads_in_memory_mb: float = 4096) -> dict:
+        downloads_in_memory_mb: float = 4096, attacker: bool = False, attack_pause_s: float = 1.0) -> dict:
     """Run the load test; returns the report as a dict (also printed unless quiet).
+
+    With `attacker`, the last of the `sessions` sends hostile files instead (tools/loadtest/attacker.py) until the
+    others are done: it has no images, downloads or latencies of its own; the report lists what its files did.
 
     `browsers` of the `sessions` are chromium pages, the others protocol clients (tools/loadtest/client.py).
     The protocol sessions' downloads are held in memory up to `downloads_in_memory_mb`, the rest on disk
@@ -684,19 +711,21 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     try:
         if sampler:
             sampler.__enter__()
-        say(f"{sessions} sessions ({browsers} chromium pages, {sessions - browsers} protocol clients)"
+        students = sessions - attacker
+        say(f"{sessions} sessions ({browsers} chromium pages, {students - browsers} protocol clients"
+            f"{', 1 attacker' if attacker else ''})"
             f" x {images} images x {changes} control changes, model {model}"
             f"{' (random init)' if random_init and model != TEST_TINY else ''}"
             f"{f', first image a {photo_size[0]}x{photo_size[1]} photo' if photo_size else ''}")
         # drawn before the clock starts: a 12 MP photo takes 0.3 CPU-s to make, and nobody's device makes it
-        prepared = prepare_images(sessions, images, workdir, photo_size)
+        prepared = prepare_images(students, images, workdir, photo_size)
         cpu = CpuMeter(server_pid)
         cpu.start()
         t0 = time.perf_counter()
         try:
             results = asyncio.run(asyncio.wait_for(
                 drive(url, prepared, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
-                      DownloadStore(workdir, downloads_in_memory_mb), browsers),
+                      DownloadStore(workdir, downloads_in_memory_mb), browsers, attacker, attack_pause_s),
                 timeout=deadline_s))
         except TimeoutError:
             results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]
@@ -729,7 +758,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
                 mismatches.append(f"session {r.index}, {name}: {'; '.join(problems)}")
     if not keep_downloads:
         shutil.rmtree(workdir / "downloads", ignore_errors=True)
-    expected_downloads = sessions * images
+    expected_downloads = (sessions - attacker) * images
     errors = [e for r in results for e in r.errors]
     if compared != expected_downloads:
         errors.append(f"{compared} of {expected_downloads} downloads arrived")
@@ -746,6 +775,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "peak_rss_mb": sampler.peak_mb if sampler else None,
         "peak_memfd_mb": sampler.memfd_peak_mb if sampler else None, "workdir": str(workdir), "cpu": cpu_use,
         "capture_mb": capture_mb, "capture_budget_mb": budget_mb,
+        "attacks": [o for r in results for o in r.attacks],
     }
     for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
         mine = [r for r in results if r.client == client]
@@ -760,6 +790,12 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             times = [t for r in mine for t, k in zip(r.control, r.control_kinds, strict=True) if k == kind]
             say(summarise(f"    of which {kind}", times))
         say(summarise("  .npz download -> all bytes received", [t for r in mine for t in r.download]))
+    if attacker:
+        from .attacker import attack_lines
+
+        say("the attacker's files (each: from the message sent to its run done):")
+        for line in attack_lines(report["attacks"]):
+            say(line)
     say(f"downloads compared with standalone runs: {compared}, mismatches: {len(mismatches)}")
     say(f"exceptions / errors in pages: {len(errors)}; problems in the server log: {len(log_problems)}")
     say(f"requests sent a second time (a closed keep-alive connection, or a made download dropped before it was"
@@ -776,6 +812,42 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")
     return report
+
+
+ATTACK_TARGET = 1.5  # issue 28: the others' medians with the attacker within 1.5x of a run without
+
+
+def median_ratio(without: list[float], with_: list[float]) -> float:
+    return statistics.median(with_) / statistics.median(without) if without and with_ else float("nan")
+
+
+def run_with_attacker(sessions: int, workdir: Path | None = None, quiet: bool = False, **options) -> dict:
+    """Two runs, each on its own server (a server's caches would answer the second run's images): `sessions - 1`
+    students alone, then the same students with one attacker (`run(..., attacker=True)`); reports the students'
+    new-image and control-change medians of both and their ratio (issue 28's target: at most ATTACK_TARGET)."""
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if sessions < 2:
+        raise SystemExit("--attacker needs --sessions 2 or more (the attacker is one of them)")
+    if options.get("url"):
+        raise SystemExit("--attacker starts a server for each of its two runs; it can't use --url")
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
+    say(f"=== without the attacker: {sessions - 1} students ===")
+    without = run(sessions - 1, workdir=workdir / "without_attacker", quiet=quiet, **options)
+    say(f"\n=== with the attacker: the same {sessions - 1} students and 1 attacker ===")
+    attacked = run(sessions, workdir=workdir / "with_attacker", quiet=quiet, attacker=True, **options)
+    ratios = {what: median_ratio(without[what], attacked[what]) for what in ("new_image", "control")}
+    say(f"\nthe {sessions - 1} students' medians, without / with the attacker (target: at most {ATTACK_TARGET}x):")
+    for what, label in (("new_image", "new image"), ("control", "control change")):
+        a, b = without[what], attacked[what]
+        say(f"  {label:<16} {statistics.median(a) if a else float('nan'):6.2f} s / "
+            f"{statistics.median(b) if b else float('nan'):6.2f} s   ratio {ratios[what]:.2f}"
+            f"{'' if ratios[what] <= ATTACK_TARGET else '   OVER THE TARGET'}")
+    not_refused = [o for o in attacked["attacks"] if o.result != "refused"]
+    say(f"  the attacker sent {len(attacked['attacks'])} files; refused {len(attacked['attacks']) - len(not_refused)},"
+        f" otherwise {', '.join(sorted({f'{o.kind}: {o.result}' for o in not_refused})) or 'none'}")
+    ok = without["ok"] and attacked["ok"] and all(r <= ATTACK_TARGET for r in ratios.values())
+    say("OK" if ok else "FAILED")
+    return {"without": without, "with": attacked, "ratios": ratios, "ok": ok}
 
 
 def main() -> None:
@@ -797,6 +869,12 @@ def main() -> None:
                         help="keep the sessions' downloads in the workdir (by default deleted once compared)")
     parser.add_argument("--downloads-in-memory-mb", type=float, default=4096,
                         help="hold the sessions' downloads in memory up to this much, the rest on disk (MiB)")
+    parser.add_argument("--attacker", action="store_true",
+                        help="one of the sessions sends issue 28's hostile files in a loop instead of photos "
+                             "(tools/loadtest/attacker.py); runs twice, without and with it, and reports the others' "
+                             f"medians' ratio (target: at most {ATTACK_TARGET}x)")
+    parser.add_argument("--attack-pause", type=float, default=1.0,
+                        help="with --attacker: seconds the attacker waits between two files (default 1)")
     parser.add_argument("--photo", default="4032x3024", help="size of each session's first image, a JPEG like a "
                                                               "phone's (WxH; 0 for a small one); later ones are 480x360 PNG/JPEG")
     args = parser.parse_args()
@@ -806,10 +884,15 @@ def main() -> None:
     from vit_core.runtime import configure_threads
 
     configure_threads()
-    report = run(args.sessions, args.model, not args.pretrained, args.url, args.server_pid, args.images, args.changes,
-                 args.step_timeout, deadline_s=args.deadline, workdir=args.workdir, browsers=args.browsers,
-                 keep_downloads=args.keep_downloads, downloads_in_memory_mb=args.downloads_in_memory_mb,
-                 photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
+    options = dict(model=args.model, random_init=not args.pretrained, url=args.url, server_pid=args.server_pid,
+                   images=args.images, changes=args.changes, step_timeout_s=args.step_timeout, deadline_s=args.deadline,
+                   browsers=args.browsers, keep_downloads=args.keep_downloads,
+                   downloads_in_memory_mb=args.downloads_in_memory_mb,
+                   photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
+    if args.attacker:
+        report = run_with_attacker(args.sessions, workdir=args.workdir, attack_pause_s=args.attack_pause, **options)
+    else:
+        report = run(args.sessions, workdir=args.workdir, **options)
     sys.exit(0 if report["ok"] else 1)
 
 

@@ -1,0 +1,128 @@
+"""The Draw canvas is an upload (issue 28, finding 3): what the browser sends as the drawing is checked before
+anything decodes it, then decoded on the upload's path; anything else is refused with one sentence and the
+previous image stays.
+
+The canvas's value is what a page's script sends; in AppTest it is put in place of the package's `st_canvas`
+(the component itself needs a browser): a `CanvasResult` holding the data URL, as the package builds it.
+Pillow's `Image.open` is watched: a refused value must never reach it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+
+import pytest
+from PIL import Image
+
+from conftest import assert_healthy, run_app
+from dashboard import caches, draw, session
+from support.hostile_canvas import canvas_drawing, data_url, hostile_canvas_values
+from vit_core import ImageError
+
+HOSTILE = hostile_canvas_values()
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list[bytes]:
+    """The first bytes of every in-memory file Pillow's Image.open is given while the test runs."""
+    seen: list[bytes] = []
+    real_open = Image.open
+
+    def watching(fp, *args, **kwargs):
+        if isinstance(fp, io.BytesIO):
+            seen.append(fp.getvalue()[:64])
+        return real_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", watching)
+    return seen
+
+
+def _payload(url: str) -> bytes:
+    import base64
+
+    return base64.b64decode(url.split(",", 1)[1], validate=False)[:64] if "," in url else b""
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_canvas_value_is_refused_before_pillow_sees_it(case, opened):
+    with pytest.raises(ImageError) as refused:
+        draw.canvas_png(HOSTILE[case])
+    message = str(refused.value)
+    assert message.endswith(".") and ". " not in message, message  # one sentence
+    assert not opened
+
+
+def test_a_real_drawing_passes_unchanged_and_decodes_like_an_upload():
+    import vit_core
+
+    png = canvas_drawing()
+    assert draw.canvas_png(data_url(png)) == png
+    decoded = vit_core.decode_image(png)
+    assert decoded.image.size == (draw.CANVAS_PX, draw.CANVAS_PX) and decoded.source_format == "PNG"
+
+
+def test_the_byte_cap_is_checked_before_base64_is_decoded():
+    over = draw.PNG_DATA_URL + "A" * (draw._MAX_URL_CHARS + 4)
+    with pytest.raises(ImageError, match="larger than"):
+        draw.canvas_png(over)
+
+
+class FakeCanvas:
+    """`st_canvas` as the browser's value reaches it: a CanvasResult with this data URL (None: nothing drawn)."""
+
+    def __init__(self):
+        self.url: str | None = None
+        self._told: str | None = None
+
+    def __call__(self, *args, on_change=None, **kwargs):
+        from streamlit_drawable_canvas import CanvasResult
+
+        if self.url is not None and self.url != self._told and on_change is not None:
+            on_change()  # the component's on_change, as when a stroke is sent
+        self._told = self.url
+        objects = [{"type": "path"}] if self.url is not None else []
+        return CanvasResult({"objects": objects}, self.url, True)
+
+
+def shown_images(at) -> tuple:
+    return tuple(url for im in at.get("image") for url in im.value)
+
+
+def test_the_app_refuses_a_hostile_drawing_and_keeps_the_previous_image(tiny_env, monkeypatch, opened):
+    at = run_app(view="Attention")
+    at.toggle(key=session.K_DRAW_ON).set_value(True).run()
+    assert_healthy(at)
+    canvas = FakeCanvas()
+    monkeypatch.setattr(sys.modules["streamlit_drawable_canvas"], "st_canvas", canvas)
+    decoded: list[bytes] = []  # what reached the upload's decode path (which may decode in another process)
+    real_decode = caches.decode
+    monkeypatch.setattr(caches, "decode", lambda name, data: decoded.append(data[:64]) or real_decode(name, data))
+
+    canvas.url = data_url(canvas_drawing())  # a real drawing first: it becomes the image shown
+    at.run()
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("drawing.png" in m.value for m in at.markdown)
+    assert not any("Converted from" in c.value for c in at.caption)  # the paper's alpha is no news to a student
+    drawing_shown = shown_images(at)
+
+    for case in ("fits_said_png", "eps_said_png", "png_169mp", "fits"):
+        opened.clear()
+        decoded.clear()
+        canvas.url = HOSTILE[case]
+        at.run()
+        assert_healthy(at)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and errors[0].startswith("drawing.png: "), (case, errors)
+        sentence = errors[0].removeprefix("drawing.png: ")
+        assert re.fullmatch(r"[^.]*(\.\d[^.]*)*\.", sentence), (case, sentence)  # one sentence
+        assert _payload(HOSTILE[case]) not in opened, f"{case}: Pillow opened it"
+        assert _payload(HOSTILE[case]) not in decoded, f"{case}: sent to the decoder"
+        assert shown_images(at) == drawing_shown, case  # the previous image's views
+
+    canvas.url = data_url(canvas_drawing(seed=3))  # and the next real drawing is shown again
+    at.run()
+    assert_healthy(at)
+    assert not at.error and shown_images(at) != drawing_shown
