@@ -219,8 +219,8 @@ def _decode_here(data: bytes, min_side: int) -> DecodedImage:
     if width < 1 or height < 1:
         raise ImageError("The image has no pixels.")
     if max(width, height) > MAX_SIDE_RATIO * min(width, height):
-        raise ImageError(f"This image is {width} x {height} pixels: a model would enlarge it to billions of pixels "
-                         f"before cropping; crop it closer to a square first.")
+        raise ImageError(f"This image is {width} x {height} pixels: a model would enlarge it to more than "
+                         f"{MAX_PIXELS // 1_000_000} MP before cropping; crop it closer to a square first.")
 
     notes = []
     frames = frame_count(im, data)  # never Pillow's n_frames: quadratic in a TIFF's frames; frame 0 is all we use

@@ -9,8 +9,10 @@ bytes; each case then runs in a fresh process with the chosen tree first on its 
 does with the file (the CLI's decode and capture of a tiny random ViT, load_model with a weights or label file,
 the Many images page's zip check, the canvas's check, `vit-lens analyze` on a FIFO). A case is stopped after
 --timeout seconds, and its process may take at most --memory-gb of address space (so that an unbounded case
-fails with MemoryError rather than taking the machine). Peak memory is that process's own (decode workers are
-held to their own limit, vit_core.decoding). Results: docs/performance.md, "Hostile uploads".
+fails with MemoryError rather than taking the machine). Each case's time and memory are its own: measured in that
+process after torch and timm are imported, the growth of its peak RSS (decode workers are held to their own
+limit, vit_core.decoding; a CLI case's figures are those of the `vit-lens analyze` process it waits for, whose
+time includes its imports). Results: docs/performance.md, "Hostile uploads".
 """
 
 from __future__ import annotations
@@ -30,22 +32,22 @@ _DECODE = """
 from vit_core import load_image, load_model, run_with_capture
 loaded = load_model("vit_tiny_patch16_224", pretrained=False, depth=2)
 cap = run_with_capture(loaded, load_image(PATH, loaded.decode_min_side))
-print("analysed,", cap.logits.shape[0], "classes")
+OUTCOME = f"analysed ({cap.logits.shape[0]} classes)"
 """
 _WEIGHTS = """
 from vit_core import load_model
 load_model("vit_tiny_patch16_224", weights=PATH, depth=2)
-print("loaded")
+OUTCOME = "loaded"
 """
 _LABELS = """
 from vit_core import load_model
 load_model("vit_tiny_patch16_224", pretrained=False, labels=PATH, depth=2)
-print("loaded")
+OUTCOME = "loaded"
 """
 _TAG = """
 from vit_core import load_model
 load_model("vit_base_patch16_224.x", pretrained=False)
-print("loaded")
+OUTCOME = "loaded"
 """
 _ZIP = """
 try:
@@ -53,7 +55,7 @@ try:
 except ImportError:  # the page's module before the house restructure
     from dashboard.many_images import zip_members
 members = zip_members("set.zip", open(PATH, "rb").read())
-print("accepted,", len(members), "members")
+OUTCOME = f"accepted ({len(members)} members)"
 """
 _CANVAS = """
 import base64, io
@@ -64,23 +66,45 @@ except ImportError:  # before: the canvas package opened the data URL with a bar
     from PIL import Image
     image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
     image.load()
-    print("decoded by Pillow,", image.format, image.size)
+    OUTCOME = f"decoded by Pillow ({image.format}, {image.size[0]} x {image.size[1]})"
 else:
     canvas_png(url)
-    print("accepted")
+    OUTCOME = "accepted"
 """
 _CLI = """
-import subprocess, sys
-run = subprocess.run([sys.executable, "-m", "vit_core", "analyze", PATH, "--model", "test-tiny", "--out", OUT],
-                     capture_output=True, text=True)
-print("exit", run.returncode, (run.stderr.strip().splitlines() or [""])[-1][:160])
+import resource, subprocess, sys
+MODEL = ["--model", "vit_tiny_patch16_224", "--random-init"]
+run = subprocess.run([sys.executable, "-m", "vit_core", "analyze", PATH, *MODEL, "--out", OUT_DIR],
+                     capture_output=True, text=True, timeout=25)
+cli_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024  # the CLI's own peak
+OUTCOME = f"exit {run.returncode} (CLI peak {cli_peak} MB): " + (run.stderr.strip().splitlines() or [""])[-1][:160]
 """
 _SYMLINK_OUT = """
 import os, subprocess, sys
-run = subprocess.run([sys.executable, "-m", "vit_core", "analyze", PATH, "--model", "test-tiny", "--out", OUT],
-                     capture_output=True, text=True)
-print("exit", run.returncode, "files where the link points:", len(os.listdir(os.path.realpath(OUT))),
-      (run.stderr.strip().splitlines() or [""])[-1][:120])
+MODEL = ["--model", "vit_tiny_patch16_224", "--random-init"]
+run = subprocess.run([sys.executable, "-m", "vit_core", "analyze", PATH, *MODEL, "--out", OUT_DIR],
+                     capture_output=True, text=True, timeout=25)
+OUTCOME = (f"exit {run.returncode}, {len(os.listdir(os.path.realpath(OUT_DIR)))} files where the link points: "
+           + (run.stderr.strip().splitlines() or [""])[-1][:120])
+"""
+
+
+# Around each case: the heavy imports first (torch, timm: seconds and most of a process's memory), then the case,
+# timed and its peak-RSS growth measured; an exception is an outcome like any other.
+_AROUND = """
+import resource, time, traceback
+import numpy, torch, timm, PIL.Image, vit_core.loading, vit_core.capture
+PATH = {path!r}
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+try:
+    exec(compile({code!r}, "case", "exec"))
+    outcome = OUTCOME
+except Exception as e:
+    outcome = f"{{type(e).__name__}}: {{str(e)[:220]}}"
+seconds = time.perf_counter() - started
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print("measured", f"{{seconds:.2f}}", f"{{grown:.0f}}", " ".join(outcome.split()))
 """
 
 
@@ -113,15 +137,15 @@ def _cases(scratch: Path) -> dict[str, tuple[str, Path]]:
         "zip-500k": (_ZIP, write("set.zip", hostile_archives.zip_of_many_entries(500_000))),
         "canvas-fits": (_CANVAS, write("fits.url", hostile_canvas.data_url(hostile_canvas.fits_file(), "image/png"))),
         "canvas-169MP": (_CANVAS, write("huge.url", hostile_canvas.data_url(hostile_canvas.huge_png()))),
-        "cli-fifo": (_CLI.replace("OUT", repr(str(scratch / "out"))), fifo),
-        "cli-dev-zero": (_CLI.replace("OUT", repr(str(scratch / "out"))), Path("/dev/zero")),
-        "cli-symlink-out": (_SYMLINK_OUT.replace("OUT", repr(str(link))),
+        "cli-fifo": (_CLI.replace("OUT_DIR", repr(str(scratch / "out"))), fifo),
+        "cli-dev-zero": (_CLI.replace("OUT_DIR", repr(str(scratch / "out"))), Path("/dev/zero")),
+        "cli-symlink-out": (_SYMLINK_OUT.replace("OUT_DIR", repr(str(link))),
                             write("small.png", hostile_images.gray_png(64, 48))),
     }
 
 
 def run_case(code: str, path: Path, tree: Path, timeout: float, memory_gb: float) -> tuple[str, float, float]:
-    """(outcome, wall seconds, peak RSS in MB) of `code` run on `path` in a fresh process of `tree`."""
+    """(outcome, seconds, growth of peak RSS in MB) of `code` on `path` in a fresh process of `tree`, after its imports."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "OPENBLAS_NUM_THREADS": "1"}
     limit = int(memory_gb * 2**30)
@@ -130,21 +154,20 @@ def run_case(code: str, path: Path, tree: Path, timeout: float, memory_gb: float
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", f"PATH = {str(path)!r}\n{code}"], cwd=tree, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _AROUND.format(path=str(path), code=code)], cwd=tree, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limited)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        return f"still running after {timeout:.0f} s (stopped)", time.perf_counter() - started, peak
-    seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far: see main()
-    if proc.returncode == 0:
-        return out.strip().splitlines()[-1], seconds, peak
+        return f"still running after {timeout:.0f} s (stopped)", time.perf_counter() - started, float("nan")
+    lines = out.strip().splitlines()
+    if proc.returncode == 0 and lines and lines[-1].startswith("measured "):  # the case's own time and memory growth
+        _, seconds, grown, outcome = lines[-1].split(" ", 3)
+        return outcome, float(seconds), float(grown)
     last = (err.strip().splitlines() or ["?"])[-1]
-    return f"raised {last[:200]}", seconds, peak
+    return f"died: {last[:200]}", time.perf_counter() - started, float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,21 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tree: {args.tree.resolve()}")
         for name in chosen:
             code, path = cases[name]
-            # Each case in a process of its own, measured through a fresh intermediary, so that RUSAGE_CHILDREN's
-            # peak is this case's alone (it is the largest of all children waited for).
-            result = subprocess.run([sys.executable, "-c", _MEASURE, code, str(path), str(args.tree),
-                                     str(args.timeout), str(args.memory_gb)], capture_output=True, text=True, cwd=ROOT)
-            print(f"{name:16s} {result.stdout.strip() or result.stderr.strip()[-300:]}")
+            outcome, seconds, grown = run_case(code, path, args.tree, args.timeout, args.memory_gb)
+            print(f"{name:16s} {seconds:6.2f} s  +{grown:6.0f} MB  {outcome}", flush=True)
     return 0
-
-
-_MEASURE = """
-import sys
-from pathlib import Path
-from tools.benchmarks.hostile_uploads import run_case
-outcome, seconds, peak = run_case(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
-print(f"{seconds:6.2f} s  peak {peak:7.0f} MB  {outcome}")
-"""
 
 
 if __name__ == "__main__":
