@@ -179,7 +179,7 @@ def split_eval_transform(data_config: dict[str, Any]) -> tuple[T.Compose, T.Comp
 
 
 # ----------------------------------------------------------------------------------------------
-# Geometry and family checks
+# Geometry
 
 
 def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
