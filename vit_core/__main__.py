@@ -48,7 +48,6 @@ from .model import LoadedModel
 from .runtime import configure_threads, cpu_quota
 
 EXIT_FAILURES = 2
-MAX_INPUT_BYTES = MAX_FILE_BYTES  # the largest input read (vit_core.images), a regular file only (vit_core.files.read_input)
 
 
 def default_workers() -> int:
@@ -193,13 +192,13 @@ def analyze(args: argparse.Namespace) -> int:
 
 
 def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
-    """`analyze`'s loop: each image read (a regular file, at most MAX_INPUT_BYTES), analysed and written; a failure
+    """`analyze`'s loop: each image read (a regular file, at most images.MAX_FILE_BYTES), analysed and written; a failure
     is one line and the next image goes on. Returns the exit status."""
     device_name = describe_device(loaded.device)
     failures = 0
     for path, name in zip(args.images, output_names(args.images), strict=True):
         try:
-            image = load_image(read_input(path, MAX_INPUT_BYTES), loaded.decode_min_side)
+            image = load_image(read_input(path, MAX_FILE_BYTES), loaded.decode_min_side)  # an unreadable path: its own line
             cap = run_with_capture(loaded, image)
             arrays, described = analysis_arrays(loaded, cap), {"image": str(path), **summary(loaded, cap, args.topk),
                                                            "device": device_name}
@@ -245,20 +244,9 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
 
     from .dataset import analyze_dataset, dataset_files, folder_labels, list_images
 
-    failures = 0
-    paths = []
-    for path in list_images(args.folder)[: args.limit]:  # sorted regular files; the first N with --limit
-        try:
-            size = path.stat().st_size
-        except OSError as e:
-            failures += 1
-            _fail(f"{path}: {_os_reason(e)}")
-            continue
-        if size > MAX_INPUT_BYTES:
-            failures += 1
-            _fail(f"{path}: {size:,} bytes, more than the {MAX_INPUT_BYTES:,} an input may have, so it was skipped.")
-            continue
-        paths.append(path)
+    # Sorted regular files, the first N with --limit. Each is read by the decoder as a regular file of at most
+    # images.MAX_FILE_BYTES (vit_core.files.read_input): one too large is a failure like an unreadable image.
+    paths = list_images(args.folder)[: args.limit]
     labels = folder_labels(loaded, args.folder, paths)
     sources = [(str(path), path) for path in paths]  # decoded in the workers: only the paths travel
     # On a terminal only: a bar in a log file or a test's captured output is noise.
@@ -275,7 +263,7 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
             return EXIT_FAILURES
     for name, reason in result.failures:
         _fail(f"{name}: {reason}")
-    failures += len(result.failures)
+    failures = len(result.failures)
     for name, data in dataset_files(result, loaded.geometry).items():
         try:
             out.write(name, data)

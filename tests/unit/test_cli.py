@@ -14,7 +14,7 @@ from PIL import Image
 
 from conftest import drawn_image
 from vit_core import ImageError, analyses, load_model, run_with_capture
-from vit_core.__main__ import MAX_INPUT_BYTES
+from vit_core.images import MAX_FILE_BYTES
 
 
 def run_cli(*args, cwd):
@@ -287,9 +287,9 @@ def test_inputs_are_read_up_to_a_cap(tmp_path, monkeypatch):
         read_input(tmp_path / "big.png", 999)
     assert read_input(tmp_path / "big.png", 1000) == bytes(1000)
     with (tmp_path / "sparse.png").open("wb") as f:
-        f.truncate(MAX_INPUT_BYTES + 1)  # no disk: refused from its size, unread
+        f.truncate(MAX_FILE_BYTES + 1)  # no disk: refused from its size, unread
     with pytest.raises(ImageError, match=r"^400,000,001 bytes, more than the 400,000,000 an input"):
-        read_input(tmp_path / "sparse.png", MAX_INPUT_BYTES)
+        read_input(tmp_path / "sparse.png", MAX_FILE_BYTES)
 
 
 def test_an_out_folder_that_is_a_symlink_is_refused_in_one_line(tmp_path):

@@ -198,3 +198,20 @@ def test_installed_vit_lens_dataset_decodes_in_worker_processes_with_no_bar_off_
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "notes.png" in result.stderr  # the one failure, no progress bar
     assert int(np.load(tmp_path / "dataset.npz")["num_images"]) == len(IMAGES)
+
+
+def test_a_file_larger_than_any_input_is_one_line_and_the_other_images_are_analysed(tmp_path, capsys):
+    """The decoder reads each listed file as a regular file of at most images.MAX_FILE_BYTES (files.read_input):
+    a larger one (sparse here: nothing written) is a failure in one line, refused from its size, unread."""
+    from vit_core.images import MAX_FILE_BYTES
+
+    images = tmp_path / "images"
+    images.mkdir()
+    drawn_image(1).save(images / "a.png")
+    with open(images / "b.png", "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    status, errors = _dataset(capsys, images, *MODEL, "--out", tmp_path / "out", "--device", "cpu", "--workers", "0")
+    assert status == 2 and len(errors) == 1, errors
+    assert errors[0].endswith(f"b.png: {MAX_FILE_BYTES + 1:,} bytes, more than the {MAX_FILE_BYTES:,} an input may "
+                              "have, so it was skipped."), errors
+    assert json.loads((tmp_path / "out" / "dataset.json").read_text())["num_images"] == 1
