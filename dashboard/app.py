@@ -15,6 +15,7 @@ from dashboard import model_choice
 from dashboard.server import process, streamlit_internals
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
+process.import_what_sessions_share()  # `streamlit run dashboard/app.py` too, not only the server start
 process.configure_torch_threads()
 streamlit_internals.keep_made_downloads_for_a_while()  # `streamlit run dashboard/app.py` too, not only the server start
 

@@ -108,7 +108,7 @@ def zip_members(zip_name: str, data: bytes, images_before: int = 0,
         raise SetError(f"{zip_name} is not a readable zip file ({e}).") from None
     with archive:
         infos = archive.infolist()
-        if len(infos) > MAX_ZIP_MEMBERS:
+        if len(infos) > MAX_ZIP_MEMBERS:  # counted again: the end record's count can lie (its directory's size can't)
             raise SetError(f"{zip_name} has {len(infos)} entries; a zip here may have at most {MAX_ZIP_MEMBERS}.")
         unsafe = next((i.filename for i in infos if _unsafe_member_name(i.filename)), None)
         if unsafe is not None:

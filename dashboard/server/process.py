@@ -30,6 +30,16 @@ T = TypeVar("T")
 
 
 @functools.cache
+def import_what_sessions_share() -> None:
+    """Once per process, before any session runs: the modules that would otherwise be imported lazily in one
+    session's thread while others use them. Streamlit imports pandas at the first render of the Draw canvas (a
+    custom component with data: it looks for data frames), and meanwhile plotly, in other sessions' threads, takes
+    the half-imported module from sys.modules and fails on `pd.Series` (tracebacks in other students' views, found
+    by the load test's attacker, who turns Draw on mid-class)."""
+    import pandas  # noqa: F401
+
+
+@functools.cache
 def configure_torch_threads() -> int:
     """Size torch's thread pool from the container's CPU quota, once (the pool is process-wide), let as many
     sessions' forward passes run at once, each on its share of the threads (vit_core.serving.configure_parallel_passes),

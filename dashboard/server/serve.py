@@ -174,15 +174,11 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     if device is not None:
         os.environ[settings.DEVICE.name] = device  # read by dashboard.models.server_device in this process
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # pandas before any session runs: Streamlit imports it at the first render of the Draw canvas (any custom
-    # component with data: components.v2 looks for data frames in it), in that session's thread, and meanwhile
-    # plotly, in other sessions' threads, takes the half-imported module from sys.modules and fails on
-    # `pd.Series` (tracebacks in others' views; found by the load test's attacker, who turns Draw on mid-class).
-    import pandas  # noqa: F401
-
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
     from dashboard.server import process, streamlit_internals
+
+    process.import_what_sessions_share()
     from vit_core.devices import DEVICE_CHOICES, DeviceError, describe_device
 
     if device is not None and not device.strip():
