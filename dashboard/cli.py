@@ -14,8 +14,9 @@ before numpy is imported (see dashboard.server.serve).
 
 from __future__ import annotations
 
-import os
 import sys
+
+from vit_core.runtime import one_blas_thread  # a light module: no torch, no numpy
 
 DASHBOARD = "dashboard"
 
@@ -23,7 +24,7 @@ DASHBOARD = "dashboard"
 def main(argv: list[str] | None = None) -> int:
     whole_process = argv is None  # the `vit-lens` command itself, not a caller inside another program
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy is imported
+    one_blas_thread()  # before numpy is imported
     if argv[:1] == [DASHBOARD]:
         # Streamlit's own option parser takes everything after `dashboard` (argparse would refuse
         # `--server.port`). Imported here: `vit-lens analyze` need not load Streamlit.

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Mapping
 
 from vit_core import settings  # a leaf module: no torch, no numpy
+from vit_core.runtime import one_blas_thread  # light too
 
 APP = Path(__file__).resolve().parent.parent / "app.py"  # the installed copy, wherever the package lives
 _logger = logging.getLogger("vit_lens.serve")
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     if whole_process is None:
         whole_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy is imported: see the module's docstring
+    one_blas_thread()  # before numpy is imported: see the module's docstring
     try:
         settings.check_all()
     except settings.SettingError as e:

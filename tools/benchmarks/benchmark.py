@@ -31,14 +31,15 @@ within 30 s (ViT-B/16 on this CPU; 2 s for the bundled Shapes ViT); an intervent
 
 from __future__ import annotations
 
-import os
+from vit_core.runtime import one_blas_thread
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: its OpenBLAS threads would spin against torch's
+one_blas_thread()  # before numpy loads
 
 import argparse
 import asyncio
 import contextlib
 import io
+import os
 import statistics
 import sys
 import threading

@@ -16,9 +16,9 @@ forwards on a 2-core CPU with ViT-B/16; on a GPU, >= 0.7x of the plain bf16 forw
 
 from __future__ import annotations
 
-import os
+from vit_core.runtime import one_blas_thread
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: its OpenBLAS threads would spin against torch's
+one_blas_thread()  # before numpy loads
 
 import argparse
 import contextlib

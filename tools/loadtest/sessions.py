@@ -880,9 +880,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.url and not re.match(r"^https?://(127\.0\.0\.1|localhost)(:\d+)?/?$", args.url):
         raise SystemExit("--url must be a loopback address (http://127.0.0.1:PORT)")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from vit_core.runtime import configure_threads
+    from vit_core.runtime import configure_threads, one_blas_thread
 
+    one_blas_thread()
     configure_threads()
     options = dict(model=args.model, random_init=not args.pretrained, url=args.url, server_pid=args.server_pid,
                    images=args.images, changes=args.changes, step_timeout_s=args.step_timeout, deadline_s=args.deadline,
