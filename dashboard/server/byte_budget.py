@@ -33,7 +33,6 @@ _logger = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
-BUDGET_ENV = settings.CAPTURE_MB.name
 BUDGET_SHARE = 4  # a quarter of the memory: the model, the decoded pictures and Streamlit need the rest
 MIN_BUDGET_MB, MAX_BUDGET_MB = 512, 8192
 

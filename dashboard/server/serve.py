@@ -102,7 +102,6 @@ def upload_cap_flags(argv: list[str]) -> list[str]:
 # and the kernel maps fresh memory 4 KiB at a time; with huge pages such copies were several times cheaper
 # (docs/performance.md, "Downloads below the forwards, huge pages"). glibc (2.35+) reads the setting
 # only when a process starts, so the server starts itself again (same process id) with it in the environment.
-HUGE_PAGES_ENV = settings.HUGE_PAGES.name  # off: no restart, malloc as usual
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode
 

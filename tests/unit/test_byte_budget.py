@@ -10,6 +10,7 @@ import pytest
 
 from dashboard.server import byte_budget
 from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, nbytes_of
+from vit_core import settings
 
 MB = 2**20
 
@@ -111,16 +112,16 @@ def test_a_failed_computation_is_not_kept_and_is_tried_again():
 
 
 def test_the_default_budget_is_a_quarter_of_the_memory_clamped_or_the_setting(monkeypatch):
-    monkeypatch.delenv(byte_budget.BUDGET_ENV, raising=False)
+    monkeypatch.delenv(settings.CAPTURE_MB.name, raising=False)
     monkeypatch.setattr(byte_budget, "_memory_limit_bytes", lambda: 24 * 2**30)
     assert default_capture_budget() == 6 * 2**30
     monkeypatch.setattr(byte_budget, "_memory_limit_bytes", lambda: 1 * 2**30)
     assert default_capture_budget() == 512 * MB
     monkeypatch.setattr(byte_budget, "_memory_limit_bytes", lambda: 256 * 2**30)
     assert default_capture_budget() == 8 * 2**30
-    monkeypatch.setenv(byte_budget.BUDGET_ENV, "300")
+    monkeypatch.setenv(settings.CAPTURE_MB.name, "300")
     assert default_capture_budget() == 300 * MB
-    monkeypatch.setenv(byte_budget.BUDGET_ENV, "lots")
+    monkeypatch.setenv(settings.CAPTURE_MB.name, "lots")
     assert default_capture_budget() == 8 * 2**30  # a warning, and the default
 
 

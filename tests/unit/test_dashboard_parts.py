@@ -20,7 +20,7 @@ from PIL import Image
 from dashboard import examples, models
 from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
 from dashboard.server import process, serve, streamlit_internals, uploads
-from vit_core import ImageError, OfflineError
+from vit_core import ImageError, OfflineError, settings
 from vit_core.loading import TEACHING_MODEL
 from vit_core.model import Geometry
 
@@ -297,7 +297,7 @@ THP_MADVISE = "always [madvise] never\n"
     ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, THP_MADVISE, "glibc",
      f"glibc.malloc.arena_max=2:{serve.HUGE_PAGES_TUNABLE}"),
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, THP_MADVISE, "glibc", None),  # someone's own choice: kept
-    ({serve.HUGE_PAGES_ENV: "off"}, THP_MADVISE, "glibc", None),
+    ({settings.HUGE_PAGES.name: "off"}, THP_MADVISE, "glibc", None),
     ({}, "always madvise [never]\n", "glibc", None),  # the kernel gives none
     ({}, "", "glibc", None),  # no transparent huge pages in this kernel
     ({}, THP_MADVISE, "", None),  # not glibc (musl, say): the tunable means nothing
