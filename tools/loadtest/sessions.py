@@ -72,7 +72,8 @@ from pathlib import Path
 import numpy as np
 
 from dashboard.models import TEST_TINY, build_named_model
-from dashboard.server.byte_budget import BUDGET_ENV, default_capture_budget, nbytes_of
+from dashboard.server.byte_budget import default_capture_budget, nbytes_of
+from vit_core import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -808,7 +809,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         say(f"server peak RSS (process + children): {report['peak_rss_mb']:.0f} MB; besides, its in-memory files"
             f" (memfd: export scratch files, not in RSS) held at most {report['peak_memfd_mb']:.0f} MB")
     say(f"one capture of {model}: {capture_mb:.0f} MiB; the server's capture budget: {budget_mb:.0f} MiB"
-        f" (${BUDGET_ENV}, see dashboard/server/byte_budget.py)")
+        f" (${settings.CAPTURE_MB.name}, see dashboard/server/byte_budget.py)")
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")
     return report
