@@ -8,6 +8,7 @@ cached. docs/serving.md has the same table for people; tests/unit/test_settings.
     settings.WEIGHTS_UPLOADS.on()      # a flag: on, 1, true, yes / off, 0, false, no (any case); unset or "" = default
     settings.THREADS.number()          # a whole number >= 0; 0 = "decide from the machine"
     settings.MODEL.text()              # stripped text; unset or "" = default
+    settings.ONEDNN_LINEAR.mode()      # auto, or a flag's on / off
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     name: str  # the environment variable
-    kind: Literal["flag", "number", "text"]
+    kind: Literal["flag", "number", "text", "mode"]  # mode: auto, or any spelling of on / off
     default: str  # as it would be written in the environment
     meaning: str  # one sentence for docs/serving.md's table
     who: Literal["server", "library"]  # read by the dashboard's server only, or by the library too
@@ -44,6 +45,17 @@ class Setting:
         if value in _OFF:
             return False
         raise SettingError(f"{self.name}={value!r}: use on or off.")
+
+    def mode(self, env: Mapping[str, str] | None = None) -> Literal["auto", "on", "off"]:
+        assert self.kind == "mode", f"{self.name} is a {self.kind} setting"
+        value = (self.raw(env) or self.default).lower()
+        if value == "auto":
+            return "auto"
+        if value in _ON:
+            return "on"
+        if value in _OFF:
+            return "off"
+        raise SettingError(f"{self.name}={value!r}: use auto, on or off.")
 
     def number(self, env: Mapping[str, str] | None = None) -> int:
         assert self.kind == "number", f"{self.name} is a {self.kind} setting"
@@ -79,8 +91,9 @@ PARALLEL_PASSES = Setting("VIT_LENS_PARALLEL_PASSES", "number", "0",
                           "Capture passes of one model at once on the server; 0 = the thread count, at most 4.", "server")
 TRACED_FORWARD = Setting("VIT_LENS_TRACED_FORWARD", "flag", "on",
                          "Run the server's CPU capture through a TorchScript trace that needs no GIL.", "server")
-ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "flag", "on",
-                        "Run float32 CPU linears without gradients on oneDNN instead of MKL (x86-64).", "library")
+ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "mode", "auto",
+                        "Float32 CPU linears without gradients on oneDNN instead of MKL (x86-64): auto = where a "
+                        "measurement on this machine finds oneDNN faster.", "library")
 CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
                      "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
 HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "on",
@@ -94,4 +107,4 @@ def check_all(env: Mapping[str, str] | None = None) -> None:
     """Read every setting once, so that a program stops at its start, in one line, on a value a setting can't take
     (a server would otherwise meet it later, inside some student's page). Raises the first SettingError."""
     for setting in ALL:
-        {"flag": setting.on, "number": setting.number, "text": setting.text}[setting.kind](env)
+        {"flag": setting.on, "number": setting.number, "text": setting.text, "mode": setting.mode}[setting.kind](env)

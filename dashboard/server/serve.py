@@ -60,7 +60,7 @@ def warm_up() -> None:
     from dashboard import caches, examples, models
     from dashboard.figures import pipeline as pipeline_figures
     from dashboard.server import process
-    from vit_core import settings
+    from vit_core import onednn, settings
 
     started = time.perf_counter()
     request = models.ModelRequest(settings.MODEL.text())
@@ -84,6 +84,7 @@ def warm_up() -> None:
         _logger.exception("warm-up failed")
     process.freeze_long_lived_heap()  # the libraries, the model and its first capture: see its docstring
     _logger.info("warm-up done in %.1f s", time.perf_counter() - started)
+    _logger.info("%s", onednn.choices_line(onednn.choices()))  # made by the first capture, for a burst's thread count
 
 
 def upload_cap_flags(argv: list[str]) -> list[str]:

@@ -1,6 +1,8 @@
 """Float32 CPU linears on oneDNN (vit_core.onednn): MKL's numbers within float32 tolerance, only in the thread
 and block that asked, never where a gradient is needed or autocast decides, recorded by the traced capture
-forward, and off where $VIT_LENS_ONEDNN_LINEAR says so."""
+forward, off where $VIT_LENS_ONEDNN_LINEAR says so, and by default only for the kinds of product a measurement on
+the machine found faster (the decision from given timings; the suite itself runs with the setting on:
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -171,7 +173,8 @@ def test_a_capture_on_onednn_equals_one_on_mkl_within_float32_tolerance(family, 
     assert not np.array_equal(on_onednn.tokens, on_mkl.tokens), "the setting switched the library"
 
 
-def test_the_setting_turns_it_off_and_the_default_is_on(onednn_setting):
+def test_the_setting_turns_it_off_and_the_default_is_the_measured_choice(onednn_setting):
+    assert settings.ONEDNN_LINEAR.mode({}) == "auto"
     onednn_setting("off")
     assert onednn_linear() is None
     with linears_on_onednn(CPU):  # no mode entered: nothing to route
@@ -185,3 +188,98 @@ def test_a_torch_without_the_op_keeps_mkl(onednn_setting, monkeypatch):
     monkeypatch.setattr(onednn, "_LINEAR_SOURCE", onednn._LINEAR_SOURCE.replace("_linear_pointwise", "_no_such_op"))
     onednn_setting("on")
     assert onednn_linear() is None
+
+
+@pytest.mark.parametrize("mkl, onednn_times, expected", [
+    ([10.0, 10.2, 9.9], [5.0, 5.1, 5.3], True),  # twice as fast: the Zen 5 case
+    ([8.7, 8.8, 8.6], [9.8, 9.7, 9.9], False),  # slower: the Zen 3 at 1 thread
+    ([10.0, 10.0, 10.0], [9.6, 9.7, 9.6], False),  # within the margin: a wash, torch's own MKL stays
+    ([10.0, 30.0, 10.0, 10.0, 10.0], [9.0, 9.0, 50.0, 9.0, 9.0], True),  # medians: one slow round doesn't decide
+])
+def test_onednn_is_chosen_only_where_its_median_is_clearly_faster(mkl, onednn_times, expected):
+    assert onednn.prefers_onednn(mkl, onednn_times) is expected
+
+
+def test_products_are_grouped_by_rows_up_to_the_measured_size_features_bias_and_threads():
+    weight, bias = torch.zeros(2304, 768), torch.zeros(2304)
+    kind = onednn.product_kind(torch.zeros(1, 197, 768), weight, bias, threads=1)
+    assert kind == onednn.ProductKind(256, 768, 2304, True, 1)  # 197 tokens: 129-256 rows
+    assert onednn.product_kind(torch.zeros(64, 197, 768), weight, bias, 1).rows == onednn.MEASURE_ROWS
+    assert onednn.product_kind(torch.zeros(1, 768), weight, None, 2) == onednn.ProductKind(1, 768, 2304, False, 2)
+    assert onednn.product_kind(torch.zeros(3, 768), weight, bias, 1).rows == 4
+    assert str(kind) == "129-256 rows x 768 -> 2304, 1 thread"
+    assert str(onednn.product_kind(torch.zeros(5000, 768), weight, bias, 2)) == ">512 rows x 768 -> 2304, 2 threads"
+
+
+@pytest.fixture
+def measured(onednn_setting, monkeypatch):
+    """The default (auto) setting with a measurement that says what the test wants: oneDNN twice as fast for
+    products with more than 200 output features, slower for the rest; returns the kinds measured, in order."""
+    onednn_setting("auto")
+    onednn.forget_choices()
+    asked: list[tuple[int, int]] = []
+
+    def fake_measure(linear, x, weight, bias):
+        asked.append(tuple(weight.shape))
+        return ([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) if weight.shape[0] > 200 else ([1.0, 1.0, 1.0], [1.5, 1.5, 1.5])
+
+    monkeypatch.setattr(onednn, "time_both", fake_measure)
+    yield asked
+    onednn.forget_choices()
+
+
+@needs_onednn
+def test_by_default_each_kind_of_product_takes_the_library_measured_faster_once_per_process(measured):
+    model, x = mlp(), torch.randn(2, 197, 96)  # linears 96 -> 384 (oneDNN faster) and 384 -> 96 (MKL faster)
+    with torch.inference_mode():
+        on_mkl = model(x)
+        with linears_on_onednn(CPU):
+            ran = ops_run(lambda: model(x))
+            again = model(x)
+    assert ONEDNN_OP in ran and MKL_OP in ran, "one product of each library"
+    assert measured == [(384, 96), (96, 384)], "each kind measured once, at its first product"
+    torch.testing.assert_close(again, on_mkl, rtol=1e-5, atol=1e-5)
+    made = {c.kind.d_out: c.onednn for c in onednn.choices()}
+    assert made == {384: True, 96: False}
+    line = onednn.choices_line(onednn.choices())
+    assert "\n" not in line and "oneDNN for 1 of 2 kinds of product" in line and "96 -> 384" in line
+
+
+@needs_onednn
+def test_another_thread_count_or_row_count_is_measured_again(measured):
+    model = mlp()
+    threads = torch.get_num_threads()
+    with torch.inference_mode(), linears_on_onednn(CPU):
+        model(torch.randn(197, 96))
+        model(torch.randn(150, 96))  # the same kind: 129-256 rows
+        model(torch.randn(3, 96))  # 3-4 rows: measured again
+        torch.set_num_threads(1)
+        try:
+            model(torch.randn(197, 96))
+        finally:
+            torch.set_num_threads(threads)
+    kinds = [(c.kind.rows, c.kind.threads) for c in onednn.choices()]
+    assert kinds == [(256, threads)] * 2 + [(4, threads)] * 2 + [(256, 1)] * 2
+
+
+@needs_onednn
+def test_a_forward_being_traced_measures_nothing_and_records_the_choice_made_before(measured):
+    model, x = mlp(), torch.randn(197, 96)
+    with torch.inference_mode(), linears_on_onednn(CPU):
+        unmeasured = torch.jit.trace(model, x, check_trace=False)
+        assert measured == [], "nothing may run beside a trace's recorded operations"
+        model(x)  # the eager forward chooses (a capture's trace is recorded after its eager check)
+        traced = torch.jit.trace(model, x, check_trace=False)
+    with torch.inference_mode(), torch.jit.optimized_execution(False):
+        assert ONEDNN_OP not in ops_run(lambda: unmeasured(x))
+        ops = ops_run(lambda: traced(x))
+    assert ONEDNN_OP in ops and MKL_OP in ops
+
+
+def test_a_real_measurement_times_both_libraries_on_the_products_rows():
+    """The timing itself, not its outcome: both libraries run the same product, MEASURE_ROUNDS times each."""
+    linear = onednn_linear()
+    if linear is None:
+        pytest.skip("no oneDNN linear in this torch or on this CPU")
+    mkl, on_onednn = onednn.time_both(linear, torch.randn(1, 3000, 32), torch.randn(16, 32), None)
+    assert len(mkl) == len(on_onednn) == onednn.MEASURE_ROUNDS and min(mkl + on_onednn) > 0

@@ -48,6 +48,11 @@ def set_parallel_passes(passes: int, threads: int | None = None) -> None:
     _parallel.narrow_threads = max(1, (threads or torch.get_num_threads()) // passes)
 
 
+def narrow_threads() -> int:
+    """The torch threads of each capture pass when several run at once (`set_parallel_passes`)."""
+    return _parallel.narrow_threads
+
+
 def parallel_passes() -> int:
     """How many capture passes of one model may run at once (`set_parallel_passes`)."""
     return _parallel.passes

@@ -31,7 +31,7 @@ import torch
 
 from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..model import LoadedModel
-from .passes import parallel_passes
+from .passes import narrow_threads, parallel_passes
 from .priority import lower_this_threads_priority
 
 _logger = logging.getLogger(__name__)
@@ -105,6 +105,10 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
         return torch.equal(a[0], b[0]) and all(
             len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
 
+    threads = torch.get_num_threads()
+    # At the thread count of a burst's passes: the trace records the library each linear was given, and
+    # vit_core.onednn chooses it per thread count (docs/performance.md, "Linears decided on the machine").
+    torch.set_num_threads(narrow_threads())
     try:
         checks = [x, x.flip(-1)]
         expected = [eager(c) for c in checks]
@@ -119,6 +123,7 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
         return None
     finally:
         store.clear()
+        torch.set_num_threads(threads)
     if not exact:
         _logger.info("%s: capture stays eager (the traced forward differs from the eager one)", loaded.name)
         return None

@@ -1,0 +1,144 @@
+"""The class load test's physical floor, measured in the same run, and its figures as ratios to it.
+
+On C cores, N new images can't all be done before N x t / C seconds, with t the server's own capture time on
+this machine (one torch thread, as a burst's passes run, traced, linears on the library the server chooses), and
+the median one can't come before half of that. N counts every new image of the run (sessions x images): with
+the default two images per session, a second image waits for the first images still queued, so its floor is the
+whole burst's, and the median of all new images can't be below the median of all their forwards.
+
+A figure in seconds only says something about the CPU it was taken on (the same code gave a 3.5 s median on a
+Zen 5 and 12.3 s on a Zen 3); its ratio to the floor measured at the start of the same run says how much beyond
+the forwards the server spends:
+
+    floor_median = (N / 2) x t / C        floor_all = N x t / C
+
+Goals (issue 31): new-image median <= 1.5 x floor_median, p95 <= 1.5 x floor_all, control-change median <= 0.2 s,
+no mismatches.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+
+GOAL_RATIO = 1.5  # the new-image median and p95 at most this many times their floors
+CONTROL_GOAL_S = 0.2  # the control-change median, in seconds
+SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
+              "amx_tile")  # the instruction sets MKL and oneDNN choose their kernels by
+
+
+@dataclass(frozen=True)
+class Floor:
+    capture_s: float  # t: one capture, the server's way, on this machine, measured at the start of the run
+    new_images: int  # N: every new image of the run
+    cores: int  # C
+
+    @property
+    def median_s(self) -> float:
+        return self.new_images / 2 * self.capture_s / self.cores
+
+    @property
+    def all_s(self) -> float:
+        return self.new_images * self.capture_s / self.cores
+
+
+@dataclass(frozen=True)
+class Ratios:
+    new_image_median: float  # the new-image median / floor_median
+    new_image_p95: float  # the new-image p95 / floor_all
+    first_image_median: float  # each session's first image's median / the floor_median of the first images alone
+    control_median_s: float
+    mismatches: int
+
+    def met(self) -> dict[str, bool]:
+        return {"new-image median": self.new_image_median <= GOAL_RATIO, "new-image p95": self.new_image_p95 <= GOAL_RATIO,
+                "control-change median": self.control_median_s <= CONTROL_GOAL_S, "mismatches": self.mismatches == 0}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation, as numpy's default."""
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def ratios(floor: Floor, new_image: list[float], first_images: list[float], control: list[float],
+           mismatches: int) -> Ratios:
+    """The run's figures as ratios to its floor (seconds in, ratios out; the control change stays in seconds)."""
+    median = statistics.median(new_image) if new_image else float("nan")
+    first = statistics.median(first_images) if first_images else float("nan")
+    firsts_floor = Floor(floor.capture_s, len(first_images), floor.cores).median_s if first_images else float("nan")
+    return Ratios(median / floor.median_s, percentile(new_image, 95) / floor.all_s, first / firsts_floor,
+                  statistics.median(control) if control else float("nan"), mismatches)
+
+
+def report_lines(floor: Floor, r: Ratios) -> list[str]:
+    met = r.met()
+
+    def mark(goal: str) -> str:
+        return "met" if met[goal] else "NOT MET"
+
+    return [
+        f"floor: one capture t = {floor.capture_s:.3f} s (the server's way, 1 torch thread), N = {floor.new_images}"
+        " new images,"
+        f" C = {floor.cores} cores: floor_median = (N/2) x t / C = {floor.median_s:.2f} s,"
+        f" floor_all = N x t / C = {floor.all_s:.2f} s",
+        f"  new-image median / floor_median = {r.new_image_median:.2f} (goal <= {GOAL_RATIO}: {mark('new-image median')})",
+        f"  new-image p95 / floor_all = {r.new_image_p95:.2f} (goal <= {GOAL_RATIO}: {mark('new-image p95')})",
+        f"  each session's first image, median / the first images' own floor_median = {r.first_image_median:.2f}",
+        f"  control-change median {r.control_median_s:.2f} s (goal <= {CONTROL_GOAL_S} s:"
+        f" {mark('control-change median')}); mismatches {r.mismatches} ({mark('mismatches')})",
+    ]
+
+
+def cpu_description(lscpu_text: str) -> str:
+    """'MODEL, N CPUs, SIMD flags' from `lscpu`'s output: what a figure's kernels depended on."""
+    fields = dict(re.findall(r"^([^:\n]+):\s*(.*)$", lscpu_text, flags=re.M))
+    flags = set(fields.get("Flags", "").split())
+    simd = [f for f in SIMD_FLAGS if f in flags]
+    return (f"{fields.get('Model name', 'unknown CPU').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs,"
+            f" flags: {' '.join(simd) or 'none of ' + '/'.join(SIMD_FLAGS[:3])}")
+
+
+def this_cpu() -> str:
+    if shutil.which("lscpu") is None:
+        return "unknown CPU (no lscpu)"
+    return cpu_description(subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout)
+
+
+def capture_seconds(model: str, random_init: bool, rounds: int = 5) -> float:
+    """t: the median of `rounds` captures of `model` the way the server's burst runs them (`serve_capture`, one torch
+    thread, traced where the server traces; linears chosen as the server chooses them, vit_core.onednn), after
+    one untimed capture that records the trace. In this process, before the server starts: the machine is quiet."""
+    import torch
+    from PIL import Image
+
+    from dashboard.models import build_named_model
+    from vit_core import settings
+    from vit_core.serving import serve_capture, set_parallel_passes, set_traced_forward
+
+    loaded = build_named_model(model, random_init)
+    image = Image.new("RGB", (640, 480), (120, 90, 60))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    set_parallel_passes(1, 1)
+    set_traced_forward(settings.TRACED_FORWARD.on())
+    try:
+        serve_capture(loaded, image)
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            serve_capture(loaded, image)
+            times.append(time.perf_counter() - started)
+    finally:
+        set_traced_forward(False)
+        torch.set_num_threads(threads)
+    return statistics.median(times)
