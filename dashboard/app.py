@@ -2,11 +2,14 @@
 
     vit-lens dashboard        (or: streamlit run dashboard/app.py, with ViT Lens installed)
 
-The entry point only navigates: the page settings, the sidebar's model choice shared by both pages, and
-`st.navigation` over the page scripts of dashboard/pages/: "One image" (the default, URL "/": an image, then one tab
+The entry point only navigates: the page settings, the sidebar's model choice shared by every page, and
+`st.navigation` over the page scripts of dashboard/page_scripts/ (not `pages/`: Streamlit takes a `pages/` folder
+beside the main script for its older file-based pages, and a fresh server then answered a link such as
+/lesson?step=4 with "Page not found" before the page): "One image" (the default, URL "/": an image, then one tab
 per stage of the forward pass; its links such as `?view=Attention&layer=3` open as they always did) and "Many
-images" (/many-images: the attention distance, accuracy and high-norm rate over a set of images). Both pages get
-the model chosen here from the session (`session.chosen_model`).
+images" (/many-images: the attention distance, accuracy and high-norm rate over a set of images) and "Lesson"
+(/lesson, a step as /lesson?step=N: the paper's story in ten guided steps on the same model and image,
+dashboard/lesson). Every page gets the model chosen here from the session (`session.chosen_model`).
 """
 
 import streamlit as st
@@ -21,8 +24,9 @@ streamlit_internals.keep_made_downloads_for_a_while()  # `streamlit run dashboar
 
 model_choice.sidebar()  # one widget on both pages, so it keeps its value across pages
 page = st.navigation([
-    st.Page("pages/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),
-    st.Page("pages/many_images.py", title="Many images", icon=":material/photo_library:", url_path="many-images"),
+    st.Page("page_scripts/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),
+    st.Page("page_scripts/many_images.py", title="Many images", icon=":material/photo_library:", url_path="many-images"),
+    st.Page("page_scripts/lesson.py", title="Lesson", icon=":material/school:", url_path="lesson"),
 ])
 page.run()
 

@@ -136,8 +136,10 @@ def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoic
     """The capture of one hooked forward pass per (model, image), cached and shared by every session
     (computed once however many sessions ask for it at the same moment)."""
     def forward() -> vit_core.Capture:
-        cap = serving.serve_capture(loaded, full_image(image, loaded.decode_min_side))
-        process.finish_this_run_below_the_pages()  # this image's figures come after others' control changes
+        light = serving.light_pass(loaded)  # the Shapes ViT: each stroke of a drawing is a new image, done at once
+        cap = serving.serve_capture(loaded, full_image(image, loaded.decode_min_side), on_this_thread=light)
+        if not light:
+            process.finish_this_run_below_the_pages()  # this image's figures come after others' control changes
         return cap
 
     return _captures.get_or_compute((request.key, image.sha), forward)
@@ -235,7 +237,8 @@ def analysis_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoi
 @st.cache_resource(max_entries=24, show_spinner=False)
 def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel,
                _cap: vit_core.Capture) -> explain.Relevance:
-    return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap, choose_gamma=False)
+    with serving.light_threads(_loaded):  # a light model's passes: one torch thread (see there)
+        return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap, choose_gamma=False)
 
 
 # The LRP maps with their rule chosen on the image (explain.relevance_maps' gamma choice: a faithfulness test of each
@@ -259,7 +262,8 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
     key = (request.key, image.sha, int(target))
     chosen = _chosen_relevance.get(key)
     if chosen is None:
-        chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
+        with serving.light_threads(loaded):
+            chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
         _chosen_relevance.put(key, chosen)
     return chosen
 
@@ -342,8 +346,9 @@ def compute_judgement(request: ModelRequest, loaded: LoadedModel, image: ImageCh
     if progress is not None:
         progress(0.0, "choosing the LRP rule on this image...")
     relevance = chosen_relevance(request, loaded, image, cap, relevance.target)
-    result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
-                           progress=progress)
+    with serving.light_threads(loaded):
+        result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
+                               progress=progress)
     key = _judgement_key(request, image, relevance.target, steps, objects, tuple(tests))
     _judgements.put(key, result)
     _latest_judgement.put((request.key, image.sha), key)
@@ -364,7 +369,8 @@ def compute_sanity(request: ModelRequest, loaded: LoadedModel, image: ImageChoic
                    progress: Callable[[float, str], None] | None = None) -> explain.Sanity:
     """The sanity checks of every method's map (explain.sanity_checks: cascading re-initialisation on a private
     copy of the model, and a random other class): computed now, kept for every session."""
-    result = explain.sanity_checks(loaded, cap, int(target), progress=progress)
+    with serving.light_threads(loaded):
+        result = explain.sanity_checks(loaded, cap, int(target), progress=progress)
     _sanity.put((request.key, image.sha, int(target)), result)
     return result
 

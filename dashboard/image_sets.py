@@ -1,5 +1,5 @@
 """The sets of images of the "Many images" page, and one run over a set. No Streamlit here (the page is
-dashboard/pages/many_images.py, its widgets dashboard/views/many_images.py).
+dashboard/page_scripts/many_images.py, its widgets dashboard/views/many_images.py).
 
 The set is a batch drawn by the Shapes generator (labels known) or the user's uploads: several image files,
 or a .zip whose first-level folders name the classes (as the CLI's class-named subfolders). "Run" hands the

@@ -1,6 +1,7 @@
 """The sidebar's image choice of the One image page: an example, an upload, the camera or a drawing, the input
 touched last winning. Small `*_ui` helpers that return plain values; every widget has an explicit key
-(`dashboard.session`).
+(`dashboard.session`). The canvas itself can sit in the main area, beside the drawing's result (`canvas_area`);
+which input is shown is said in words (`SOURCES`), and an empty canvas says that the example is back.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from dashboard import caches, draw, examples, ground_truth, session, text
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice, markdown_literal
 from vit_core.model import LoadedModel
 
+# What `image_and_source_ui` says the image came from, and how the page says it.
+SOURCE_WORDS = {"example": "example", "upload": "your upload", "camera": "camera photo", "draw": "your drawing"}
 
-def image_ui(model_name: str) -> ImageChoice:
-    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image."""
+
+def image_ui(model_name: str, canvas_area=None) -> ImageChoice:
+    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image.
+    With Draw on, the canvas goes in `canvas_area` (a container of the main area), else where this is called."""
+    return image_and_source_ui(model_name, canvas_area)[0]
+
+
+def image_and_source_ui(model_name: str, canvas_area=None) -> tuple[ImageChoice, str]:
+    """`image_ui`, and which input the image shown came from (a key of SOURCE_WORDS)."""
     names = examples.example_names()
     default = examples.default_example(model_name)
     example = st.selectbox("Example image", names, index=names.index(default), key=session.K_EXAMPLE,
@@ -28,21 +38,27 @@ def image_ui(model_name: str) -> ImageChoice:
     if st.toggle("Take a photo with the camera", key=session.K_CAMERA_ON):
         camera = st.camera_input("Camera", key=session.K_CAMERA, on_change=session.set_image_source, args=("camera",))
     drawing = None
-    if st.toggle("Draw", key=session.K_DRAW_ON, help="Draw a shape with the mouse or a finger"):
-        drawing = draw.draw_ui(session.K_DRAW, on_change=session.set_image_source, args=("draw",))
+    drawing_on = st.toggle("Draw", key=session.K_DRAW_ON,
+                           help="Draw a shape with the mouse or a finger: the canvas opens beside the model's answer")
+    canvas_area = canvas_area if canvas_area is not None else st.container()
+    if drawing_on:
+        with canvas_area:
+            drawing = draw.draw_ui(session.K_DRAW, on_change=session.set_image_source, args=("draw",))
 
     source = session.image_source()
     from_canvas = source == "draw" and drawing is not None
     shown_example = None
     if source == "upload" and upload is not None:
-        name, data = upload.name, upload.getvalue()
+        name, data, shown = upload.name, upload.getvalue(), "upload"
     elif source == "camera" and camera is not None:
-        name, data = "camera photo", camera.getvalue()
+        name, data, shown = "camera photo", camera.getvalue(), "camera"
     elif from_canvas:
-        name, data = draw.DRAWING_NAME, None  # the browser's data URL, checked before anything decodes it
+        name, data, shown = draw.DRAWING_NAME, None, "draw"  # the browser's data URL, checked before anything decodes it
     else:
-        name, data = example, caches.example_bytes(example)
+        name, data, shown = example, caches.example_bytes(example), "example"
         shown_example = example
+        if source == "draw" and drawing_on:  # cleared, or nothing drawn yet: say so, don't switch silently
+            canvas_area.info(text.CANVAS_EMPTY.format(example=markdown_literal(example)), icon=":material/undo:")
     try:
         image = caches.decode(name, draw.canvas_png(drawing) if from_canvas else data)
     except vit_core.ImageError as e:
@@ -50,13 +66,22 @@ def image_ui(model_name: str) -> ImageChoice:
         previous = session.last_good_image()
         if previous is not None:
             st.caption(f"Still showing {markdown_literal(previous.name)}.")
-            return previous
-        return caches.decode(example, caches.example_bytes(example))
+            return previous, _source_of(previous, names)
+        return caches.decode(example, caches.example_bytes(example)), "example"
     session.remember_good_image(image)
     _remember_object(image, shown_example, from_canvas)
     for note in () if from_canvas else image.notes:  # a drawing's only note would be its RGBA -> RGB on white
         st.caption(note)
-    return image
+    return image, shown
+
+
+def _source_of(image: ImageChoice, example_names: list[str]) -> str:
+    """Which input a kept image (shown again after a refused one) came from, by its name."""
+    if image.name == draw.DRAWING_NAME:
+        return "draw"
+    if image.name == "camera photo":
+        return "camera"
+    return "example" if image.name in example_names else "upload"
 
 
 def _remember_object(image: ImageChoice, example: str | None, from_canvas: bool) -> None:
@@ -78,6 +103,11 @@ def _remember_object(image: ImageChoice, example: str | None, from_canvas: bool)
     mask = make()
     if mask is not None and mask.shape == (image.size[1], image.size[0]) and mask.any():
         session.remember_object(image.sha, mask, where)
+
+
+def shown_caption(image: ImageChoice, source: str) -> None:
+    """Which input the image shown came from, in the sidebar under the inputs (the header says it too)."""
+    st.caption(f"Shown: **{markdown_literal(image.name)}** ({SOURCE_WORDS[source]})")
 
 
 def untrained_warning(loaded: LoadedModel) -> None:

@@ -11,6 +11,8 @@ Environment variables (read when used, through `vit_core.settings`):
   dashboard tests use it.
 - `VIT_LENS_RANDOM_INIT=on`: build every timm model with random weights instead of pretrained ones
   (offline benchmarks: same compute as the pretrained model); off, 0, false, no or unset: pretrained.
+  A session can ask for one model's random weights itself, where its pretrained ones can't be had (the
+  sidebar's "Load with random weights" button: `ModelRequest.random_weights`).
 - `VIT_LENS_WEIGHTS_UPLOADS=off`: no "Your own weights file..." choice (a weights file is up to
   400 MB held in the server's memory per session, and a model built per file). On by default (one
   user on their own machine); off in docs/serving.md's class command.
@@ -139,6 +141,48 @@ def random_init_forced() -> bool:
     return settings.RANDOM_INIT.on()
 
 
+def match_typed_name(typed: str, choices: dict[str, str], options: list[str]) -> tuple[str, int] | None:
+    """The model a text typed into the picker means, and how many models it matches; None if it matches none.
+
+    Streamlit hands over what was typed when Enter is pressed (`accept_new_options`), not the option the list
+    showed first, so part of a name ("dino", "vit_small", "B/16") would otherwise be taken as a model name of its
+    own. Matching ignores case; every word typed must be part of the model's name or of its label in `choices`.
+    An exact name or label wins; else the first match in `options`'s order among the listed models (`choices`),
+    else the shortest other name (an architecture before its `name.tag` variants, alphabetical on a tie).
+    `hf-hub:` ids are not matched: they name a model outside the list."""
+    text = typed.strip().casefold()
+    words = text.split()
+    if not words or text.startswith("hf-hub:"):
+        return None
+    listed = [n for n in options if n in choices and n != UPLOAD_WEIGHTS]
+    searchable = [(n, f"{n} {choices.get(n, '')}".casefold()) for n in [*listed, *(n for n in options if n not in choices)]]
+    for name, _ in searchable:
+        if text in (name.casefold(), choices.get(name, "").casefold()):
+            return name, 1
+    found = [name for name, where in searchable if all(word in where for word in words)]
+    if not found:
+        return None
+    first_listed = [n for n in found if n in choices]
+    best = first_listed[0] if first_listed else min(found, key=lambda n: (len(n), n))
+    return best, len(found)
+
+
+def pretrained_unavailable(name: str, error: Exception) -> bool:
+    """Whether `error`, raised loading timm model `name` with its pretrained weights, means only that those weights
+    can't be had (offline, or timm has none for it): the architecture itself can then be built with random weights."""
+    if name in (TEACHING_MODEL, TEST_TINY, UPLOAD_WEIGHTS) or name.startswith("hf-hub:"):
+        return False  # the bundled models need no download; a hub id's architecture comes from the hub too
+    if isinstance(error, vit_core.OfflineError):
+        return True
+    if not isinstance(error, vit_core.ModelError) or name not in family_model_names():
+        return False
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except (RuntimeError, ValueError):
+        return False
+    return not getattr(cfg, "hf_hub_id", None)  # timm knows the architecture, with no weights to download
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     name: str  # a timm name (maybe with a pretrained tag), an "hf-hub:" id, TEACHING_MODEL or TEST_TINY
@@ -147,6 +191,7 @@ class ModelRequest:
     weights_id: str = ""  # sha256 of the uploaded weights (+ labels)
     # (saved file name, name as uploaded) of each uploaded file: messages about a file use the user's name
     uploaded_names: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    random_weights: bool = False  # the session asked for this timm model's random weights (structure only)
 
     def for_user(self, message: str) -> str:
         """`message` (about this request's files) with each saved file's name replaced by the name it was uploaded as."""
@@ -161,7 +206,8 @@ class ModelRequest:
 
     @property
     def random_init(self) -> bool:
-        return random_init_forced() and not self.weights_path and self.name not in (TEACHING_MODEL, TEST_TINY)
+        return ((random_init_forced() or self.random_weights) and not self.weights_path
+                and self.name not in (TEACHING_MODEL, TEST_TINY))
 
     @property
     def load_args(self) -> tuple[str, str, str, str, bool]:
@@ -198,8 +244,8 @@ def pinned_startup_model(name: str, random_init: bool) -> LoadedModel:
 
 def build_model(name: str, weights_path: str, labels_path: str, random_init: bool) -> LoadedModel:
     """The model of a request (see `ModelRequest.load_args`). Raises vit_core errors with a message for the user."""
-    if name == settings.MODEL.text() and not (weights_path or labels_path):
-        return pinned_startup_model(name, random_init)
+    if name == settings.MODEL.text() and not (weights_path or labels_path) and random_init == random_init_forced():
+        return pinned_startup_model(name, random_init)  # (a session's random weights of it are not pinned)
     if name in (TEST_TINY, TEACHING_MODEL) or not (weights_path or labels_path):
         return build_named_model(name, random_init)
     kwargs: dict[str, Any] = {"labels": labels_path} if labels_path else {}

@@ -57,6 +57,8 @@ _HOLDER = "_capture_holder"  # this session's name in the capture cache's holds:
 _SOURCE, _LAST_GOOD, _MAD_HISTORY, _SAVED_UPLOADS = "_image_source", "_last_good_image", "_mad_history", "_saved_uploads"
 _LAST_GOOD_MODEL = "_last_good_model"  # the ModelRequest this session last loaded: kept after a refused model
 _MODEL_REFUSED = "_model_refused"  # (message for the user, the picker's value for the model shown instead)
+_MODEL_NOTE = "_model_note"  # (a note about the model shown, the picker's value it is about): see keep_model_note
+_RANDOM_WEIGHTS = "_random_weights"  # the timm names this session asked to load with random weights
 _CHOSEN_MODEL = "_chosen_model"  # (ModelRequest, LoadedModel) the sidebar chose in this script run: see chosen_model
 _CANVAS_GENERATION = "_canvas_generation"  # canvas key -> how many times it was cleared: see canvas_generation
 _INT_OWNER = "_intervention_owner"  # (model key, image sha) the chosen patches belong to: see keep_interventions_for
@@ -93,13 +95,13 @@ def model_choice() -> str | None:
     return st.session_state.get(K_MODEL)
 
 
-def refuse_model_choice(message: str | None, shown: str) -> None:
+def refuse_model_choice(message: Any, shown: str) -> None:
     """A choice that failed: in the rerun that follows, the picker is set to `shown` before it exists (afterwards
     it can't be set) and `message` said below it (see `take_back_refused_choice`)."""
     st.session_state[_MODEL_REFUSED] = (message, shown)
 
 
-def take_back_refused_choice() -> str | None:
+def take_back_refused_choice() -> Any:
     """In the rerun after `refuse_model_choice`, before the picker exists: set it to the model shown instead, and
     return the message to show below it (None if there is none)."""
     refused = st.session_state.pop(_MODEL_REFUSED, None)
@@ -107,6 +109,35 @@ def take_back_refused_choice() -> str | None:
         return None
     st.session_state[K_MODEL] = refused[1]
     return refused[0]
+
+
+def keep_model_note(note: Any, shown: str) -> None:
+    """A note (dashboard.model_choice.ModelNote) said under the picker on every run while it names `shown`."""
+    st.session_state[_MODEL_NOTE] = (note, shown)
+
+
+def model_note(shown: str) -> Any:
+    """The note kept about `shown`, the picker's value now; None, and the note forgotten, once it names another."""
+    kept = st.session_state.get(_MODEL_NOTE)
+    if kept is not None and kept[1] != shown:
+        del st.session_state[_MODEL_NOTE]
+        return None
+    return None if kept is None else kept[0]
+
+
+def pick_model(name: str) -> None:
+    """From a widget's callback (it runs before the rerun creates the picker): the picker set to `name`."""
+    st.session_state[K_MODEL] = name
+
+
+def random_weights_chosen(name: str) -> bool:
+    """Whether this session asked for timm model `name` with random weights (its pretrained ones can't be had)."""
+    return name in st.session_state.get(_RANDOM_WEIGHTS, ())
+
+
+def choose_random_weights(name: str, chosen: bool = True) -> None:
+    names = set(st.session_state.get(_RANDOM_WEIGHTS, ()))
+    st.session_state[_RANDOM_WEIGHTS] = frozenset(names | {name} if chosen else names - {name})
 
 
 def last_good_model() -> ModelRequest | None:
@@ -142,6 +173,22 @@ def image_source() -> str:
 def set_image_source(source: str) -> None:
     """on_change callback of the image inputs: the input touched last is the one shown."""
     st.session_state[_SOURCE] = source
+
+
+def drawing_on() -> bool:
+    """Whether the Draw toggle is on: its value in this run, known before the toggle is drawn (the page places the
+    canvas in the main area, beside the drawing's result, only then)."""
+    return bool(st.session_state.get(K_DRAW_ON, False))
+
+
+def open_renamed_view(renamed: dict[str, str]) -> None:
+    """A tab asked for by its former label (`?view=Attention` in a link, or set so by a script) opens under its label
+    today (`5 Attention`). Called before the tabs exist: their bound query parameter can only be set through the
+    session state."""
+    for old in (st.session_state.get(K_VIEW), st.query_params.get(K_VIEW)):
+        if old in renamed:
+            st.session_state[K_VIEW] = renamed[old]
+            return
 
 
 def canvas_generation(key: str) -> int:

@@ -6,9 +6,16 @@ side, N = number of patches, D token width, T = prefix tokens + N, L layers, H h
 
 INTRO = (
     "**ViT Lens** opens up a Vision Transformer (ViT) on an image of your choice. Pick a model and an "
-    "image in the sidebar, then walk through the tabs from left to right: they follow the image through "
-    "the network, from pixels to prediction. Every figure has a download button; the sidebar exports all "
-    "captured arrays."
+    "image in the sidebar (or draw one), then walk through the numbered tabs: 1 to 8 follow the image through "
+    "the network, from pixels to prediction and why; the last three are research tools. Every figure has a "
+    "download button; the sidebar exports all captured arrays. The Lesson page tells the same story step by step."
+)
+
+PHONE_HINT = "Pick, upload, photograph or draw an image: open the sidebar with the » at the top left."
+
+CANVAS_EMPTY = (
+    "The canvas is empty, so the page shows the example **{example}** again. Draw on the canvas to see what "
+    "the model makes of your drawing."
 )
 
 PIPELINE = (
@@ -95,8 +102,7 @@ OUTSIDE_SHAPES_UNSURE = (
 )
 
 UNTRAINED = (
-    "This model has RANDOM weights (untrained): the pipeline and shapes are real, but its attention, "
-    "filters and predictions carry no meaning."
+    "RANDOM weights (untrained): the pipeline and shapes are real; its attention, filters and predictions mean nothing."
 )
 
 UPLOAD_HELP = (

@@ -43,6 +43,7 @@ class Shot:
 
 TABS = '[role="tablist"]'
 SHOTS = (  # the tab is a query parameter (dashboard/app.py binds st.tabs to ?view=); the page's path is its url_path
+    Shot("lesson.png", "/lesson?step=5"),
     Shot("pipeline.png", "/?view=Pipeline"),
     Shot("attention.png", "/?view=Attention", top=TABS),
     Shot("why.png", "/?view=Why%3F", top=TABS),

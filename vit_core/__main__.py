@@ -8,7 +8,8 @@
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
 
-`analyze` writes DIR/<name>.npz and DIR/<name>.json per readable image; `dataset` writes DIR/dataset.npz,
+`analyze` writes DIR/<name>.npz and DIR/<name>.json per readable image, and says so in one line on stdout (the image,
+its top-1 class with its probability, or "no classifier head", and the two files); `dataset` writes DIR/dataset.npz,
 DIR/dataset.json, DIR/mean_attention_distance.png, DIR/images.csv (and DIR/classes.csv with labels) for every
 image under FOLDER, in shards whose parts it keeps in DIR/parts (a rerun skips the shards done; `--shard I/N`
 runs one shard, `merge` joins the parts of shards run elsewhere; formats: docs/spec/interface.md). Every file is
@@ -41,24 +42,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import settings
-from .capture import run_with_capture
-from .devices import DEVICE_CHOICES, describe_device, resolve_device
 from .errors import ViTLensError
-from .explain import DEFAULT_STEPS, FAITHFULNESS_TESTS, mask_from_file
-from .export import EXPORT_TESTS, analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
 from .files import OutputFolder, read_input
-from .images import MAX_FILE_BYTES, load_image
-from .loading import DEFAULT_MODEL, load_model
-from .model import LoadedModel
 from .runtime import configure_threads, cpu_quota
 
-if TYPE_CHECKING:  # the dataset package is imported by its subcommands only
+# Nothing that imports torch, timm or numpy at module level: `--help` and a mistyped option answer at once
+# (importing timm costs seconds). The subcommands import what they run (`_core`); the parser's defaults are
+# spelled out below, and tests/unit/test_cli.py checks them against the modules that define them.
+if TYPE_CHECKING:
     from .dataset import PartStore, RunPlan, Shard
+    from .model import LoadedModel
 
 EXIT_FAILURES = 2
 ENGINES = ("local", "ray")
 RAY_EXTRA = 'pip install "vit-lens[ray]"'
 TABLE_FORMATS = ("csv", "parquet")  # vit_core.dataset.TABLE_FORMATS, without importing the dataset package here
+DEFAULT_MODEL = "vit_base_patch16_224"  # vit_core.loading.DEFAULT_MODEL
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"  # vit_core.devices.DEVICE_CHOICES
+DEFAULT_STEPS = 10  # vit_core.explain.DEFAULT_STEPS
+FAITHFULNESS_TESTS = ("deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg",
+                      "saco")  # vit_core.explain.FAITHFULNESS_TESTS
+EXPORT_TESTS = ("deletion_auc", "insertion_auc")  # vit_core.export.EXPORT_TESTS
 
 
 def default_workers() -> int:
@@ -235,6 +239,9 @@ def _fail(message: str) -> None:
 def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
     symlink: results land only in the folder named); None after saying why not."""
+    from .devices import resolve_device
+    from .loading import load_model
+
     try:
         device = resolve_device(args.device)  # before the model: a bad device costs no load
     except ViTLensError as e:
@@ -280,7 +287,13 @@ def analyze(args: argparse.Namespace) -> int:
 
 def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
     """`analyze`'s loop: each image read (a regular file, at most images.MAX_FILE_BYTES), analysed and written; a failure
-    is one line and the next image goes on. Returns the exit status."""
+    is one line and the next image goes on; a result written is one line on stdout (`_result_line`). Returns the
+    exit status."""
+    from .capture import run_with_capture
+    from .devices import describe_device
+    from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
+    from .images import MAX_FILE_BYTES, load_image
+
     device_name = describe_device(loaded.device)
     failures = 0
     masks = args.mask or [None] * len(args.images)
@@ -297,7 +310,8 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
                 arrays, described = {**arrays, **extra_arrays}, {**described, **extra_summary}
             out.write(f"{name}.npz", npz_bytes(arrays))
             out.write(f"{name}.json", json_bytes(described))
-            logging.getLogger(__name__).info("%s -> %s", path, args.out / f"{name}.npz")
+            print(result_line(path, prediction_text(loaded, cap), [args.out / f"{name}.npz", args.out / f"{name}.json"]),
+                  flush=True)
         except ViTLensError as e:
             failures += 1
             _fail(f"{path}: {e}")
@@ -307,8 +321,27 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     return EXIT_FAILURES if failures else 0
 
 
+def prediction_text(loaded: LoadedModel, cap) -> str:
+    """The top-1 class with its probability, 'circle (93.1%)'; for a model without a classifier head (DINOv2, a
+    SigLIP image tower), whose outputs are pooled features and not classes, says so instead."""
+    from .analyses import top_k
+
+    if not loaded.geometry.num_classes:
+        return f"no classifier head (the model outputs {cap.logits.shape[-1]} pooled features, not classes)"
+    top = top_k(cap.logits, loaded.labels, 1)[0]
+    return f"{top.label} ({top.prob:.1%})"
+
+
+def result_line(image: Path, prediction: str, written: list[Path]) -> str:
+    """`analyze`'s line on stdout for an image done: the image, its prediction, the files written."""
+    return f"{image}: {prediction} -> {', '.join(map(str, written))}"
+
+
 def _read_mask(path: Path):
     """The object mask (H, W) bool of `path`; an unusable one raises ImageError naming the mask, not the image."""
+    from .explain import mask_from_file
+    from .images import MAX_FILE_BYTES
+
     try:
         return mask_from_file(read_input(path, MAX_FILE_BYTES))
     except ViTLensError as e:

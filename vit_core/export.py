@@ -75,14 +75,17 @@ def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
 
 
 def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:
-    """The `.json` beside the arrays: model, weights source and the top-k predictions."""
+    """The `.json` beside the arrays: model, weights source and the top-k predictions (none for a model without a
+    classifier head, whose outputs are pooled features, not classes: then `"classifier_head": false`)."""
+    head = bool(loaded.geometry.num_classes)
     return {
         "model": loaded.name,
         "weights": loaded.weights,
+        "classifier_head": head,
         "topk": [
             {"index": pred.index, "label": pred.label, "prob": pred.prob}
             for pred in analyses.top_k(cap.logits, loaded.labels, topk)
-        ],
+        ] if head else [],
     }
 
 

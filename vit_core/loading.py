@@ -178,7 +178,9 @@ def load_model(
     if labels is not None:
         label_names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
     elif label_names is None:
-        label_names = imagenet_labels(model)
+        label_names = imagenet_labels(model)  # a guess from the pretrained config's class count, not the head's:
+        if label_names is not None and len(label_names) != model.num_classes:  # built with num_classes=0, say
+            label_names = None
     if label_names is not None and len(label_names) != model.num_classes:
         raise WeightsError(
             f"The labels list {len(label_names)} classes but the model's head has {model.num_classes}: "

@@ -17,6 +17,15 @@ DPI = 110
 
 def attention_distance_png(mad: np.ndarray, uniform: float, *, spread: np.ndarray | None = None,
                            average: np.ndarray | None = None, num_images: int = 1, title: str = "") -> bytes:
+    """`attention_distance_figure` as PNG bytes."""
+    fig = attention_distance_figure(mad, uniform, spread=spread, average=average, num_images=num_images, title=title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    return buffer.getvalue()
+
+
+def attention_distance_figure(mad: np.ndarray, uniform: float, *, spread: np.ndarray | None = None,
+                              average: np.ndarray | None = None, num_images: int = 1, title: str = ""):
     """The paper's Fig. 7 (right): the mean attention distance of every head (a dot each) against depth, the heads of
     a layer side by side, with the level of uniform attention over all patches as a dashed line.
 
@@ -25,7 +34,8 @@ def attention_distance_png(mad: np.ndarray, uniform: float, *, spread: np.ndarra
     average: (L, H), optional: crosses at the same places, the average over `num_images` images (drawn only when
     num_images > 1; the dashboard's distance tab: this image's dots beside the session's average);
     uniform: the distance of uniform attention over all patches (analyses.uniform_attention_distance).
-    Heads are named in a legend up to 16 heads. PNG bytes."""
+    Heads are named in a legend up to 16 heads. A matplotlib Figure (the dashboard sets its text sizes for the
+    screen before saving it)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -57,6 +67,4 @@ def attention_distance_png(mad: np.ndarray, uniform: float, *, spread: np.ndarra
     ax.set_title(title.replace("$", r"\$"), fontsize=10)  # a `$` would start mathtext: shown as written
     if num_heads <= 16 or (average is not None and num_images > 1):
         ax.legend(fontsize=7, ncols=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
-    return buffer.getvalue()
+    return fig

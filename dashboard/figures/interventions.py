@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from dashboard.figures.base import enlarged_with_grid, figure_png, patch_box, shown_label
+from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, enlarged_with_grid, figure_png, patch_box, shown_label
 from dashboard.image_choice import mathtext_literal
 
 
@@ -28,21 +28,26 @@ def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: t
     return np.asarray(im)
 
 
-def prediction_change_png(labels: Sequence[str], before: Sequence[float], after: Sequence[float], title: str = "") -> bytes:
-    """Horizontal bars of each class's probability before (grey) and after (blue) an intervention, first on top."""
+def prediction_change_png(labels: Sequence[str], before: Sequence[float], after: Sequence[float], title: str = "",
+                          width_px: int = 540) -> bytes:
+    """Horizontal bars of each class's probability before (grey) and after (blue) an intervention, first on top;
+    about `width_px` wide."""
     n = len(labels)
-    fig = Figure(figsize=(6, 0.5 * n + 1.0))
+    fig = Figure(figsize=(width_px / DPI, (38 * n + 90) / DPI))
     ax = fig.add_subplot()
     y = np.arange(n)[::-1]
     ax.barh(y + 0.2, np.asarray(before) * 100, height=0.38, color="#bbbbbb", label="original")
     ax.barh(y - 0.2, np.asarray(after) * 100, height=0.38, color="#4c72b0", label="after the intervention")
     for yi, b, a in zip(y, before, after, strict=True):
-        ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=7, color="#555")
-        ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=7)
-    ax.set_yticks(y, [shown_label(label, 24) for label in labels], fontsize=9)
-    ax.set_xlim(0, 115)
-    ax.set_xlabel("probability (%)")
-    ax.legend(fontsize=8, loc="lower right")
+        ax.text(b * 100 + 1, yi + 0.2, f"{b * 100:.1f}%", va="center", fontsize=TEXT_PT, color="#555")
+        ax.text(a * 100 + 1, yi - 0.2, f"{a * 100:.1f}%", va="center", fontsize=TEXT_PT)
+    ax.set_yticks(y, [shown_label(label, 20) for label in labels], fontsize=TEXT_PT)
+    ax.set_xlim(0, 125)
+    ax.set_xticks([0, 25, 50, 75, 100])
+    ax.set_xlabel("probability (%)", fontsize=TEXT_PT)
+    ax.tick_params(labelsize=TEXT_PT)
+    ax.legend(fontsize=TEXT_PT, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(mathtext_literal(title), fontsize=10)
-    return figure_png(fig)
+    if title:
+        ax.set_title(mathtext_literal(title), fontsize=TITLE_PT)
+    return figure_png(fig, width_px=width_px)

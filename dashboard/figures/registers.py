@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from dashboard.figures.base import display_scale, enlarge, figure_png, overlay, patch_box
+from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, display_scale, enlarge, figure_png, overlay, patch_box
 from dashboard.image_choice import mathtext_literal
 
 HIGH_NORM_FRAME = (60, 255, 60)  # bright green: stands out on every colour of the inferno map (cyan means "selected")
@@ -42,10 +42,11 @@ def _prefix_colour(name: str) -> str:
 
 
 def token_norms_png(patch_norms: np.ndarray, fence: float, prefix_norms: np.ndarray, prefix_names: Sequence[str],
-                    title: str = "") -> bytes:
+                    title: str = "", width_px: int = 440) -> bytes:
     """Why a patch is marked: the histogram of one layer's patch-token norms (N,), those above the fence
-    (Q3 + 3 IQR) in red, the fence as a dashed line, and each prefix token's norm (P,) as a labelled line."""
-    fig = Figure(figsize=(6, 3.2))
+    (Q3 + 3 IQR) in red, the fence as a dashed line, and each prefix token's norm (P,) as a labelled line; about
+    `width_px` wide, the legend below."""
+    fig = Figure(figsize=(width_px / DPI, 2.6))
     ax = fig.add_subplot()
     values = [*patch_norms.tolist(), *prefix_norms.tolist(), float(fence)]
     bins = np.linspace(min(values), max(values), 41) if max(values) > min(values) else 41
@@ -57,30 +58,32 @@ def token_norms_png(patch_norms: np.ndarray, fence: float, prefix_norms: np.ndar
     for i, (name, norm) in enumerate(zip(prefix_names, prefix_norms.tolist(), strict=True)):
         colour = _prefix_colour(name)
         ax.axvline(norm, color=colour, lw=1.6)
-        ax.annotate(name, (norm, 1), xycoords=("data", "axes fraction"), xytext=(2, -10 - 11 * (i % 8)),
-                    textcoords="offset points", fontsize=8, color=colour)
-    ax.set_xlabel("token norm ||x||", fontsize=9)
-    ax.set_ylabel("number of patches", fontsize=9)
-    ax.tick_params(labelsize=8)
+        ax.annotate(name, (norm, 1), xycoords=("data", "axes fraction"), xytext=(2, -12 - 14 * (i % 8)),
+                    textcoords="offset points", fontsize=TEXT_PT, color=colour)
+    ax.set_xlabel("token norm ||x||", fontsize=TEXT_PT)
+    ax.set_ylabel("number of patches", fontsize=TEXT_PT)
+    ax.tick_params(labelsize=TEXT_PT)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title(mathtext_literal(title), fontsize=10)
-    return figure_png(fig)
+    ax.legend(fontsize=TEXT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncols=1, frameon=False)
+    if title:
+        ax.set_title(mathtext_literal(title), fontsize=TITLE_PT)
+    return figure_png(fig, width_px=width_px)
 
 
-def high_norm_rate_png(rate: np.ndarray, title: str = "") -> bytes:
+def high_norm_rate_png(rate: np.ndarray, title: str = "", width_px: int = 440) -> bytes:
     """The share of high-norm patch tokens per row of the residual stream, rate (L+1,): row 0 = the
-    embeddings entering block 0, row l = after block l - 1 (as `lens_row_name`)."""
+    embeddings entering block 0, row l = after block l - 1 (as `lens_row_name`); about `width_px` wide."""
     rows = np.arange(len(rate))
-    fig = Figure(figsize=(6, 2.6))
+    fig = Figure(figsize=(width_px / DPI, 2.6))
     ax = fig.add_subplot()
     ax.plot(rows, rate * 100, "o-", ms=4, color=HIGH_NORM_COLOUR)
     step = max(1, len(rows) // 13)
     ax.set_xticks(rows[::step], ["emb" if r == 0 else str(r - 1) for r in rows[::step]])
-    ax.set_xlabel("tokens after block (emb = the embeddings entering block 0)", fontsize=9)
-    ax.set_ylabel("high-norm patches (%)", fontsize=9)
+    ax.set_xlabel("tokens after block (emb: the embeddings)", fontsize=TEXT_PT)
+    ax.set_ylabel("high-norm (%)", fontsize=TEXT_PT)
     ax.set_ylim(bottom=0, top=max(1.0, float(rate.max()) * 100 * 1.2))
-    ax.tick_params(labelsize=8)
+    ax.tick_params(labelsize=TEXT_PT)
     ax.grid(alpha=0.3)
-    ax.set_title(mathtext_literal(title), fontsize=10)
-    return figure_png(fig)
+    if title:
+        ax.set_title(mathtext_literal(title), fontsize=TITLE_PT)
+    return figure_png(fig, width_px=width_px)

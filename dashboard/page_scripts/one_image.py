@@ -1,18 +1,26 @@
-"""The "One image" page (the default, URL "/" or /one-image): an image in the sidebar, then one tab per stage of the
-forward pass (`?view=Attention&layer=3` opens a tab with its settings)."""
+"""The "One image" page (the default, URL "/" or /one-image): an image in the sidebar, a one-line header, then one
+tab per stage of the forward pass, numbered in the lesson's order, and the research tools (`?view=5+Attention&layer=3`
+opens a tab with its settings; the older `?view=Attention` too). With Draw on, the canvas sits in the main area
+beside the crop the model sees and its prediction."""
 
 import streamlit as st
 
 from dashboard import caches, downloads, inputs, session
 from dashboard.server import process
-from dashboard.views import VIEWS
+from dashboard.views import RENAMED, VIEWS
 from dashboard.views.attention import record_attention_distances
 from dashboard.views.context import ViewContext
-from dashboard.views.header import header
+from dashboard.views.header import compact_page, drawing_result, header
 
+compact_page()
 request, loaded = session.chosen_model()
+top = st.container()  # the header, filled once the image is known
+canvas_col = result_col = None
+if session.drawing_on():  # the canvas beside what the model makes of it, above the tabs
+    canvas_col, result_col = st.columns([1, 2], gap="medium")
 with st.sidebar:
-    image = inputs.image_ui(loaded.name)
+    image, source = inputs.image_and_source_ui(loaded.name, canvas_area=canvas_col)
+    inputs.shown_caption(image, source)
 
 with st.spinner("Running the model on this image..."):
     cap = caches.held_capture(request, loaded, image, session.holder())
@@ -25,9 +33,12 @@ with process.new_image_figures_in_turn():  # in a class's burst of uploads, one 
         downloads.downloads_ui(ctx)
         st.caption(f"Weights: {loaded.weights}. One forward pass: {cap.forward_seconds * 1000:.0f} ms.")
 
-    inputs.untrained_warning(loaded)
-    header(ctx)
+    with top:
+        header(ctx, source)  # random weights are marked there
+    if result_col is not None:
+        drawing_result(ctx, result_col)
 
+    session.open_renamed_view(RENAMED)  # a link from before the tabs were numbered
     tabs = st.tabs(list(VIEWS), key=session.K_VIEW, bind="query-params")
     for tab, view in zip(tabs, VIEWS.values(), strict=True):
         if tab.open:  # only the open tab runs: switching tabs reruns the script, the forward pass stays cached

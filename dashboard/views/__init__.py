@@ -8,7 +8,10 @@ its source (the `ViewContext`, or the `ModelSource` for figures of the model alo
 with, and `cached_figure` keys the shared cache on exactly those (dashboard/figure_keys.py). Widget keys and the
 session's own state are `dashboard.session`'s.
 
-`VIEWS` maps each tab's label to its view function, in the order of the tabs (the label is the `?view=` value).
+`VIEWS` maps each tab's label to its view function, in the order of the tabs (the label is the `?view=` value): the
+lesson's eight stages numbered in the order the paper tells them (`1 Pipeline` ... `8 Why?`), then the research tools
+(`RESEARCH_VIEWS`, set apart on the page by views.header.PAGE_CSS). `RENAMED` maps the labels of older links
+(`?view=Attention`) to today's (`5 Attention`): the page opens those tabs as before.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from dashboard.views import attention, embeddings, interventions, lens, pipeline, prediction, registers, why
 from dashboard.views.context import ViewContext
 
-VIEWS: dict[str, Callable[[ViewContext], None]] = {
+LESSON_VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Pipeline": pipeline.pipeline_view,
     "Patches": pipeline.patches_view,
     "Filters": embeddings.filters_view,
@@ -27,7 +30,11 @@ VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Distance": attention.distance_view,
     "Prediction": prediction.prediction_view,
     "Why?": why.why_view,
+}
+RESEARCH_VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Interventions": interventions.interventions_view,
     "Logit lens": lens.logit_lens_view,
     "Registers & norms": registers.registers_view,
 }
+RENAMED = {name: f"{i} {name}" for i, name in enumerate(LESSON_VIEWS, start=1)}  # old ?view= label -> tab label
+VIEWS: dict[str, Callable[[ViewContext], None]] = {RENAMED[name]: view for name, view in LESSON_VIEWS.items()} | RESEARCH_VIEWS

@@ -14,7 +14,7 @@ from dashboard import caches, session, text
 from dashboard.figures import attention as attention_figures
 from dashboard.figures import base as figures
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, check_file_size, markdown_literal
-from dashboard.views.context import ViewContext, cached_figure, shape, show_picture
+from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import Geometry, ImageError, analyses, plots
 
 
@@ -27,9 +27,13 @@ def default_query_token(g: Geometry) -> int:
 # 5. Attention
 
 
+ATTENTION_COLUMNS = [2, 3]  # the clickable map of the query, every head's map
+HEAD_SHEET_BOX = (column_px(ATTENTION_COLUMNS, 1), 430)  # pixels: every head's map within a projector's first screen
+
+
 def attention_view(ctx: ViewContext) -> None:
-    st.markdown(text.ATTENTION)
     _attention_maps(ctx)
+    st.markdown(text.ATTENTION)
     st.divider()
     st.markdown(text.ROLLOUT)
     _rollout(ctx)
@@ -55,10 +59,12 @@ def _head_maps_sheet(ctx: ViewContext, layer: int, query: int, encoding: str) ->
     maps = analyses.layer_attention_maps(cap.pattern, layer, query, p, g.grid)  # (H, gh, gw)
     maps = np.concatenate([maps, maps.mean(axis=0, keepdims=True)])  # (H+1, gh, gw)
     titles = [f"head {h}" for h in range(g.num_heads)] + ["mean"]
-    cols = 6 if g.num_heads + 1 > 8 else min(4, g.num_heads + 1)
+    aspect = cap.input_image.shape[0] / cap.input_image.shape[1]
+    cols, tile = figures.fit_tiles(len(titles), HEAD_SHEET_BOX, aspect=aspect)
     query_patch = query - p if query >= p else None
-    sheet = attention_figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles, query_patch, g.grid, cols=cols)
-    return figures.encode(sheet, encoding)
+    sheet = attention_figures.head_maps_mosaic(cap.input_image, maps, g.patch_size, titles, query_patch, g.grid,
+                                               cols=cols, tile_side=tile)
+    return figures.encode(sheet, encoding, text_px=figures.TEXT_PX)
 
 
 @st.fragment
@@ -74,14 +80,15 @@ def _attention_maps(ctx: ViewContext) -> None:
     amap = analyses.attention_map(cap.pattern, layer, _head_or_none(head), query, p, g.grid)
     query_patch = query - p if query >= p else None
     which = "mean of heads" if head == -1 else f"head {head}"
-    left, right = st.columns([2, 3])
+    left, right = st.columns(ATTENTION_COLUMNS)
     with left:
-        st.markdown(f"**{g.token_name(query)}**, layer {layer}, {which}")
         # shown as JPEG (it travels inside the plotly JSON on every change); the PNG is made on download
         shown = cached_figure(_attention_overlay, ctx, layer, head, query, "jpeg")
-        fig = figures.clickable_image_figure(shown, g.grid, g.patch_size, selected=query_patch, hover_values=amap.map)
+        fig = figures.clickable_image_figure(shown, g.grid, g.patch_size, selected=query_patch, hover_values=amap.map,
+                                             height=column_px(ATTENTION_COLUMNS, 0))
         st.plotly_chart(fig, key="attn_click", on_select=partial(session.patch_click_callback, "attn_click", session.K_QUERY, p),
                         selection_mode="points", config={"displayModeBar": False})
+        st.markdown(f"**{g.token_name(query)}**, layer {layer}, {which}")
         st.download_button("PNG", partial(_attention_overlay, ctx, layer, head, query, "png"),
                            file_name=f"{ctx.stem}_attention_L{layer}_{which.replace(' ', '_')}_q{query}.png",
                            mime="image/png", key="dl_attn_one", icon=":material/download:", on_click="ignore", type="tertiary")
@@ -132,7 +139,7 @@ def _rollout(ctx: ViewContext) -> None:
                      png=partial(_rollout_overlay, ctx, fusion, last, "png"))
     with right:
         show_picture(cached_figure(_rollout_map_png, ctx, fusion, last),
-                     "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}", width=420)
+                     "rollout_map", f"{ctx.stem}_rollout_map_{fusion}_L{last}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,21 +175,25 @@ def _distance_png(ctx: ViewContext, renormalized: bool, history_shas: tuple[str,
     history = session.distance_history(ctx.request.key)
     current = caches.attention_distances(ctx.request, ctx.image, ctx.cap)[index]  # (L, H)
     average = analyses.average_over_images([history[sha][index] for sha in history_shas])  # (L, H)
-    convention = "renormalised over patches" if renormalized else "prefix attention left out"
-    return plots.attention_distance_png(current, analyses.uniform_attention_distance(g.grid, g.patch_size),
-                                        average=average, num_images=len(history_shas),
-                                        title=f"{ctx.loaded.name}: mean attention distance ({convention})")
+    fig = plots.attention_distance_figure(current, analyses.uniform_attention_distance(g.grid, g.patch_size),
+                                          average=average, num_images=len(history_shas))
+    return figures.figure_png(figures.legible(fig, *DISTANCE_PX), width_px=column_px(DISTANCE_COLUMNS, 0) - 4)
+
+
+DISTANCE_COLUMNS = [3, 2]  # the figure, then the text and controls
+DISTANCE_PX = (column_px(DISTANCE_COLUMNS, 0) - 180, 400)  # the figure's axes; its legend (head names) on the right
 
 
 @st.fragment
 def distance_view(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
-    st.markdown(text.DISTANCE)
-    c1, c2 = st.columns([1, 2])
-    renorm = c1.toggle("Renormalise rows over patches", key=session.K_MAD_RENORM, help=text.DISTANCE_CONVENTION)
-    batch = c2.file_uploader(f"Add images to the average (up to {MAX_BATCH_IMAGES})", type=list(IMAGE_TYPES),
-                             accept_multiple_files=True, key=session.K_MAD_BATCH, max_upload_size=MAX_IMAGE_MB,
-                             help=text.UPLOAD_HELP.format(mb=MAX_IMAGE_MB) + " Each file is limited, not the batch.")
+    left, right = st.columns(DISTANCE_COLUMNS)
+    with right:
+        st.markdown(text.DISTANCE)
+        renorm = st.toggle("Renormalise rows over patches", key=session.K_MAD_RENORM, help=text.DISTANCE_CONVENTION)
+        batch = st.file_uploader(f"Add images to the average (up to {MAX_BATCH_IMAGES})", type=list(IMAGE_TYPES),
+                                 accept_multiple_files=True, key=session.K_MAD_BATCH, max_upload_size=MAX_IMAGE_MB,
+                                 help=text.UPLOAD_HELP.format(mb=MAX_IMAGE_MB) + " Each file is limited, not the batch.")
     record_attention_distances(ctx)
     if batch:
         with st.spinner(f"Running the model on {len(batch[:MAX_BATCH_IMAGES])} images..."):
@@ -195,10 +206,39 @@ def distance_view(ctx: ViewContext) -> None:
     current = caches.attention_distances(ctx.request, ctx.image, cap)[int(renorm)]  # (L, H)
     uniform = analyses.uniform_attention_distance(g.grid, g.patch_size)
     png = cached_figure(_distance_png, ctx, renorm, tuple(history))  # the images averaged, in the order they came
-    show_picture(png, "mad", f"{ctx.stem}_attention_distance{'_renorm' if renorm else ''}", width=900)
+    convention = "renormalised over patches" if renorm else "prefix attention left out"
+    with left:
+        show_picture(png, "mad", f"{ctx.stem}_attention_distance{'_renorm' if renorm else ''}",
+                     caption=f"{ctx.loaded.name}: mean attention distance ({convention})")
+    with right:
+        st.markdown(f"First layer: heads from **{current[0].min():.0f}** to **{current[0].max():.0f} px**; "
+                    f"last layer: **{current[-1].min():.0f}** to **{current[-1].max():.0f} px**.")
     st.caption(f"dots: this image; crosses: the average over the {len(history)} image(s) analysed with this model in "
                f"this session. Distances in input pixels; per-head values `{shape(current.shape, batch=False)}` "
                f"(layers, heads) from attention `{shape(cap.pattern.shape, batch=False)}`. "
                f"Uniform attention over the {g.grid[0]} x {g.grid[1]} grid: {uniform:.1f} px.")
-    st.markdown(f"First layer: heads from **{current[0].min():.0f}** to **{current[0].max():.0f} px**; "
-                f"last layer: **{current[-1].min():.0f}** to **{current[-1].max():.0f} px**.")
+
+
+# ----------------------------------------------------------------------------------------------
+# This module's figures by a public name, for the lesson page (dashboard/lesson): the same cached figures.
+
+
+def attention_figure(ctx: ViewContext, layer: int, head: int, query: int) -> bytes:
+    """The Attention tab's map of one query token over the crop (head -1: the mean of the heads): JPEG bytes."""
+    return cached_figure(_attention_overlay, ctx, layer, head, query, "jpeg")
+
+
+def head_maps_figure(ctx: ViewContext, layer: int, query: int) -> bytes:
+    """The Attention tab's sheet of every head's map of one layer for the query, and their mean: JPEG bytes."""
+    return cached_figure(_head_maps_sheet, ctx, layer, query, "jpeg")
+
+
+def rollout_figure(ctx: ViewContext, last: int) -> bytes:
+    """The Attention tab's rollout (mean fusion, layers 0 to `last`) over the crop: JPEG bytes."""
+    return cached_figure(_rollout_overlay, ctx, "mean", last, "jpeg")
+
+
+def distance_figure(ctx: ViewContext) -> bytes:
+    """The Distance tab's mean attention distance per head (prefix attention left out), with the session's average
+    over the images it analysed with this model: PNG bytes."""
+    return cached_figure(_distance_png, ctx, False, tuple(session.distance_history(ctx.request.key)))

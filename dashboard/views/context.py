@@ -22,6 +22,17 @@ from vit_core import Capture, LoadedModel, analyses
 cached_figure = caches.cached_figure  # cached_figure(builder, source, *settings) -> PNG or JPEG bytes
 TARGET_CHOICES = 5  # the target class is picked from the top 5
 
+# The main area's width at 1280 x 720 (a projector) with the sidebar open (300 px) and the page's side margins
+# (views.header.PAGE_CSS), and the gap between columns: figures are made as wide as the column they are shown in
+# there (`column_px`) and shown at their natural width, so their text keeps its size (figures.base.TEXT_PX).
+PAGE_PX = 1280 - 300 - 2 * 24
+COLUMN_GAP_PX = 16  # st.columns' default gap ("small", 1rem)
+
+
+def column_px(weights: list[float], index: int, within: int = PAGE_PX, gap: int = COLUMN_GAP_PX) -> int:
+    """The width in pixels of column `index` of st.columns(weights) in a container `within` pixels wide."""
+    return int((within - gap * (len(weights) - 1)) * weights[index] / sum(weights))
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -66,10 +77,11 @@ def shape(array_or_shape, batch: bool = True) -> str:
 
 
 def show_picture(shown: bytes, key: str, file_name: str | None = None, caption: str | None = None,
-                 width: int | str = "stretch", png: Callable[[], bytes] | None = None) -> None:
+                 width: int | str = "content", png: Callable[[], bytes] | None = None) -> None:
     """Show PNG or JPEG bytes and offer a PNG for download: the shown bytes, or, for a photo-like
     picture shown as JPEG (a fraction of the bytes and encoding time on every control change), the
-    lossless PNG that ``png`` makes only when the button is clicked."""
+    lossless PNG that ``png`` makes only when the button is clicked. At its natural width by default ("content":
+    never enlarged, shrunk only where the column is narrower), so the figure's text shows at the size it was drawn."""
     if isinstance(width, int):  # st.image re-encodes (slowly) any picture wider than an int width: never shrink
         width = max(width, image_size(shown)[0])
     st.image(shown, caption=caption, width=width, output_format="JPEG" if is_jpeg(shown) else "PNG")
@@ -92,7 +104,7 @@ def target_ui(ctx: ViewContext, container) -> int:
     preds = analyses.top_k(ctx.cap.logits, ctx.loaded.labels, TARGET_CHOICES)
     probs = {p.index: p.prob for p in preds}
     return container.selectbox(
-        "Target class (from the top 5)", [p.index for p in preds], key=session.K_TARGET, bind="query-params",
+        f"Target class (from the top {len(preds)})", [p.index for p in preds], key=session.K_TARGET, bind="query-params",
         format_func=lambda i: f"{i}: {ctx.loaded.label(i)}",
         help="The class whose prediction is explained. " + ", ".join(f"{md(ctx.loaded.label(i))} {p:.1%}"
                                                                    for i, p in probs.items()))

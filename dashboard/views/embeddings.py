@@ -11,7 +11,7 @@ import streamlit as st
 from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import embeddings as embedding_figures
-from dashboard.views.context import ModelSource, ViewContext, cached_figure, shape, show_picture
+from dashboard.views.context import ModelSource, ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import Geometry, analyses
 from vit_core.model import patch_embed_weight, pos_embed_rows
 
@@ -25,17 +25,23 @@ def geometry_at(g: Geometry, grid: tuple[int, int]) -> Geometry:
 # 3. Embedding filters
 
 RAW_FILTERS_PER_PAGE = 32
+EMBEDDING_COLUMNS = [3, 2]  # the main figure, then the text, controls and the smaller figure
+FIGURE_BOX = (column_px(EMBEDDING_COLUMNS, 0), 440)  # pixels: the main figure, within a projector's first screen
+POS_TILE_PX = column_px(EMBEDDING_COLUMNS, 1) - 150  # one patch's map of the Positions tab, inside its axes and bar
 
 
 def _filters_pca_png(model: ModelSource) -> bytes:
     pca = caches.filters_pca(model.request.key, model.loaded)
-    titles = [f"PC{i + 1} {r:.1%}" for i, r in enumerate(pca.explained_variance_ratio)]
-    return embedding_figures.filters_grid_png(pca.components, titles, cols=7,
-                                              title=f"Top {pca.components.shape[0]} principal components of the filters")
+    titles = [f"{i + 1}: {r:.1%}" for i, r in enumerate(pca.explained_variance_ratio)]  # short: within its tile
+    cols, tile = figures.fit_tiles(len(titles), FIGURE_BOX)
+    return embedding_figures.filters_grid_png(pca.components, titles, cols=cols, tile_side=tile,
+                                              title=f"Top {pca.components.shape[0]} principal components of the filters "
+                                                    "(n: share of variance)")
 
 
 def _filters_variance_png(model: ModelSource) -> bytes:
-    return embedding_figures.explained_variance_png(caches.filters_pca(model.request.key, model.loaded).explained_variance_ratio)
+    return embedding_figures.explained_variance_png(caches.filters_pca(model.request.key, model.loaded).explained_variance_ratio,
+                                                    width_px=column_px(EMBEDDING_COLUMNS, 1) - 10)
 
 
 def _raw_filters_png(model: ModelSource, start: int) -> bytes:
@@ -48,17 +54,17 @@ def _raw_filters_png(model: ModelSource, start: int) -> bytes:
 
 def filters_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
-    st.markdown(text.FILTERS)
     weight = patch_embed_weight(ctx.loaded)  # (D, 3, ph, pw)
     pca = caches.filters_pca(ctx.request.key, ctx.loaded)
     k = pca.components.shape[0]
-    st.caption(f"patch-embedding weight `{shape(weight.shape, batch=False)}`: {weight.shape[0]} filters of "
-               f"{g.patch_size[0]} x {g.patch_size[1]} x 3; top {k} components explain "
-               f"{pca.explained_variance_ratio.sum():.0%} of their variance")
-    left, right = st.columns([3, 2])
+    left, right = st.columns(EMBEDDING_COLUMNS)
     with left:
         show_picture(cached_figure(_filters_pca_png, ctx.model), "filters_pca", f"{ctx.stem}_filters_pca")
     with right:
+        st.markdown(text.FILTERS)
+        st.caption(f"patch-embedding weight `{shape(weight.shape, batch=False)}`: {weight.shape[0]} filters of "
+                   f"{g.patch_size[0]} x {g.patch_size[1]} x 3; top {k} components explain "
+                   f"{pca.explained_variance_ratio.sum():.0%} of their variance")
         show_picture(cached_figure(_filters_variance_png, ctx.model), "filters_var", f"{ctx.stem}_filters_variance")
     _raw_filters(ctx, weight.shape[0])
 
@@ -82,44 +88,61 @@ def _resolution_options(grid: tuple[int, int]) -> list[int]:
 
 def _pos_tiles_png(model: ModelSource, grid: tuple[int, int], k: int) -> bytes:
     similarity = caches.pos_similarity(model.request.key, grid, model.loaded)  # (n, gh', gw')
-    return embedding_figures.similarity_tiles_png(similarity, grid, highlight=k,
-                                                  title=f"Position embedding similarity, {grid[0]} x {grid[1]} grid")
+    return embedding_figures.similarity_tiles_png(similarity, grid, highlight=k, side_px=FIGURE_BOX[1] + 30)
 
 
 def _pos_tile_png(model: ModelSource, grid: tuple[int, int], k: int) -> bytes:
     similarity = caches.pos_similarity(model.request.key, grid, model.loaded)  # (n, gh', gw')
     r, c = divmod(k, grid[1])
-    return figures.map_png(similarity[k], f"patch {k} (row {r}, col {c}) vs all patches", vmin=-1, vmax=1, highlight=k,
-                           label="cosine similarity")
+    return figures.map_png(similarity[k], f"patch {k} (row {r}, col {c}) vs all", vmin=-1, vmax=1, highlight=k,
+                           label="cosine similarity", side=POS_TILE_PX)
+
 
 
 @st.fragment
 def positions_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
-    st.markdown(text.POSITIONS)
     rows = pos_embed_rows(ctx.loaded)
     if rows is None or not g.has_pos_embed:
+        st.markdown(text.POSITIONS)
         st.info(text.NO_POS_EMBED)
         return
-    c1, c2 = st.columns(2)
-    options = _resolution_options(g.grid)
-    ph = g.patch_size[0]
-    side = c1.select_slider("Input resolution (grid side)", options, value=g.grid[0], key=session.K_POS_RES,
-                            format_func=lambda n: f"{n} x {n} patches ({n * ph} px)", bind="query-params")
-    shown = geometry_at(g, (side, round(side * g.grid[1] / g.grid[0])))
-    grid, n = shown.grid, shown.num_patches
-    session.reset_if_out_of_range(session.K_POS_PATCH, n, shown.center_patch)  # the grid may have shrunk
-    k = c2.number_input("Patch", 0, n - 1, shown.center_patch, key=session.K_POS_PATCH)
+    left, right = st.columns(EMBEDDING_COLUMNS)
+    tiles_area = left.container()  # the main figure, drawn once the controls beside it are read
+    with right:
+        c1, c2 = st.columns([3, 2])
+        options = _resolution_options(g.grid)
+        ph = g.patch_size[0]
+        side = c1.select_slider("Input resolution (grid side)", options, value=g.grid[0], key=session.K_POS_RES,
+                                format_func=lambda n: f"{n} x {n} patches ({n * ph} px)", bind="query-params")
+        shown = geometry_at(g, (side, round(side * g.grid[1] / g.grid[0])))
+        grid, n = shown.grid, shown.num_patches
+        session.reset_if_out_of_range(session.K_POS_PATCH, n, shown.center_patch)  # the grid may have shrunk
+        k = c2.number_input("Patch", 0, n - 1, shown.center_patch, key=session.K_POS_PATCH)
+        show_picture(cached_figure(_pos_tile_png, ctx.model, grid, k), "pos_tile", f"{ctx.stem}_pos_similarity_patch{k}")
+        st.markdown(text.POSITIONS)
     similarity = caches.pos_similarity(ctx.request.key, grid, ctx.loaded)  # (n, gh', gw')
+    with tiles_area:
+        show_picture(cached_figure(_pos_tiles_png, ctx.model, grid, k),
+                     "pos_tiles", f"{ctx.stem}_pos_similarity_{grid[0]}x{grid[1]}",
+                     caption=f"position embedding similarity, {grid[0]} x {grid[1]} grid")  # short: no wider than it
     note = "learned" if grid == tuple(g.grid) else f"resampled in 2D from {g.grid[0]} x {g.grid[1]}"
     prefix_rows = "no rows for prefix tokens" if g.no_embed_class else f"{g.num_prefix_tokens} prefix row(s) first"
     st.caption(f"position embedding `{shape(rows.shape)}` ({prefix_rows}); "
                f"patch rows on a {grid[0]} x {grid[1]} grid: {note}; similarity tiles `{shape(similarity.shape, batch=False)}`")
     if grid != tuple(g.grid):
         st.caption(text.POSITIONS_RESAMPLE)
-    left, right = st.columns([3, 2])
-    with left:
-        show_picture(cached_figure(_pos_tiles_png, ctx.model, grid, k),
-                     "pos_tiles", f"{ctx.stem}_pos_similarity_{grid[0]}x{grid[1]}")
-    with right:
-        show_picture(cached_figure(_pos_tile_png, ctx.model, grid, k), "pos_tile", f"{ctx.stem}_pos_similarity_patch{k}")
+
+
+# ----------------------------------------------------------------------------------------------
+# This module's figures by a public name, for the lesson page (dashboard/lesson): the same cached figures.
+
+
+def filters_figure(model: ModelSource) -> bytes:
+    """The Filters tab's principal components of the patch-embedding filters: PNG bytes."""
+    return cached_figure(_filters_pca_png, model)
+
+
+def positions_figure(model: ModelSource, k: int) -> bytes:
+    """The Positions tab's similarity tiles on the model's own grid, patch k framed: PNG bytes."""
+    return cached_figure(_pos_tiles_png, model, tuple(model.loaded.geometry.grid), k)

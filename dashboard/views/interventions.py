@@ -14,7 +14,7 @@ from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import interventions as intervention_figures
 from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
-from dashboard.views.context import TARGET_CHOICES, ViewContext, cached_figure, no_head, show_picture, target_ui
+from dashboard.views.context import TARGET_CHOICES, ViewContext, cached_figure, column_px, no_head, show_picture, target_ui
 from vit_core import analyses
 
 
@@ -42,7 +42,7 @@ def _prediction_change_png(ctx: ViewContext, patches: tuple[int, ...], mode: str
     classes = _compared_classes(before, after, target)
     return intervention_figures.prediction_change_png([ctx.loaded.label(c) for c in classes], before[classes].tolist(),
                                                       after[classes].tolist(),
-                                                      title=_intervention_name(patches, mode, heads, ablation))
+                                                      width_px=column_px(INTERVENTION_COLUMNS, 1) - 20)
 
 
 def _intervened_logits(ctx: ViewContext, patches: tuple[int, ...], mode: str, heads: tuple[tuple[int, int], ...],
@@ -74,35 +74,44 @@ def _head_name(head: tuple[int, int]) -> str:
     return f"L{head[0]}H{head[1]}"
 
 
+INTERVENTION_COLUMNS = [2, 3]  # the clickable crop, then the prediction's change and the controls
+
+
 @st.fragment
 def interventions_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
-    st.markdown(text.INTERVENE)
     if no_head(ctx):
+        st.markdown(text.INTERVENE)
         return
     session.keep_interventions_for(ctx.request.key, ctx.image.sha)  # another image: no patches; another model: no heads
-    c1, c2, c3, c4 = st.columns([2, 1, 3, 1])
-    target = target_ui(ctx, c1)
-    mode = c2.radio("Chosen patches are", ["drop", "mask"], key=session.K_INT_MODE, bind="query-params",
-                    help="drop: the token is removed from the sequence; mask: its pixels become the normalisation mean")
-    heads = c3.multiselect("Heads to ablate", [(layer, head) for layer in range(g.num_layers) for head in range(g.num_heads)],
-                           key=session.K_INT_HEADS, format_func=_head_name, persist_state="session",
-                           help="L = layer (0 = first block), H = head")
-    ablation = c4.radio("Ablation", ["zero", "mean"], key=session.K_INT_ABLATION, bind="query-params",
-                        help="the head's output set to 0, or to its mean over this image's tokens")
-    patches = st.multiselect("Patches to drop or mask (or click them on the image)", list(range(g.num_patches)),
-                             key=session.K_INT_PATCHES, format_func=lambda k: f"patch {k}", persist_state="session")
-    patches, heads = tuple(sorted(patches)), tuple(sorted(heads))
-    st.button("Reset", key="int_reset", on_click=session.reset_intervention, icon=":material/restart_alt:",
-              disabled=not patches and not heads)
+    left, right = st.columns(INTERVENTION_COLUMNS)
+    with right:
+        result_area = st.container()  # the prediction's change above the controls that make it
+        c1, c2 = st.columns([3, 2])
+        target = target_ui(ctx, c1)
+        mode = c2.radio("Chosen patches are", ["drop", "mask"], key=session.K_INT_MODE, bind="query-params",
+                        horizontal=True,
+                        help="drop: the token is removed from the sequence; mask: its pixels become the normalisation mean")
+        patches = st.multiselect("Patches to drop or mask (or click them on the image)", list(range(g.num_patches)),
+                                 key=session.K_INT_PATCHES, format_func=lambda k: f"patch {k}", persist_state="session")
+        c3, c4 = st.columns([3, 2])
+        heads = c3.multiselect("Heads to ablate",
+                               [(layer, head) for layer in range(g.num_layers) for head in range(g.num_heads)],
+                               key=session.K_INT_HEADS, format_func=_head_name, persist_state="session",
+                               help="L = layer (0 = first block), H = head")
+        ablation = c4.radio("Ablation", ["zero", "mean"], key=session.K_INT_ABLATION, bind="query-params", horizontal=True,
+                            help="the head's output set to 0, or to its mean over this image's tokens")
+        patches, heads = tuple(sorted(patches)), tuple(sorted(heads))
+        st.button("Reset", key="int_reset", on_click=session.reset_intervention, icon=":material/restart_alt:",
+                  disabled=not patches and not heads)
     logits = _intervened_logits(ctx, patches, mode, heads, ablation)  # (C,)
-    left, right = st.columns([2, 3])
     with left:
         shown = cached_figure(_removed_patches_image, ctx, patches, mode, "jpeg")
         chart_key = f"int_click_{session.patch_clicks()}"  # a new chart after each click: see session.patch_clicks
-        st.plotly_chart(figures.clickable_image_figure(shown, g.grid, g.patch_size), key=chart_key,
-                        on_select=partial(session.patch_toggle_callback, chart_key), selection_mode="points",
-                        config={"displayModeBar": False})
+        st.plotly_chart(figures.clickable_image_figure(shown, g.grid, g.patch_size, grid_lines=True,
+                                                       height=column_px(INTERVENTION_COLUMNS, 0)),
+                        key=chart_key, on_select=partial(session.patch_toggle_callback, chart_key),
+                        selection_mode="points", config={"displayModeBar": False})
         st.download_button("PNG", partial(_removed_patches_image, ctx, patches, mode, "png"),
                            file_name=f"{ctx.stem}_{mode}_{len(patches)}_patches.png", mime="image/png", key="dl_int_image",
                            icon=":material/download:", on_click="ignore", type="tertiary")
@@ -110,8 +119,9 @@ def interventions_view(ctx: ViewContext) -> None:
                    + (f"; the blocks see {g.num_tokens - len(patches)} tokens ({g.num_patches - len(patches)} patches"
                       f"{f' + {g.num_prefix_tokens} prefix' if g.num_prefix_tokens else ''})"
                       if mode == "drop" and patches else ""))
-    with right:
+    with result_area:
         _prediction_change(ctx, logits, target, patches, mode, heads, ablation)
+    st.markdown(text.INTERVENE)
 
 
 def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patches: tuple[int, ...], mode: str,

@@ -1,4 +1,4 @@
-"""The widgets of the Many images page (dashboard/pages/many_images.py): the set's source, Run with a progress
+"""The widgets of the Many images page (dashboard/page_scripts/many_images.py): the set's source, Run with a progress
 bar, and the kept result with its downloads. The sets and the run are `dashboard.image_sets`' (no Streamlit there);
 the session keeps the latest result (`session.keep_many_run`), so changing a widget afterwards recomputes nothing.
 """

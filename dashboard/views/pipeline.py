@@ -13,7 +13,7 @@ from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import pipeline as pipeline_figures
 from dashboard.image_choice import markdown_literal
-from dashboard.views.context import ViewContext, cached_figure, shape, show_picture
+from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import analyses
 from vit_core.model import patch_embed_weight
 
@@ -21,8 +21,12 @@ from vit_core.model import patch_embed_weight
 # 1. Pipeline
 
 
+PIPELINE_COLUMNS = [1, 1, 1.5, 1.1]  # the image, the crop and its patches, the tokens, the top classes
+
+
 def pipeline_view(ctx: ViewContext) -> None:
     g, cap, dc = ctx.loaded.geometry, ctx.cap, ctx.loaded.data_config
+    _pipeline_figures(ctx)  # the figures first, the explanation and the shapes below them
     st.markdown(text.PIPELINE)
     ph, pw = g.patch_size
     w, h = ctx.image.size
@@ -49,7 +53,6 @@ def pipeline_view(ctx: ViewContext) -> None:
     table = "| Stage | What happens | Shape |\n| --- | --- | --- |\n" + "\n".join(
         f"| {a} | {b} | `{c}` |" for a, b, c in rows)
     st.markdown(table)
-    _pipeline_figures(ctx)
 
 
 def _image_picture(ctx: ViewContext, encoding: str) -> bytes:
@@ -59,40 +62,48 @@ def _image_picture(ctx: ViewContext, encoding: str) -> bytes:
     return figures.encode(np.asarray(ctx.image.preview), encoding)
 
 
+CROP_GRID_PX = column_px(PIPELINE_COLUMNS, 1) - 2  # the crop with its patch grid, drawn at the size it is shown
+TOKEN_MATRIX_PX = (column_px(PIPELINE_COLUMNS, 2) - 150, 190)  # the matrix inside its axes and colour bar
+
+
 def _crop_grid_png(ctx: ViewContext) -> bytes:
     g = ctx.loaded.geometry
-    return figures.png_bytes(pipeline_figures.patch_grid_image(ctx.cap.input_image, g.grid, g.patch_size, show_indices=False))
+    return pipeline_figures.patch_grid_png(ctx.cap.input_image, g.grid, g.patch_size, CROP_GRID_PX, show_indices=False)
 
 
 def _tokens_png(ctx: ViewContext, block: int) -> bytes:
     tokens = ctx.cap.tokens[block]  # (T, D)
-    where = "entering block 0" if block == 0 else f"after block {block - 1}"
-    return pipeline_figures.token_matrix_png(tokens, f"tokens {where} {shape(tokens)}", ctx.loaded.geometry.num_prefix_tokens)
+    return pipeline_figures.token_matrix_png(tokens, "", ctx.loaded.geometry.num_prefix_tokens, sides=TOKEN_MATRIX_PX)
 
 
 @st.fragment
 def _pipeline_figures(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
-    cols = st.columns(4)
+    cols = st.columns(PIPELINE_COLUMNS)
     with cols[0]:
         w, h = ctx.image.size
         photo = figures.is_jpeg(ctx.image.data)
         show_picture(cached_figure(_image_picture, ctx, "jpeg" if photo else "png"), "pipe_image", f"{ctx.stem}_image",
-                     caption=f"1. your image {shape((h, w, 3), batch=False)}",
+                     caption=f"1. your image {shape((h, w, 3), batch=False)}", width="stretch",  # a picture: no text
                      png=partial(_image_picture, ctx, "png") if photo else None)  # else the shown PNG itself
     with cols[1]:
-        show_picture(cached_figure(_crop_grid_png, ctx),
-                     "pipe_grid", f"{ctx.stem}_patches", caption=f"2-3. the crop and its {g.num_patches} patches")
-    block = cols[2].slider("Blocks applied", 0, g.num_layers, g.num_layers, key="pipe_block",
-                           help="0 = the tokens entering block 0 (the first); n = the tokens after n blocks, i.e. "
-                                "after block n - 1 (blocks are numbered from 0, as in the Attention tab)")
+        show_picture(cached_figure(_crop_grid_png, ctx), "pipe_grid", f"{ctx.stem}_patches",
+                     caption=f"2-3. the crop, {g.num_patches} patches")  # short: a wider caption widens the picture
     with cols[2]:
-        show_picture(cached_figure(_tokens_png, ctx, block), "pipe_tokens", f"{ctx.stem}_tokens_{block}")
+        tokens_area = st.container()  # the figure above its slider
+        block = st.slider("Blocks applied", 0, g.num_layers, g.num_layers, key="pipe_block",
+                          help="0 = the tokens entering block 0 (the first); n = the tokens after n blocks, i.e. "
+                               "after block n - 1 (blocks are numbered from 0, as in the Attention tab)")
+        where = "entering block 0" if block == 0 else f"after block {block - 1}"
+        with tokens_area:
+            show_picture(cached_figure(_tokens_png, ctx, block), "pipe_tokens", f"{ctx.stem}_tokens_{block}",
+                         caption=f"4-6. the tokens {where} {shape(cap.tokens[block])}")
     with cols[3]:
         if g.num_classes:
-            st.markdown(f"**8. Top 5 of {g.num_classes} classes**")
+            k = min(5, g.num_classes)
+            st.markdown(f"**8. Top {k} of {g.num_classes} classes**")
             st.markdown("\n".join(f"{i + 1}. {markdown_literal(p.label)} ({p.prob:.1%})"
-                                   for i, p in enumerate(analyses.top_k(cap.logits, ctx.loaded.labels, 5))))
+                                   for i, p in enumerate(analyses.top_k(cap.logits, ctx.loaded.labels, k))))
             st.caption("details in the Prediction tab")
         else:
             st.info("This model has no classifier head.")
@@ -102,47 +113,59 @@ def _pipeline_figures(ctx: ViewContext) -> None:
 # 2. Patches
 
 
+PATCH_GRID_PX = 440  # the clickable crop: as wide as it is shown (the left column is 458 px at 1280 px), numbers fit
+
+
 def _indexed_grid_png(ctx: ViewContext, k: int) -> bytes:
+    """The crop at PATCH_GRID_PX with its grid, its patch numbers and patch k framed, drawn at that size (the
+    download; the tab shows the crop with the same grid and numbers drawn by the browser, _crop_picture)."""
     g = ctx.loaded.geometry
-    return figures.png_bytes(pipeline_figures.patch_grid_image(ctx.cap.input_image, g.grid, g.patch_size, highlight=k))
+    return pipeline_figures.patch_grid_png(ctx.cap.input_image, g.grid, g.patch_size, PATCH_GRID_PX, highlight=k)
+
+
+def _crop_picture(ctx: ViewContext) -> bytes:
+    """The crop alone at PATCH_GRID_PX: the clickable chart draws its grid lines and numbers on top."""
+    picture, _ = figures.resized_crop(ctx.cap.input_image, PATCH_GRID_PX)
+    return figures.png_bytes(np.asarray(picture))
 
 
 def _patch_pixels_png(ctx: ViewContext, k: int) -> bytes:
     pixels = analyses.split_patches(ctx.cap.input_image, ctx.loaded.geometry.patch_size)  # (N, ph, pw, 3) uint8
-    return figures.png_bytes(pipeline_figures.patch_pixels_image(pixels[k]))
+    return figures.png_bytes(pipeline_figures.patch_pixels_image(pixels[k], side=128))
 
 
 def _patch_vector_png(ctx: ViewContext, k: int) -> bytes:
     flat, _ = caches.patches_as_linear(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap)  # (N, ph*pw*3)
-    return pipeline_figures.vector_png(flat[k], f"flattened patch {k}: {flat.shape[1]} numbers (pixel by pixel, R G B)")
+    return pipeline_figures.vector_png(flat[k], "")
 
 
 def _patch_embedding_png(ctx: ViewContext, k: int) -> bytes:
-    title = f"its embedding z_{k} (Conv2d output): {ctx.loaded.geometry.embed_dim} numbers"
-    return pipeline_figures.vector_png(ctx.cap.patch_embeddings[k], title, channels=None)
+    return pipeline_figures.vector_png(ctx.cap.patch_embeddings[k], "", channels=None)
 
 
 @st.fragment
 def patches_view(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
     ph, pw = g.patch_size
-    st.markdown(text.PATCHES)
     left, right = st.columns([1, 1])
     with left:
+        chart_area = st.container()  # the chart above its number input
         k = st.number_input("Patch number (or click a patch)", 0, g.num_patches - 1, g.center_patch,
                             key=session.K_PATCH, bind="query-params")
-        grid_png = cached_figure(_indexed_grid_png, ctx, k)
-        fig = figures.clickable_image_figure(grid_png, g.grid, g.patch_size, selected=k)
-        st.plotly_chart(fig, key="patch_click",
-                        on_select=partial(session.patch_click_callback, "patch_click", session.K_PATCH, 0),
-                        selection_mode="points", config={"displayModeBar": False})
-        st.download_button("PNG", grid_png, file_name=f"{ctx.stem}_patch_grid.png", mime="image/png",
-                           key="dl_patch_grid", icon=":material/download:", on_click="ignore", type="tertiary")
+        fig = figures.clickable_image_figure(cached_figure(_crop_picture, ctx), g.grid, g.patch_size, selected=k,
+                                             height=PATCH_GRID_PX, grid_lines=True, numbers=True)
+        chart_area.plotly_chart(fig, key="patch_click",
+                                on_select=partial(session.patch_click_callback, "patch_click", session.K_PATCH, 0),
+                                selection_mode="points", config={"displayModeBar": False})
+        st.download_button("PNG", partial(_indexed_grid_png, ctx, k), file_name=f"{ctx.stem}_patch_grid.png",
+                           mime="image/png", key="dl_patch_grid", icon=":material/download:", on_click="ignore",
+                           type="tertiary")
     flat, linear = caches.patches_as_linear(ctx.request.key, ctx.image.sha, ctx.loaded, cap)  # (N, ph*pw*3), (N, D)
     weight = patch_embed_weight(ctx.loaded)
     diff_k = float(np.abs(linear[k] - cap.patch_embeddings[k]).max())
     diff_all = float(np.abs(linear - cap.patch_embeddings).max())
     with right:
+        st.markdown(text.PATCHES)
         r, c = divmod(k, g.grid[1])
         st.markdown(f"**Patch {k}** (row {r}, column {c}): {ph} x {pw} pixels x 3 colours = {ph * pw * 3} numbers")
         a, b = st.columns([1, 2])
@@ -159,5 +182,16 @@ def patches_view(ctx: ViewContext) -> None:
             st.metric("max |E x_k + b - Conv2d output|, this patch", f"{diff_k:.2e}",
                       help="float32 rounding only: the convolution IS this matrix product")
             st.caption(f"over all {g.num_patches} patches: {diff_all:.2e}")
-        show_picture(cached_figure(_patch_vector_png, ctx, k), "patch_vector", f"{ctx.stem}_patch{k}_vector")
-        show_picture(cached_figure(_patch_embedding_png, ctx, k), "patch_embedding", f"{ctx.stem}_patch{k}_embedding")
+        show_picture(cached_figure(_patch_vector_png, ctx, k), "patch_vector", f"{ctx.stem}_patch{k}_vector",
+                     caption=f"flattened patch {k}: {flat.shape[1]} numbers (pixel by pixel, R G B)")
+        show_picture(cached_figure(_patch_embedding_png, ctx, k), "patch_embedding", f"{ctx.stem}_patch{k}_embedding",
+                     caption=f"its embedding z_{k} (Conv2d output): {g.embed_dim} numbers")
+
+
+# ----------------------------------------------------------------------------------------------
+# This module's figures by a public name, for the lesson page (dashboard/lesson): the same cached figures.
+
+
+def patch_grid_figure(ctx: ViewContext, k: int) -> bytes:
+    """The Patches tab's crop with its numbered patch grid, patch k framed: PNG bytes."""
+    return cached_figure(_indexed_grid_png, ctx, k)

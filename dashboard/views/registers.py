@@ -19,7 +19,7 @@ from dashboard import session, text
 from dashboard.figures import base as figures
 from dashboard.figures import registers as register_figures
 from dashboard.figures.lens import lens_row_name
-from dashboard.views.context import ViewContext, cached_figure, shape, show_picture
+from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import analyses, explain
 
 MAX_LISTED = 12  # high-norm patches named one by one in the text; the rest are counted
@@ -57,17 +57,22 @@ def _token_norms_png(ctx: ViewContext, row: int) -> bytes:
     patch_norms = norms[g.num_prefix_tokens:]  # (N,)
     return register_figures.token_norms_png(patch_norms, float(analyses.high_norm_fence(patch_norms)),
                                             norms[:g.num_prefix_tokens], g.prefix_names,
-                                   title=f"token norms {_where(row)}")
+                                            width_px=column_px(REGISTER_COLUMNS, 1) - 20)
 
 
 def _rate_png(ctx: ViewContext) -> bytes:
     """The high-norm rate of every row: built once per image (every row's norms), whatever row is shown."""
     rate = analyses.high_norm_rate(explain.token_norms(ctx.cap), ctx.loaded.geometry.num_prefix_tokens)  # (L+1,)
-    return register_figures.high_norm_rate_png(rate, title=f"high-norm patch tokens per layer {shape(rate.shape, batch=False)}")
+    return register_figures.high_norm_rate_png(rate, title=f"high-norm patch tokens per layer {shape(rate.shape, batch=False)}",
+                                               width_px=column_px(REGISTER_COLUMNS, 1) - 20)
+
+
+REGISTER_COLUMNS = [1, 1]  # the norms over the crop, then the histogram and the text
 
 
 def registers_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
+    _norms_at_layer(ctx)
     st.markdown(text.REGISTERS)
     registers = [name for name in g.prefix_names if name.startswith("REG")]
     if registers:
@@ -75,7 +80,6 @@ def registers_view(ctx: ViewContext) -> None:
     else:
         prefix = f"its prefix tokens: {', '.join(g.prefix_names)}" if g.prefix_names else "and no prefix tokens at all"
         st.markdown(text.NO_REGISTERS.format(prefix=prefix))
-    _norms_at_layer(ctx)
     st.markdown(text.REGISTERS_WHY)
 
 
@@ -94,27 +98,28 @@ def _high_norm_text(g, high_row: np.ndarray, fence: float) -> str:
 def _norms_at_layer(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
     p = g.num_prefix_tokens
-    row = st.select_slider("Tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=session.K_NORM_LAYER,
-                           format_func=lens_row_name, bind="query-params",
-                           help="the residual stream: the embeddings entering block 0, then the tokens after each block")
+    left, right = st.columns(REGISTER_COLUMNS)
+    row = right.select_slider("Tokens of", list(range(g.num_layers + 1)), value=g.num_layers, key=session.K_NORM_LAYER,
+                              format_func=lens_row_name, bind="query-params",
+                              help="the residual stream: the embeddings entering block 0, then the tokens after each block")
     norms = explain.token_norms(cap, row)  # (T,)
     high = analyses.high_norm_patches(norms, p)  # (T,) -> (N,): it takes one row as well as all
     patch_norms = norms[p:]  # (N,)
     fence = float(analyses.high_norm_fence(patch_norms))
-    left, right = st.columns([1, 1])
     with left:
         show_picture(cached_figure(_norm_map_image, ctx, row, "jpeg"), "norm_map", f"{ctx.stem}_token_norms_{row}",
                      caption=f"patch-token norms {_where(row)} over the crop (min-max scaled); "
                              "green frames: high-norm", png=partial(_norm_map_image, ctx, row, "png"))
     with right:
-        show_picture(cached_figure(_token_norms_png, ctx, row), "norm_hist", f"{ctx.stem}_norm_histogram_{row}")
+        show_picture(cached_figure(_token_norms_png, ctx, row), "norm_hist", f"{ctx.stem}_norm_histogram_{row}",
+                     caption=f"token norms {_where(row)}")
         st.markdown(_high_norm_text(g, high, fence))
         if p:
             median = float(np.median(patch_norms))
             st.markdown("| token | norm | x median patch norm |\n| --- | --- | --- |\n" + "\n".join(
                 f"| {name} | {norms[i]:.3g} | {norms[i] / median:.3g} |" for i, name in enumerate(g.prefix_names))
                 + f"\n| median patch | {median:.3g} | 1 |")
-    shares, rates = st.columns([1, 1])
+    shares, rates = st.columns(REGISTER_COLUMNS)
     with shares:
         _attention_shares(ctx, high, row)
     with rates:

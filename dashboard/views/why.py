@@ -85,21 +85,23 @@ def _sanity_png(ctx: ViewContext, target: int, methods: tuple[str, ...]) -> byte
 
 
 def why_view(ctx: ViewContext) -> None:
-    st.markdown(text.WHY)
     if no_head(ctx):
+        st.markdown(text.WHY)
         return
     _explanations(ctx)
+    st.markdown(text.WHY)
     st.markdown(text.WHY_DISAGREE)
 
 
 @st.fragment
 def _explanations(ctx: ViewContext) -> None:
-    c1, c2, c3 = st.columns([2, 3, 1])
+    c1, c2 = st.columns([4, 1])
     target = target_ui(ctx, c1)
-    methods = c2.pills("Methods", list(explain.METHODS), selection_mode="multi", default=list(explain.METHODS),
-                       key=session.K_METHODS, bind="query-params", format_func=_method_title)
-    steps = c3.selectbox("Curve steps S", STEP_CHOICES, index=STEP_CHOICES.index(10), key=session.K_STEPS,
+    steps = c2.selectbox("Curve steps S", STEP_CHOICES, index=STEP_CHOICES.index(10), key=session.K_STEPS,
                          bind="query-params", help=text.FAITHFULNESS_HOW)
+    maps_area = st.container()  # the maps first, their choices below them; filled last: the button below may judge
+    methods = st.pills("Methods", list(explain.METHODS), selection_mode="multi", default=list(explain.METHODS),
+                       key=session.K_METHODS, bind="query-params", format_func=_method_title)
     chosen_tests = st.pills("Tests", list(explain.FAITHFULNESS_TESTS), selection_mode="multi",
                             default=list(explain.FAITHFULNESS_TESTS), key=session.K_TESTS, bind="query-params",
                             format_func=lambda t: text.TEST_TITLES[t][0],
@@ -107,12 +109,11 @@ def _explanations(ctx: ViewContext) -> None:
     methods = [m for m in explain.METHODS if m in methods]  # display order, whatever order they were picked in
     tests = tuple(t for t in explain.FAITHFULNESS_TESTS if t in chosen_tests)
     if not methods or not tests:
-        st.info("Pick at least one method and one test.")
+        maps_area.info("Pick at least one method and one test.")
         return
     relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)
     objects = _objects(ctx)
     judged = caches.judgement_result(ctx.request, ctx.image, target, steps, objects, tests)
-    maps_area = st.container()  # filled last: the button below may have just judged the maps
     if objects is None and session.known_object(ctx.image.sha) is not None:
         st.caption("The object covers no patch by half, so the maps are not scored against it: draw bigger or "
                    "with a wider pen.")
@@ -246,7 +247,7 @@ def _trust_table(ctx: ViewContext, judged: explain.Judgement, target: int, steps
             if curves is not None:
                 show_picture(cached_figure(_curves_png, ctx, target, steps, digest, tests, pixels, names),
                              f"why_curves_{'mask' if pixels else 'drop'}",
-                             f"{ctx.stem}_{'masking' if pixels else 'dropping'}_class{target}_S{steps}", width=1100)
+                             f"{ctx.stem}_{'masking' if pixels else 'dropping'}_class{target}_S{steps}")
         st.caption(f"curves of `{shape((steps,), batch=False)}` points each; the random band is the mean ± one standard "
                    f"deviation of the {explain.RANDOM_ORDERS} orders.")
 
@@ -268,9 +269,31 @@ def _sanity(ctx: ViewContext, target: int, methods: list[str]) -> None:
         bar.empty()
     names = tuple(m for m in methods if m in result.cascading)
     st.markdown("**Sanity checks** (Adebayo et al. 2018)")
-    show_picture(cached_figure(_sanity_png, ctx, target, names), "why_sanity_png", f"{ctx.stem}_sanity_class{target}",
-                 width=1100)
+    show_picture(cached_figure(_sanity_png, ctx, target, names), "why_sanity_png", f"{ctx.stem}_sanity_class{target}")
     st.caption("Spearman's rank correlation of each map with its map on the trained model, as the head and then block "
                "after block are re-initialised (a private copy: the model you explore is untouched); a map that "
                "explains the model falls towards 0. Diamonds: the correlation with the map of a random other class; "
                "near 1 means the map ignores the class.")
+
+
+# ----------------------------------------------------------------------------------------------
+# This module's figures by a public name, for the lesson page (dashboard/lesson): the same cached figures.
+
+
+def relevance_figure(ctx: ViewContext, relevance: explain.Relevance, method: str) -> bytes:
+    """The Why? tab's map of `method` (one of relevance.maps) for relevance.target over the crop: JPEG bytes."""
+    choice = relevance.gamma_choice.get(method)
+    rule = choice.name if choice is not None else explain.EPSILON_ONLY.name if method in explain.LRP_METHODS else ""
+    return cached_figure(_relevance_overlay, ctx, relevance.target, method, rule, "jpeg")
+
+
+def object_patches(ctx: ViewContext) -> np.ndarray | None:
+    """The patches (gh, gw) bool of the object where the app knows it (the Why? tab judges maps against it), or None."""
+    return _objects(ctx)
+
+
+def curves_figure(ctx: ViewContext, target: int, steps: int, tests: tuple[str, ...], methods: tuple[str, ...]) -> bytes:
+    """The Why? tab's token-dropping deletion and insertion curves of `methods` beside random orders: PNG bytes.
+    Only once those `tests` were judged (caches.judgement_result with `object_patches(ctx)`)."""
+    digest = caches.object_digest(_objects(ctx))
+    return cached_figure(_curves_png, ctx, target, steps, digest, tests, False, methods)

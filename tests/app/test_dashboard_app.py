@@ -13,8 +13,9 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import REPO as ROOT
 from conftest import assert_healthy, encoded, run_app
+from dashboard import text
 from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
-from dashboard.views import VIEWS
+from dashboard.views import RENAMED, RESEARCH_VIEWS, VIEWS
 from dashboard.views.header import outside_its_world
 from support import hostile_images as hostile
 from vit_core import TEACHING_MODEL
@@ -33,7 +34,8 @@ def test_every_view_renders_on_a_tiny_model(tiny_env):
     at = run_app()
     assert at.tabs and [t.label for t in at.tabs] == list(VIEWS)
     assert "vit_tiny_patch16_224" in "".join(m.value for m in at.markdown)
-    assert any("RANDOM weights" in w.value for w in at.warning)
+    assert any("RANDOM weights" in m.value and "vit_tiny_patch16_224" in m.value for m in at.markdown)  # the header
+    assert text.UNTRAINED in [w.value for w in at.warning]  # the sentence, under About
     for view in VIEWS:
         at.session_state["view"] = view
         at.run()
@@ -41,7 +43,7 @@ def test_every_view_renders_on_a_tiny_model(tiny_env):
         assert not at.error, [e.value for e in at.error]
         assert at.get("image"), f"{view} shows no figure"
     # shapes come from the live capture: 1 class token + 14 x 14 patches, width 192
-    at.session_state["view"] = "Pipeline"
+    at.session_state["view"] = "1 Pipeline"
     at.run()
     table = "".join(m.value for m in at.markdown)
     assert "[1, 197, 192]" in table and "[1, 3, 224, 224]" in table
@@ -70,6 +72,32 @@ def test_each_control_changes_what_is_shown(tiny_env, view, widget, key, value):
     getattr(at, widget)(key=key).set_value(value).run()
     assert_healthy(at)
     assert shown(at) != before, f"{key} -> {value} changed nothing in {view}"
+
+
+def test_tabs_are_numbered_in_the_lessons_order_then_the_research_tools(tiny_env):
+    at = run_app()
+    assert [t.label for t in at.tabs] == ["1 Pipeline", "2 Patches", "3 Filters", "4 Positions", "5 Attention",
+                                          "6 Distance", "7 Prediction", "8 Why?", *RESEARCH_VIEWS]
+    assert list(RESEARCH_VIEWS) == ["Interventions", "Logit lens", "Registers & norms"]
+
+
+@pytest.mark.parametrize("old, new, widget, key", [("Pipeline", "1 Pipeline", "slider", "pipe_block"),
+                                                   ("Attention", "5 Attention", "slider", "layer"),
+                                                   ("Why?", "8 Why?", "selectbox", "target")])
+def test_links_with_the_former_tab_labels_open_the_renamed_tabs(tiny_env, old, new, widget, key):
+    """`?view=Attention` (README, slides, the load test) opens "5 Attention": RENAMED maps every former label."""
+    assert RENAMED[old] == new
+    at = run_app(view=old)
+    assert at.session_state["view"] == new
+    assert key in {w.key for w in at.get(widget)}  # the renamed tab's content is what ran
+
+
+def test_the_header_is_one_line_and_the_introduction_is_behind_about(tiny_env):
+    at = run_app(view="Attention")
+    line = next(m.value for m in at.markdown if m.value.startswith("Model **"))
+    assert "vit_tiny_patch16_224" in line and "(example)" in line and "· prediction " in line
+    intro = [m.value for m in at.markdown if m.value == text.INTRO]
+    assert len(intro) == 1  # once, inside the About popover, not above every tab
 
 
 def test_query_parameters_open_the_shared_view(tiny_env):
@@ -138,6 +166,7 @@ def test_bundled_teaching_model(monkeypatch):
     at = run_app()
     assert "vit-lens/shapes-vit" in "".join(m.value for m in at.markdown)
     assert not any("RANDOM weights" in w.value for w in at.warning)
+    assert not any("RANDOM weights" in m.value for m in at.markdown)
     for view in VIEWS:
         at.session_state["view"] = view
         at.run()

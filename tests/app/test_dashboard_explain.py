@@ -25,7 +25,7 @@ from dashboard.views import interventions, lens, why
 from vit_core import analyses, explain
 from vit_core.loading import TEACHING_MODEL
 
-WHY_VIEWS = ("Why?", "Interventions", "Logit lens")
+WHY_VIEWS = ("8 Why?", "Interventions", "Logit lens")  # the tabs' labels (dashboard.views.VIEWS)
 SHAPES_VIT = REPO / "vit_core" / "assets" / "shapes_vit" / "model.safetensors"
 
 
@@ -85,7 +85,7 @@ def test_the_why_views_render(monkeypatch, model, random_init):
     downloads = [b.proto.label for b in at.get("download_button")]
     assert ("All arrays + explanations (.npz)" in downloads) == has_head
     if has_head:  # every method has a map, AttnLRP and CP-LRP included, and nothing says a method is missing
-        at.session_state["view"] = "Why?"
+        at.session_state["view"] = "8 Why?"
         at.run()
         assert len(images(at)) >= len(explain.METHODS)
         assert not at.info, [i.value for i in at.info]
@@ -94,7 +94,7 @@ def test_the_why_views_render(monkeypatch, model, random_init):
 def test_the_target_selection_changes_the_maps(tiny_env, reference):
     loaded, image = reference
     at = run_app()
-    at.session_state["view"] = "Why?"  # as a click on the tab does
+    at.session_state["view"] = "8 Why?"  # as a click on the tab does
     at.run()
     before = images(at)
     box = at.selectbox(key="target")

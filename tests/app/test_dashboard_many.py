@@ -1,4 +1,4 @@
-"""The "Many images" page (dashboard/pages/many_images.py), run in-process with Streamlit's AppTest, and its set
+"""The "Many images" page (dashboard/page_scripts/many_images.py), run in-process with Streamlit's AppTest, and its set
 building (uploads, zips and their bounds, Shapes batches) on its own.
 
 The app runs the tiny random-init test model (`tiny_env`); the bundled Shapes ViT where a test needs
@@ -27,7 +27,7 @@ from vit_core import TEACHING_MODEL, dataset, load_image
 from vit_core.loading import teaching_model_available
 from vit_core.teaching import data as shapes
 
-PAGE = "pages/many_images.py"  # relative to dashboard/app.py
+PAGE = "page_scripts/many_images.py"  # relative to dashboard/app.py
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_healthy, run_app
+from conftest import assert_healthy, choose_weights, run_app
 from dashboard import caches, cli, model_choice, models, session
 from dashboard.image_choice import markdown_literal
 from dashboard.server import serve
@@ -28,7 +28,8 @@ REGISTERS, DEIT3, SIGLIP = "vit_little_patch16_reg4_gap_256", "deit3_small_patch
 
 
 def header(at) -> str:
-    return "\n".join(m.value for m in at.markdown if m.value.startswith("Model **"))
+    """The page's lines about the model: the header's one line (model, image, prediction) and its model details."""
+    return "\n".join(m.value for m in at.markdown if re.search(r"\b[Mm]odel \*\*", m.value))
 
 
 def type_into_picker(at, typed: str) -> None:
@@ -179,16 +180,147 @@ def test_a_non_vit_is_refused_with_load_models_sentence_and_the_previous_model_k
     assert at.selectbox(key=session.K_MODEL).value == models.TEST_TINY and "vit_tiny_patch16_224" in header(at)
 
 
+def notes(at) -> list[str]:
+    return [i.value for i in at.sidebar.info]
+
+
+def why(at) -> str:
+    """The text behind the sidebar's "Why?" expanders."""
+    return "\n".join(m.value for e in at.sidebar.expander if e.label == "Why?" for m in e.markdown)
+
+
 def test_a_typed_hub_id_offline_says_so_at_once(tiny_env, monkeypatch):
     offline_hub(monkeypatch)
     at = run_app()
     type_into_picker(at, "hf-hub:someone/their-vit")
-    errors = [e.value for e in at.error]
     hub_id = markdown_literal("hf-hub:someone/their-vit")  # shown as typed, not as markup
-    assert len(errors) == 1, errors
-    assert errors[0].startswith(f"You are offline: Pretrained weights for {hub_id} are not in the local cache")
-    assert errors[0].endswith("Still showing test-tiny.")
+    assert not at.error, [e.value for e in at.error]  # offline is a calm note, not a failure
+    assert notes(at) == [f"**Offline**: **{hub_id}** can't be downloaded; still showing **test-tiny**."]
+    assert why(at).startswith(f"Pretrained weights for {hub_id} are not in the local cache")
+    assert not at.button  # a hub id's architecture comes from the hub too: no random weights offered
     assert at.selectbox(key=session.K_MODEL).value == models.TEST_TINY
+
+
+# ----------------------------------------------------------------------------------------------
+# Offline: a calm note, and the random weights of a model whose pretrained ones can't be had
+
+
+def test_offline_start_is_a_calm_note_and_offers_the_models_random_weights(tiny_env, monkeypatch):
+    from dashboard import model_choice, text
+    from vit_core import TEACHING_MODEL
+
+    offline_hub(monkeypatch)
+    monkeypatch.setenv("VIT_LENS_MODEL", "vit_tiny_patch16_224")  # the start-up model, as ViT-B/16 is in a class
+    at = run_app()
+    assert not at.error, [e.value for e in at.error]
+    assert notes(at) == ["**Offline**: using the bundled Shapes ViT."]
+    assert "can't be reached" in why(at) and "random weights" in why(at)
+    assert at.selectbox(key=session.K_MODEL).value == TEACHING_MODEL and f"**{TEACHING_MODEL}**" in header(at)
+    at.run()  # the note stays while the bundled model stands in
+    assert notes(at) == ["**Offline**: using the bundled Shapes ViT."] and not at.error
+
+    at.button(key=f"{model_choice.K_RANDOM_WEIGHTS}_picker").click().run()
+    assert_healthy(at)
+    assert not at.error and not notes(at), [e.value for e in at.error] + notes(at)
+    assert at.selectbox(key=session.K_MODEL).value == "vit_tiny_patch16_224"
+    assert "Model **vit_tiny_patch16_224** (random init" in header(at)
+    assert text.UNTRAINED in [w.value for w in at.warning]  # the page says the weights are random
+    assert any("Random weights (structure only)" in c.value for c in at.sidebar.caption)
+
+    at.button(key=model_choice.K_PRETRAINED_WEIGHTS).click().run()  # still offline: the random weights stay
+    assert_healthy(at)
+    assert notes(at) == ["**Offline**: **vit_tiny_patch16_224** can't be downloaded; its random weights stay."]
+    at.run()
+    assert "Model **vit_tiny_patch16_224** (random init" in header(at) and not at.error
+
+
+def test_a_bad_weights_file_is_still_a_failure_in_red(tiny_env):
+    from dashboard import model_choice
+
+    at = run_app()
+    choose_weights(at, "vit_tiny_patch16_224", "notes.safetensors", b"not a safetensors file")
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("That model can't be loaded: notes.safetensors"), errors
+    assert not notes(at) and not [b for b in at.button if b.key.startswith(model_choice.K_RANDOM_WEIGHTS)]
+
+
+def test_an_uploaded_checkpoint_is_named_by_its_own_file_and_a_three_class_head_is_no_top_5(tiny_env, tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    at = run_app()
+    choose_weights(at, "vit_tiny_patch16_224", "my finetune.safetensors", (tmp_path / "w.safetensors").read_bytes())
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    captions = [c.value for c in at.sidebar.caption]
+    assert any("Weights: file: my finetune.safetensors" in c for c in captions), captions
+    assert "(file: my finetune.safetensors)" in header(at)
+    assert not any(re.search(r"[0-9a-f]{32}", line) for line in [*captions, header(at)])  # not the server's copy
+    shown = [m.value for m in at.markdown] + [b.label for b in at.selectbox]
+    assert not [line for line in shown if re.search(r"top 5 of 3", line, re.IGNORECASE)]
+
+
+def test_the_refusals_kinds():
+    """Which failures are calm notes offering random weights, and which stay failures."""
+    from dashboard.model_choice import failure_note
+    from vit_core import ModelError, OfflineError, WeightsError
+
+    offline, shapes = OfflineError("no hub"), models.ModelRequest(models.TEACHING_MODEL)
+    note = failure_note(models.ModelRequest("vit_base_patch16_224"), offline, shapes, "", chosen=False)
+    assert (note.failure, note.standing, note.random_weights_for, note.open_detail) == (False, True,
+                                                                                         "vit_base_patch16_224", False)
+    chosen = failure_note(models.ModelRequest("vit_small_patch16_224"), offline, models.ModelRequest("vit_base_patch16_224"),
+                          "", chosen=True)
+    assert chosen.text == ("**Offline**: **vit_small_patch16_224** can't be downloaded; still showing "
+                           "**vit_base_patch16_224**.") and chosen.open_detail
+    for error in (WeightsError("bad file"), ModelError("resnet50 is not a Vision Transformer")):
+        failed = failure_note(models.ModelRequest("vit_base_patch16_224"), error, shapes, "Still showing x.", chosen=True)
+        assert failed.failure and not failed.random_weights_for and failed.text.endswith("Still showing x.")
+    untrained = failure_note(models.ModelRequest("vit_base_patch16_224"), offline, models.ModelRequest(models.TEST_TINY),
+                             "The bundled teaching model is missing too", chosen=False, untrained=True)
+    assert untrained.failure  # the stand-in is untrained: that stays loud
+    assert models.pretrained_unavailable("vit_base_patch16_224", offline)
+    assert not models.pretrained_unavailable("hf-hub:someone/their-vit", offline)
+    assert not models.pretrained_unavailable("vit_base_patch16_224", ModelError("not a ViT"))  # timm has its weights
+    no_weights = next(n for n in models.family_model_names() if "." not in n and not getattr(
+        __import__("timm").models.get_pretrained_cfg(n), "hf_hub_id", None))
+    assert models.pretrained_unavailable(no_weights, ModelError("timm has no pretrained weights"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Typing part of a name
+
+
+def test_a_typed_part_of_a_name_means_the_best_matching_model():
+    choices = models.model_choices()
+    options = models.picker_options()
+    assert models.match_typed_name("vit_small", choices, options) == ("vit_small_patch16_224", models.match_typed_name(
+        "vit_small", choices, options)[1])  # the listed model first, though many others match
+    assert models.match_typed_name("  SigLIP ", choices, options)[0] == "vit_base_patch16_siglip_224"  # its label
+    assert models.match_typed_name("shapes", choices, options)[0] == models.TEACHING_MODEL
+    assert models.match_typed_name("b/16 384", choices, options)[0] == "vit_base_patch16_384"  # every word
+    picked, count = models.match_typed_name("dinov2", choices, options)
+    assert count > 4 and picked == min((n for n in options if "dinov2" in n), key=lambda n: (len(n), n))
+    assert "." not in picked  # an architecture before its tagged names
+    assert models.match_typed_name("VIT_TINY_PATCH16_224", choices, options) == ("vit_tiny_patch16_224", 1)  # exact
+    for nothing in ("resnet50", "hf-hub:someone/vit", "   ", "no such model"):
+        assert models.match_typed_name(nothing, choices, options) is None, nothing
+
+
+def test_typing_part_of_a_name_and_enter_picks_the_matching_model(tiny_env, monkeypatch):
+    monkeypatch.setenv("VIT_LENS_RANDOM_INIT", "1")
+    at = run_app()
+    type_into_picker(at, "little_patch16_reg4_gap")  # what Streamlit sends: the typed text, not an option
+    assert not at.error, [e.value for e in at.error]
+    assert at.selectbox(key=session.K_MODEL).value == REGISTERS  # the picker names the model picked
+    assert f"Model **{REGISTERS}**" in header(at)
+    said = notes(at)
+    typed, picked = markdown_literal("little_patch16_reg4_gap"), markdown_literal(REGISTERS)
+    assert len(said) == 1 and said[0].startswith(f"“{typed}” matches "), said
+    assert said[0].endswith(f" models: showing **{picked}**. Type more of a name to pick another."), said
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,10 +333,11 @@ def test_after_a_failed_load_the_picker_names_the_model_shown(tiny_env, monkeypa
     at = run_app()
     at.selectbox(key=session.K_MODEL).set_value("vit_small_patch16_224").run()
     assert_healthy(at)
-    errors = [e.value for e in at.error]
-    assert len(errors) == 1 and errors[0].startswith("You are offline") and "Still showing test-tiny." in errors[0]
+    offline = "**Offline**: **vit_small_patch16_224** can't be downloaded; still showing **test-tiny**."
+    assert not at.error and notes(at) == [offline]
     assert at.selectbox(key=session.K_MODEL).value == models.TEST_TINY  # was vit_small_patch16_224
     assert "vit_tiny_patch16_224" in header(at)
-    at.run()  # any later rerun: the model shown, still named, and the error said once
+    at.run()  # any later rerun: the model shown, still named, and the note kept while it stands in
     assert_healthy(at)
     assert at.selectbox(key=session.K_MODEL).value == models.TEST_TINY and not at.error
+    assert notes(at) == [offline]

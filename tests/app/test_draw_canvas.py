@@ -126,3 +126,32 @@ def test_the_app_refuses_a_hostile_drawing_and_keeps_the_previous_image(tiny_env
     at.run()
     assert_healthy(at)
     assert not at.error and shown_images(at) != drawing_shown
+
+
+def test_the_canvas_sits_beside_the_drawings_result_and_clear_says_the_example_is_back(tiny_env, monkeypatch):
+    """Issue 29: with Draw on, the canvas is in the main area (not the sidebar), beside the crop the model sees and
+    its prediction; the header names the input shown; after Clear the page says the example is back."""
+    at = run_app(view="Attention")
+    at.toggle(key=session.K_DRAW_ON).set_value(True).run()
+    assert_healthy(at)
+    canvas = FakeCanvas()
+    monkeypatch.setattr(sys.modules["streamlit_drawable_canvas"], "st_canvas", canvas)
+    at.run()
+    clear = f"{session.K_DRAW}_clear"
+    assert [b.key for b in at.main.get("button") if b.key == clear] == [clear]
+    assert not [b.key for b in at.sidebar.get("button") if b.key == clear]
+    assert not any("canvas is empty" in i.value for i in at.info)  # nothing drawn yet: the example, nothing to say
+
+    canvas.url = data_url(canvas_drawing())
+    at.run()
+    assert_healthy(at)
+    main = [m.value for m in at.main.get("markdown")]
+    assert any("image **drawing.png** (your drawing)" in m for m in main), main
+    assert "**What the model sees**" in main and any(m.startswith("**Prediction: ") for m in main)
+    assert at.main.get("progress"), "the top classes beside the canvas"
+
+    canvas.url = None  # Clear: a fresh, empty canvas
+    at.button(key=clear).click().run()
+    assert_healthy(at)
+    assert any("canvas is empty" in i.value and "the example" in i.value for i in at.main.info), [i.value for i in at.info]
+    assert any("(example)" in m.value and m.value.startswith("Model **") for m in at.markdown)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dashboard.views import VIEWS
+from dashboard.views import RENAMED, VIEWS
 from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, open_tab, settle
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
@@ -40,10 +40,10 @@ def test_upload_visit_every_view_and_click_a_patch(page, tmp_path):
         panel = page.locator('[role="tabpanel"]:visible')
         figures = panel.locator('[data-testid="stImage"], [data-testid="stPlotlyChart"]')
         assert figures.count() > 0, f"{name}: no figure"
-        page.screenshot(path=str(ARTIFACTS / f"view_{name.lower()}.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / f"view_{name.lower().replace(' ', '_')}.png"), full_page=True)
 
     # the attention view: click patch 20 on the image, the query follows
-    open_tab(page, "Attention")
+    open_tab(page, RENAMED["Attention"])
     chart = page.locator('[data-testid="stPlotlyChart"]').first
     chart.scroll_into_view_if_needed()
     heading_before = page.locator('[role="tabpanel"]:visible').inner_text()

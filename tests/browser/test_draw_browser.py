@@ -6,7 +6,9 @@ The server runs the bundled Shapes ViT (`VIT_LENS_MODEL=vit-lens/shapes-vit`), s
 - the drawing replaces the example image and the header names it with a name containing "drawing" (it reads
   "image drawing.png" with the suggested wiring);
 - the canvas is streamlit-drawable-canvas's: the mouse is driven on its `canvas.upper-canvas` (Fabric.js's
-  event layer), its Clear button is the one named "Clear" in the sidebar.
+  event layer), its Clear button is the one named "Clear";
+- with Draw on, the canvas is in the main area beside the crop the model sees and its prediction (issue 29), and
+  after Clear the page says that the example is back.
 The browser tests are skipped until the dashboard calls `draw_ui(` (the Draw input is wired in), and when no
 chromium is installed; the checks of draw.py's pure helpers always run. Screenshots go to tests/artifacts/
 (gitignored).
@@ -26,7 +28,7 @@ from PIL import Image
 
 import vit_core
 from dashboard.draw import CANVAS_PX, canvas_png, has_strokes
-from dashboard.views import VIEWS
+from dashboard.views import RENAMED, VIEWS
 from support.browser import ARTIFACTS, CHROMIUM, chromium_page, no_exception, open_tab, settle
 from tools import loadtest
 from vit_core.loading import TEACHING_MODEL
@@ -120,6 +122,11 @@ def draw_star(page) -> re.Match:
     settle(page)
     no_exception(page)
     page.screenshot(path=str(ARTIFACTS / "draw_star.png"), full_page=True)
+    main = page.locator('[data-testid="stMain"]')
+    assert main.locator("canvas.upper-canvas").count() == 1  # in the main area, not the sidebar
+    box = main.locator("canvas.upper-canvas").bounding_box()
+    result = main.get_by_text("What the model sees", exact=True).bounding_box()
+    assert result is not None and result["x"] > box["x"] + box["width"] and result["y"] < box["y"] + box["height"]
     text = main_text(page)
     assert DRAWING_SHOWN.search(text), text[:500]  # the drawing replaced the example
     found = PREDICTION.search(text)
@@ -142,7 +149,7 @@ def test_a_drawing_goes_through_the_same_path_and_every_view_renders(page, drawn
         panel = page.locator('[role="tabpanel"]:visible')
         assert panel.locator('[data-testid="stImage"], [data-testid="stPlotlyChart"]').count() > 0, f"{name}: no figure"
         assert DRAWING_SHOWN.search(main_text(page))
-        page.screenshot(path=str(ARTIFACTS / f"draw_view_{name.lower()}.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / f"draw_view_{name.lower().replace(' ', '_')}.png"), full_page=True)
 
 
 @in_browser
@@ -155,7 +162,7 @@ def test_the_drawn_star_is_recognised(drawn_star):
 def test_the_maps_of_a_drawing_are_judged_against_its_strokes(page, drawn_star):
     """Issue 30: in the Why? tab the drawing's strokes, widened by the pen, are the object: its patches are shown first,
     and judging the maps adds the localisation metrics to the table."""
-    open_tab(page, "Why?")
+    open_tab(page, RENAMED["Why?"])
     no_exception(page)
     panel = page.locator('[role="tabpanel"]:visible')
     assert "Object (ground truth)" in panel.inner_text() and "your strokes, widened by the pen" in panel.inner_text()
@@ -171,11 +178,12 @@ def test_the_maps_of_a_drawing_are_judged_against_its_strokes(page, drawn_star):
 
 @in_browser
 def test_clear_empties_the_canvas_and_the_example_comes_back(page, drawn_star):
-    page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Clear").click()
+    page.locator('[data-testid="stMain"]').get_by_role("button", name="Clear").click()
     settle(page)
     no_exception(page)
     assert not DRAWING_SHOWN.search(main_text(page))
     assert PREDICTION.search(main_text(page)) is not None
+    assert "The canvas is empty, so the page shows the example" in main_text(page)  # said, not switched silently
 
 
 @in_browser

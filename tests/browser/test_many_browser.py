@@ -37,4 +37,4 @@ def test_a_small_shapes_batch_runs_and_shows_its_figure(page, server):
     page.get_by_role("link", name="One image").click()  # the single-image page is still there, with its tabs
     settle(page)
     no_exception(page)
-    assert page.get_by_role("tab", name="Attention", exact=True).count() == 1
+    assert page.get_by_role("tab", name="5 Attention", exact=True).count() == 1

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from conftest import drawn_image
-from vit_core import ImageError, analyses, load_model, run_with_capture
+from vit_core import ImageError, analyses, load_model, loading, run_with_capture
 from vit_core.images import MAX_FILE_BYTES
 
 
@@ -60,6 +60,10 @@ def test_analyze_writes_the_interface_format_and_reports_failures(tmp_path):
     best = int(np.argmax(arrays["probs"]))
     assert summary["topk"][0]["index"] == best and summary["topk"][0]["label"] == loaded.labels[best]
     assert summary["topk"][0]["prob"] == np.float32(arrays["probs"][best]).item()
+    # One line per image done on stdout: the image, its top-1 with its probability, where the results went.
+    out = tmp_path / "out"
+    assert result.stdout.splitlines() == [f"{tmp_path / 'scene.png'}: {loaded.labels[best]} "
+                                          f"({float(arrays['probs'][best]):.1%}) -> {out / 'scene.npz'}, {out / 'scene.json'}"]
 
 
 def test_unsupported_model_is_one_line_and_exit_2(tmp_path):
@@ -86,6 +90,60 @@ def test_vit_lens_offers_vit_cores_own_subcommands_and_the_dashboard(capsys):
         core_cli.main(["analyze", "--help"])
     theirs = capsys.readouterr().out.replace("python -m vit_core", "vit-lens").split()
     assert ours == theirs  # the very same parser (word by word: argparse wraps the usage by the program name's length)
+
+
+HEAVY = ("torch", "timm", "numpy", "PIL", "streamlit")
+
+
+@pytest.mark.parametrize("command", [
+    "from dashboard import cli; cli.main(['--help'])",
+    "from dashboard import cli; cli.main(['analyze', '--help'])",
+    "from vit_core import __main__ as core_cli; core_cli.main(['dataset', '--help'])",
+])
+def test_help_answers_without_importing_torch_or_timm(command):
+    """`vit-lens --help` took 7-10 s on 2 cores: it imported timm (and torch) before argparse ran."""
+    script = f"""
+import sys
+try:
+    {command}
+except SystemExit as done:
+    assert done.code == 0, done.code
+print(",".join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ") and "--help" in result.stdout
+    assert result.stderr.strip() == "", f"--help imported {result.stderr.strip()}"
+
+
+def test_the_parsers_defaults_are_the_defining_modules_values():
+    """The parser spells its defaults out (so that --help imports nothing heavy): they must stay the modules' own."""
+    from vit_core import __main__ as core_cli
+    from vit_core import dataset, devices, explain, export, loading
+
+    assert core_cli.DEFAULT_MODEL == loading.DEFAULT_MODEL
+    assert core_cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
+    assert core_cli.DEFAULT_STEPS == explain.DEFAULT_STEPS
+    assert core_cli.FAITHFULNESS_TESTS == explain.FAITHFULNESS_TESTS
+    assert core_cli.EXPORT_TESTS == export.EXPORT_TESTS
+    assert core_cli.TABLE_FORMATS == dataset.TABLE_FORMATS
+
+
+def test_a_model_without_a_classifier_head_says_so_instead_of_naming_features_as_classes(tmp_path, capsys, monkeypatch):
+    """DINOv2 (num_classes 0) printed its strongest pooled feature as if it were a class."""
+    from vit_core import __main__ as core_cli
+
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: real(*a, **k, num_classes=0, depth=1))
+    drawn_image(1).save(tmp_path / "scene.png")
+    status = core_cli.main(["analyze", str(tmp_path / "scene.png"), "--model", "vit_tiny_patch16_224", "--random-init",
+                            "--out", str(tmp_path / "out")])
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{tmp_path / 'scene.png'}: no classifier head (the model outputs 192 pooled features, not classes) "
+                     f"-> {tmp_path / 'out' / 'scene.npz'}, {tmp_path / 'out' / 'scene.json'}"]
+    summary = json.loads((tmp_path / "out" / "scene.json").read_text())
+    assert summary["classifier_head"] is False and summary["topk"] == [], "no pooled feature listed as a class"
 
 
 def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
@@ -262,7 +320,7 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_load(tmp_path):
                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
                             env={**os.environ, "VIT_LENS_ONEDNN_LINEAR": "sometimes"})
     assert result.returncode == 2
-    assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use on or off."
+    assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use auto, on or off."
 
 
 # ---------------------------------------------------------------------------------- issue 28: inputs and outputs

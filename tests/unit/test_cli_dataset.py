@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from conftest import drawn_image
 from vit_core import __main__ as core_cli
-from vit_core import analyses, load_model, run_with_capture
+from vit_core import analyses, load_model, loading, run_with_capture
 
 MODEL = ("--model", "vit_tiny_patch16_224", "--random-init")
 L, H = 12, 3  # vit_tiny_patch16_224: 12 blocks of 3 heads, 14 x 14 patches of 16 px, one class token
@@ -251,7 +251,7 @@ def test_steps_without_explain_and_a_missing_folder_are_one_line_and_exit_2(fold
 def test_a_bad_or_missing_device_is_one_line_and_exit_2_before_any_load(command, device, folder, tmp_path, capsys,
                                                                         monkeypatch):
     loads = []
-    monkeypatch.setattr(core_cli, "load_model", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a))  # where the CLI takes it from
     target = folder / "0" / "a.png" if command == "analyze" else folder
     status = core_cli.main([command, str(target), *MODEL, "--out", str(tmp_path / "out"), "--device", device])
     errors = capsys.readouterr().err.strip().splitlines()

@@ -65,7 +65,7 @@ def test_clickable_figure_has_one_marker_per_patch_at_its_centre(crop):
     assert list(markers.customdata) == list(range(20))
     # patch 6 = row 1, col 1: centre at (1.5 * 8 * 3) in display pixels on both axes
     assert markers.x[6] == pytest.approx(36) and markers.y[6] == pytest.approx(36)
-    assert f"{amap[1, 1]:.4f}" in markers.text[6]
+    assert f"{amap[1, 1]:.4f}" in markers.hovertext[6]
     assert len(fig.layout.shapes) == 1
 
 
@@ -101,7 +101,7 @@ def test_head_mosaic_tiles_are_the_overlays_at_tile_size():
     amap = np.arange(20, dtype=np.float32).reshape(GRID)  # 4 x 5 patches of 8 px
     sheet = attention_figures.head_maps_mosaic(crop, amap[None], PATCH, ["m"], cols=1, tile_side=80)  # factor 2
     full = figures.overlay(crop, amap, PATCH)  # (32, 40, 3): the same picture at crop size
-    pad, title = 6, 18
+    pad, title = 6, figures.TEXT_PX + 5
     tile = sheet[pad + title : pad + title + 64, pad : pad + 80]
     np.testing.assert_array_equal(tile[::2, ::2], full)  # nearest-neighbour enlargement of the overlay
 
@@ -283,3 +283,126 @@ def test_token_matrix_keeps_each_entry_and_marks_the_prefix_rows():
     # the prefix tokens (rows 0-1) are set apart by marks on both sides at the boundary, outside the matrix
     np.testing.assert_array_equal(picture[top + 2, left - 8:left - 1], np.zeros((7, 3)))
     np.testing.assert_array_equal(picture[top + 2, left + 17:left + 23], np.zeros((6, 3)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 29: text a projector can show, and a patch grid that keeps every line
+
+
+def _ink_rows(picture: np.ndarray) -> np.ndarray:
+    """Rows (y) of a white sheet with dark ink in them."""
+    return np.flatnonzero((picture.min(axis=-1) < 128).any(axis=1))
+
+
+def test_every_builder_records_the_size_of_its_smallest_text(crop):
+    """The bytes say how large their smallest text is (the browser test scales it by the shown width): every
+    figure that writes text writes it at TEXT_PX or more; pictures without text say so."""
+    rng = np.random.default_rng(7)
+    sim = analyses.pos_embed_similarity(rng.normal(size=(21, 16)), 1, False, GRID)
+    pca = analyses.filters_pca(rng.normal(size=(32, 3, 8, 8)).astype(np.float32), k=6)
+    with_text = [
+        embedding_figures.similarity_tiles_png(sim, GRID, highlight=2, title="t"),
+        embedding_figures.filters_grid_png(pca.components, [f"PC{i}" for i in range(6)], cols=3, title="pca"),
+        embedding_figures.explained_variance_png(pca.explained_variance_ratio),
+        figures.map_png(sim[2], "tile", vmin=-1, vmax=1, highlight=2),
+        prediction_figures.top_k_png(["a", "b"], [0.7, 0.2]),
+        prediction_figures.logits_png(rng.normal(size=10), [1, 2], ["b", "c"]),
+        pipeline_figures.vector_png(rng.normal(size=192), ""),
+        pipeline_figures.token_matrix_png(rng.normal(size=(21, 16)), "", 1),
+        pipeline_figures.patch_grid_png(crop, GRID, PATCH, side=200),
+        figures.jpeg_bytes(np.zeros((8, 8, 3), np.uint8), text_px=figures.TEXT_PX),
+    ]
+    for data in with_text:
+        assert figures.recorded_text_px(data) >= figures.TEXT_PX >= 14
+    assert figures.recorded_text_px(figures.png_bytes(crop)) is None
+    assert figures.recorded_text_px(pipeline_figures.patch_grid_png(crop, GRID, PATCH, side=200, show_indices=False)) is None
+    with pytest.raises(KeyError):
+        figures.recorded_text_px(_plain_png(crop))
+
+
+def _plain_png(rgb: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_matplotlib_figures_record_is_its_smallest_drawn_text():
+    """Measured from the drawn figure, tick labels included (they exist only once it is drawn): 7 pt at 100 dpi."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1])
+    ax.set_title("title", fontsize=12)
+    ax.tick_params(labelsize=7)
+    assert figures.recorded_text_px(figures.figure_png(fig, dpi=100)) == pytest.approx(7 * 100 / 72, abs=0.01)
+    empty = Figure(figsize=(1, 1))
+    assert figures.recorded_text_px(figures.figure_png(empty)) is None
+
+
+def test_legible_raises_every_small_text_to_the_screen_size():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], label="line")
+    ax.legend(fontsize=6)
+    ax.set_xlabel("x", fontsize=7)
+    ax.tick_params(labelsize=5)
+    figures.legible(fig, 400, 300)
+    assert figures.recorded_text_px(figures.figure_png(fig)) >= figures.TEXT_PX - 0.01
+    assert figures.image_size(figures.figure_png(fig))[0] <= 400
+
+
+def test_the_mosaics_titles_are_drawn_as_large_as_recorded(crop):
+    """The record is no promise on paper: the titles' ink is at least 60 % of the font size tall (digits and
+    lowercase letters reach about 0.7 of it)."""
+    maps = np.random.default_rng(8).random((3, *GRID)).astype(np.float32)
+    sheet = attention_figures.head_maps_mosaic(np.full_like(crop, 255), maps * 0, PATCH, ["head 0", "head 1", "mean"],
+                                               cols=3, tile_side=80)
+    title_band = sheet[:6 + figures.TEXT_PX + 5]  # the pad and the first row's titles
+    rows = _ink_rows(title_band)
+    assert rows.max() - rows.min() + 1 >= 0.6 * figures.TEXT_PX
+
+
+def test_the_patch_grid_drawn_at_display_size_keeps_every_line():
+    """A 224 px crop of 14 x 14 patches shown 190 px wide: the 13 lines between patches are all there (drawing them
+    at 448 px and letting the browser shrink the picture lost one in two)."""
+    crop = np.zeros((224, 224, 3), np.uint8)
+    picture = pipeline_figures.patch_grid_image(crop, (14, 14), (16, 16), show_indices=False, side=190)
+    assert picture.shape == (190, 190, 3)
+    grey_columns = np.flatnonzero((picture[5] == figures.GRID_LINE).all(axis=-1))
+    assert len(grey_columns) == 13
+    assert np.allclose(grey_columns, [round(c * 190 / 14) for c in range(1, 14)], atol=1)
+
+
+def test_patch_numbers_are_written_only_where_they_fit():
+    crop = np.zeros((224, 224, 3), np.uint8)
+    assert pipeline_figures.numbers_fit((14, 14), 440) and not pipeline_figures.numbers_fit((14, 14), 190)
+    assert figures.recorded_text_px(pipeline_figures.patch_grid_png(crop, (14, 14), (16, 16), side=190)) is None
+    big = pipeline_figures.patch_grid_png(crop, (14, 14), (16, 16), side=440)
+    assert figures.recorded_text_px(big) == figures.TEXT_PX
+
+
+def test_the_clickable_grid_draws_its_lines_and_numbers_as_vectors(crop):
+    display = figures.enlarge(crop, 10)  # 400 x 500 px: patches of 80 px
+    fig = figures.clickable_image_figure(display, GRID, PATCH, height=400, grid_lines=True, numbers=True, selected=3)
+    lines = [shape for shape in fig.layout.shapes if shape.type == "line"]
+    assert len(lines) == (GRID[0] - 1) + (GRID[1] - 1)
+    markers = fig.data[1]
+    assert markers.mode == "markers+text" and list(markers.text) == [str(k) for k in range(20)]
+    assert markers.textfont.size >= 14
+    small = figures.clickable_image_figure(display, (20, 25), (2, 2), height=300, numbers=True)  # 12 px a patch
+    assert small.data[1].mode == "markers" and small.data[1].text is None
+
+
+def test_tiles_fill_the_box_without_leaving_it():
+    for n, box in ((9, (550, 430)), (13, (550, 430)), (28, (549, 440)), (1, (300, 300))):
+        cols, tile = figures.fit_tiles(n, box)
+        rows = -(-n // cols)
+        assert cols * (tile + 6) + 6 <= box[0] and rows * (tile + figures.TEXT_PX + 5 + 6) + 6 <= box[1]
+        assert not any(figures.fit_tiles(n, box, max_cols=c)[1] > tile for c in range(1, n + 1))

@@ -200,15 +200,20 @@ def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
-def test_a_run_that_makes_a_new_capture_finishes_below_the_pages_and_one_that_finds_it_cached_does_not(tiny_env):
+def test_a_run_that_makes_a_new_capture_finishes_below_the_pages_and_one_that_finds_it_cached_does_not(tiny_env,
+                                                                                                     monkeypatch):
     """A new image's figures come after other students' control changes (dashboard.server.process,
     NEW_IMAGE_RUN_NICENESS): the thread whose run made the capture ends at that nice value, the run that finds the
-    capture cached keeps the pages' priority, and the main thread is never lowered."""
+    capture cached keeps the pages' priority, and the main thread is never lowered. (The tiny model stands in for a
+    large one: a light model's run is not lowered, tests/unit/test_light_pass.py.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import drawn_image, encoded
     from dashboard import caches
     from dashboard.models import TEST_TINY, ModelRequest
+    from vit_core import serving
+
+    monkeypatch.setattr(serving, "light_pass", lambda loaded: False)
 
     request = ModelRequest(TEST_TINY)
     loaded = caches.load(request)
@@ -317,8 +322,10 @@ import concurrent.futures.thread as executor_threads, sys, threading, time
 from dashboard import caches
 from dashboard.server import serve
 from streamlit.web import cli as streamlit_cli
+from vit_core import serving
 
 streamlit_cli.main = lambda: 0  # the server stops as soon as it starts
+serving.light_pass = lambda loaded: False  # the Shapes ViT's warm-up on a forward lane, as a large model's
 real_load = caches.load
 
 def load_once_the_lanes_are_closed(request):
@@ -465,11 +472,11 @@ def test_streamlit_internals_is_the_one_place_with_streamlits_private_api():
 
 def test_no_page_imports_itself_and_every_page_gets_the_model_from_the_session():
     """app.py only navigates; each page script takes the sidebar's model the same way (session.chosen_model)."""
-    pages = {p.name: p.read_text() for p in (DASHBOARD / "pages").glob("*.py") if p.name != "__init__.py"}
-    assert set(pages) == {"one_image.py", "many_images.py"}
+    pages = {p.name: p.read_text() for p in (DASHBOARD / "page_scripts").glob("*.py") if p.name != "__init__.py"}
+    assert set(pages) == {"one_image.py", "many_images.py", "lesson.py"}
     for name, text in pages.items():
         assert "session.chosen_model()" in text, name
-        assert "dashboard.pages" not in text and "__main__" not in text, name
+        assert "dashboard.page_scripts" not in text and "__main__" not in text, name
     app = (DASHBOARD / "app.py").read_text()
-    assert 'st.Page("pages/one_image.py"' in app and 'url_path="one-image", default=True' in app
-    assert 'st.Page("pages/many_images.py"' in app and 'url_path="many-images"' in app
+    assert 'st.Page("page_scripts/one_image.py"' in app and 'url_path="one-image", default=True' in app
+    assert 'st.Page("page_scripts/many_images.py"' in app and 'url_path="many-images"' in app

@@ -22,7 +22,7 @@ import pytest
 from conftest import drawn_image, encoded
 from support.dataset_folder import IMAGES, labelled_folder
 from vit_core import __main__ as core_cli
-from vit_core import load_model
+from vit_core import load_model, loading
 from vit_core.dataset import (
     LAYERS,
     RunningMoments,
@@ -328,7 +328,7 @@ def test_bad_shards_and_ray_options_without_ray_are_one_line(folder, tmp_path, c
     status, _, errors = _run(capsys, "dataset", folder, *MODEL, "--out", tmp_path, "--gpus-per-worker", "1")
     assert status == 2 and errors == ["vit_core: --gpus-per-worker needs --engine ray"]
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError: as without the extra
-    monkeypatch.setattr(core_cli, "load_model", lambda *a, **k: pytest.fail("loaded before saying Ray is missing"))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded before saying Ray is missing"))
     status, _, errors = _run(capsys, "dataset", folder, *MODEL, "--out", tmp_path, "--engine", "ray")
     assert status == 2 and len(errors) == 1 and errors[0].endswith(': pip install "vit-lens[ray]"')
 

@@ -74,6 +74,9 @@ import numpy as np
 from dashboard.models import TEST_TINY, build_named_model
 from dashboard.server.byte_budget import default_capture_budget, nbytes_of
 from vit_core import settings
+from vit_core.runtime import cpu_quota
+
+from . import floor as floors
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -392,7 +395,7 @@ async def run_session(browser, url: str, index: int, images: list[tuple[str, byt
             await check_no_exception(page, result, f"upload {name}")
 
             if step == 0:
-                await page.get_by_role("tab", name="Attention", exact=True).click()
+                await page.get_by_role("tab", name="5 Attention", exact=True).click()  # dashboard.views.RENAMED
                 await main.get_by_text("mean of heads", exact=False).first.wait_for(timeout=step_timeout_ms)
                 await idle(page, step_timeout_ms, poll_ms)
                 slider = (main.locator('[data-testid="stSlider"]').filter(has_text="Layer (0 = first block)")
@@ -703,6 +706,10 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "streamlit.log"
     proc = None
+    say(f"CPU: {floors.this_cpu()}")
+    # Measured here, first, while the machine is quiet: the figures below are read as ratios to it.
+    floor = floors.Floor(floors.capture_seconds(model, random_init), (sessions - attacker) * images, cpu_quota())
+    say(f"one capture the server's way (1 torch thread): {floor.capture_s:.3f} s")
     started = time.perf_counter()
     if url is None:
         proc, url = start_server(model, random_init, log_path, own_cpus=browsers > 1)
@@ -764,6 +771,9 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     if compared != expected_downloads:
         errors.append(f"{compared} of {expected_downloads} downloads arrived")
     log_problems = server_log_problems(log_path) if proc is not None else []
+    new_images = [t for r in results for t in r.new_image]
+    ratios = floors.ratios(floor, new_images, [r.new_image[0] for r in results if r.new_image],
+                           [t for r in results for t in r.control], len(mismatches))
     report = {
         "sessions": sessions, "model": model, "seconds": storm_s,
         "first_render": [r.first_render for r in results if not np.isnan(r.first_render)],
@@ -777,6 +787,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         "peak_memfd_mb": sampler.memfd_peak_mb if sampler else None, "workdir": str(workdir), "cpu": cpu_use,
         "capture_mb": capture_mb, "capture_budget_mb": budget_mb,
         "attacks": [o for r in results for o in r.attacks],
+        "floor": floor, "ratios": ratios, "linears": server_linears(log_path) if proc is not None else None,
     }
     for client, what in (("browser", "rendered"), ("protocol", "run done, media fetched")):
         mine = [r for r in results if r.client == client]
@@ -810,9 +821,20 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
             f" (memfd: export scratch files, not in RSS) held at most {report['peak_memfd_mb']:.0f} MB")
     say(f"one capture of {model}: {capture_mb:.0f} MiB; the server's capture budget: {budget_mb:.0f} MiB"
         f" (${settings.CAPTURE_MB.name}, see dashboard/server/byte_budget.py)")
+    if report["linears"]:
+        say(f"the server's {report['linears']}")
+    for line in floors.report_lines(floor, ratios):
+        say(line)
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")
     return report
+
+
+def server_linears(log_path: Path) -> str | None:
+    """The server's one log line on which library it chose for its linears (vit_core.onednn.choices_line)."""
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    lines = [line for line in text.splitlines() if "linears measured" in line]
+    return "linears measured" + lines[-1].split("linears measured", 1)[1] if lines else None
 
 
 ATTACK_TARGET = 1.5  # issue 28: the others' medians with the attacker within 1.5x of a run without

@@ -8,13 +8,13 @@ downloads with `npz_bytes`, which copies without the GIL.
 
 - `passes`: capture passes of one model at once, each recording only its own forward;
 - `traced`: the capture forward as a TorchScript trace that runs without the GIL, on low-priority lanes;
-- `capture`: `serve_capture`, the two together;
+- `capture`: `serve_capture`, the two together (a light model's pass on the calling thread: `light_pass`);
 - `npz`: the `.npz` export copied without the GIL;
 - `priority`: lowering a thread below the pages' threads;
 - `config`: the start-up settings.
 """
 
-from .capture import serve_capture
+from .capture import light_pass, light_threads, serve_capture
 from .config import (
     MAX_PARALLEL_PASSES,
     SERVER_SWITCH_INTERVAL,
@@ -30,6 +30,7 @@ from .traced import FORWARD_LANE_NICENESS, set_traced_forward, traced_forward_en
 
 __all__ = [
     "FORWARD_LANE_NICENESS", "MAX_PARALLEL_PASSES", "SERVER_SWITCH_INTERVAL", "TRACED_SERVER_SWITCH_INTERVAL",
-    "configure_parallel_passes", "configure_switch_interval", "configure_traced_forward", "lower_this_threads_priority",
-    "npz_bytes", "parallel_passes", "serve_capture", "set_parallel_passes", "set_traced_forward", "traced_forward_enabled",
+    "configure_parallel_passes", "configure_switch_interval", "configure_traced_forward", "light_pass", "light_threads",
+    "lower_this_threads_priority", "npz_bytes", "parallel_passes", "serve_capture", "set_parallel_passes",
+    "set_traced_forward", "traced_forward_enabled",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Iterator
 
 import torch
 from PIL import Image
@@ -13,19 +15,57 @@ from ..model import LoadedModel
 from .passes import capture_pass
 from .traced import on_a_lane, traced_forward
 
+# A pass with fewer multiply-adds than this (parameters x tokens: the Shapes ViT's about 0.3 G, ViT-S/16's 4.3 G)
+# takes 10-20 ms on one core: it runs on the thread that asks, at the pages' priority, with one torch thread. On a
+# low-priority lane with both cores beside a browser, each stroke of a drawing waited 0.06-0.98 s for it
+# (docs/performance.md, "Strokes of a drawing").
+LIGHT_PASS_MACS = 1e9
 
-def serve_capture(loaded: LoadedModel, image: Image.Image) -> Capture:
+
+def light_pass(loaded: LoadedModel) -> bool:
+    """Whether a capture pass of `loaded` is light enough to run on the thread that asks for it (LIGHT_PASS_MACS)."""
+    params = sum(p.numel() for p in loaded.model.parameters())
+    return params * loaded.geometry.num_tokens < LIGHT_PASS_MACS
+
+
+def light_threads(loaded: LoadedModel) -> contextlib.AbstractContextManager[None]:
+    """For a light model (`light_pass`), one torch thread for this thread's passes inside the block (an
+    explanation's many small forwards too); otherwise nothing changes. On cores shared with a browser and other
+    sessions, each of a small product's two threads waits for the one that got no core (docs/performance.md,
+    "Strokes of a drawing")."""
+    return _torch_threads(1 if light_pass(loaded) else None)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def serve_capture(loaded: LoadedModel, image: Image.Image, *, on_this_thread: bool = False) -> Capture:
     """The same `Capture` as `vit_core.run_with_capture(loaded, image)`, bit for bit, run the server's way: up to
     `parallel_passes()` passes of one model at once, each recording only its own forward (`serving.passes`), and
-    on the CPU through the model's trace on a low-priority forward lane when tracing is on (`serving.traced`)."""
+    on the CPU through the model's trace on a low-priority forward lane when tracing is on (`serving.traced`).
+    `on_this_thread`: the forward runs on the calling thread, at its priority, with one torch thread (a light pass:
+    `light_pass`)."""
     model = loaded.model
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
-    with capture_pass(loaded, store):
+    with capture_pass(loaded, store), _torch_threads(1 if on_this_thread else None):
         with torch.inference_mode(), full_float32(loaded.device):
             traced = traced_forward(loaded, x, store)  # the model's first pass records the trace
             started = time.perf_counter()
-            if traced is not None:
+            if traced is not None and on_this_thread:
+                with torch.jit.optimized_execution(False):  # as on a lane: the recorded operations as they are
+                    logits, store = traced(x)
+            elif traced is not None:
                 logits, store = on_a_lane(traced, x)  # the tensors the hooks would have kept, without the GIL
             else:
                 logits = model(on_model_device(model, x))  # (1, C), on the model's device

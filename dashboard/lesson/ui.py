@@ -1,0 +1,348 @@
+"""The lesson page's Streamlit layer: the step bar (Back, the step numbers, Next), one step's main figure beside its
+text, the predict-then-reveal question and the concept check. It only arranges: the words and answers come from
+dashboard/lesson/steps.py and quiz.py, every figure from the explorer's own figure functions (dashboard/views), the
+numbers from the one cached capture and `dashboard.caches`.
+
+The step lives in the URL (`?step=N`, set with st.query_params), so a teacher can link a slide to a step. Answers
+live only in this session's widget state (the concept check's persists across steps: `persist_state="session"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import streamlit as st
+
+from dashboard import caches, inputs
+from dashboard.figures.base import image_size, is_jpeg
+from dashboard.lesson import quiz, steps
+from dashboard.lesson.facts import top_layer_from
+from dashboard.lesson.quiz import Question
+from dashboard.lesson.steps import COUNT, STEPS, StepText
+from dashboard.text import METHOD_TITLES
+from dashboard.views import attention, embeddings, lens, pipeline, prediction, why
+from dashboard.views.context import ViewContext
+from dashboard.views.header import outside_its_world
+from vit_core import analyses, explain
+from vit_core.explain.perturbation import BEATS, TIED, WORSE
+from vit_core.model import pos_embed_rows
+
+STEP_PARAM = "step"
+EXPLORER = "page_scripts/one_image.py"
+# The figure's largest size on screen, CSS pixels: beside the text, or (figures much wider than tall) across the
+# page with the text below. At 1280 x 720 with the sidebar open the page is about 930 px wide (820 without the
+# explorer's compact page CSS) and the figure starts about 115 px down (150), below the step bar: either way it ends
+# inside the first 720 px.
+SIDE_MAX = (540, 550)  # (width, height)
+WIDE_MAX = (900, 340)  # lower, so that the text below starts on the first screen too
+WIDE_ASPECT = 1.6  # width / height from which a figure goes across the page
+DELETION_TESTS = ("deletion_auc",)  # the Why? tab's quickest test: one token-dropping curve per map
+DELETION_STEPS = 10  # points per curve, the spec's default
+VERDICT_INDEX = {BEATS: 0, TIED: 1, WORSE: 2}  # explain's verdict -> steps.VERDICT_ANSWERS
+
+
+def requested_step() -> int:
+    return steps.parse_step(st.query_params.get(STEP_PARAM))
+
+
+def go_to(step: int) -> None:
+    """on_click of Back and Next: the step in the URL (the page reruns on it)."""
+    st.query_params[STEP_PARAM] = str(step)
+
+
+def is_wide(size: tuple[int, int]) -> bool:
+    """Whether a picture of `size` (width, height) goes across the page, its text below it."""
+    return size[0] >= WIDE_ASPECT * size[1]
+
+
+def figure_width(size: tuple[int, int], largest: tuple[int, int]) -> int:
+    """The width in CSS pixels at which a picture of `size` (width, height) fits inside `largest` (width, height)."""
+    (w, h), (max_w, max_h) = size, largest
+    return int(max(120, min(max_w, max_h * w / max(h, 1))))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a step puts things: its figure, its controls, its words (sentences, Notice, Try this), its question."""
+
+    wide: bool
+    figure: Any  # st.empty(): the figure's box, sized once the figure is known
+    controls: Any
+    words: Any
+    question: Any
+
+
+def layout(wide: bool) -> Layout:
+    """Beside: the figure left, one column of controls, words and question right. Wide: the figure across the page,
+    the words below it on the left, the controls and the question on the right."""
+    if wide:
+        figure = st.empty()
+        left, right = st.columns([3, 2], gap="medium")
+        return Layout(True, figure, right.container(), left.container(), right.container())
+    with st.container(horizontal=True, gap="medium"):
+        figure = st.empty()
+        column = st.container(width="stretch")
+    return Layout(False, figure, column.container(), column.container(), column.container())
+
+
+def arrange(ctx: ViewContext, probe: bytes | None) -> Layout:
+    """A step's layout, chosen by the shape of its figure: `probe` is the figure at the step's first settings (a
+    control changes what a figure shows, not its shape), None where the step has none for this model."""
+    place = layout(probe is not None and is_wide(image_size(probe)))
+    with place.words:
+        inputs.untrained_warning(ctx.loaded)
+    return place
+
+
+def lesson(ctx: ViewContext) -> None:
+    step = requested_step()
+    step_bar(step)
+    DRAW[step - 1](ctx)
+    if step == 1:
+        with st.expander("Before you start: a short check (what do you know already?)", expanded=True):
+            concept_check("start")
+    if step == COUNT:
+        with st.expander("Check what you learned", expanded=True):
+            end = concept_check("end")
+        with st.expander("Your answers at the start"):
+            start = concept_check("start")
+        line = quiz.progress_line(start, end)
+        if line:
+            st.markdown(line)
+
+
+def step_bar(step: int) -> None:
+    """One compact row: Back, the step and its title (pick another to go there), Next."""
+    with st.container(horizontal=True, vertical_alignment="center", key="lesson_bar"):
+        st.button("Back", key="lesson_back", icon=":material/arrow_back:", disabled=step == 1, on_click=go_to,
+                  args=(step - 1,), shortcut="PageUp", help="The previous step (Page Up, as a presenter's clicker sends)")
+        picked = st.selectbox("Step", list(range(1, COUNT + 1)), index=step - 1, key=f"lesson_steps_{step}",
+                              format_func=lambda n: f"Step {n} of {COUNT}: {STEPS[n - 1].title}",
+                              label_visibility="collapsed", width=420)
+        st.button("Next", key="lesson_next", icon=":material/arrow_forward:", icon_position="right", type="primary",
+                  disabled=step == COUNT, on_click=go_to, args=(step + 1,), shortcut="PageDown",
+                  help="The next step (Page Down, as a presenter's clicker sends)")
+    if picked != step:
+        go_to(picked)
+        st.rerun()
+
+
+def show_figure(place: Layout, data: bytes, caption: str | None = None) -> None:
+    """A step's main figure: the explorer's bytes as they are, shown at a width that fits the first screen."""
+    width = figure_width(image_size(data), WIDE_MAX if place.wide else SIDE_MAX)
+    with place.figure.container(width=width, key="lesson_figure"):
+        st.image(data, caption=caption, width="stretch", output_format="JPEG" if is_jpeg(data) else "PNG")
+
+
+def say(place: Layout, text: StepText, key: str, answer: Callable[[], StepText] | None = None) -> None:
+    """The step's sentences, Notice and Try this; its question, and the link to the explorer's view."""
+    with place.words:
+        st.markdown(text.body)
+        st.markdown(f":material/visibility: **Notice.** {text.notice}")
+        st.markdown(f":material/touch_app: **Try this.** {text.try_this}")
+    with place.question:
+        if text.question is not None:
+            predict_then_reveal(text, key, answer)
+        if text.explore:
+            view = text.explore["view"]
+            st.page_link(EXPLORER, label=f"Open the {view} view in the explorer", query_params=text.explore,
+                         icon=":material/open_in_new:")
+
+
+def predict_then_reveal(text: StepText, key: str, answer: Callable[[], StepText] | None = None) -> None:
+    """Pick first, then reveal: the answer (from `answer()` where it costs something to compute) only on request."""
+    q = text.question
+    pick = st.radio(f":material/help: **Predict.** {q.prompt}", q.options, index=None, key=f"lesson_pick_{key}",
+                    horizontal=True)
+    if not st.toggle("Reveal the answer", key=f"lesson_reveal_{key}", disabled=pick is None,
+                     help="Pick an answer first"):
+        return
+    if answer is not None:
+        text = answer()
+        q = text.question
+    if q.is_right(pick):
+        st.success(f"Right: **{q.right_option}**. {text.reveal}", icon=":material/check_circle:")
+    else:
+        st.error(f"The answer is **{q.right_option}**. {text.reveal}", icon=":material/cancel:")
+
+
+def concept_check(stage: str) -> quiz.Grade:
+    """The concept check's questions (the same at the start and the end), graded once answered."""
+    picks = [st.radio(f"{i + 1}. {q.prompt}", q.options, index=None, key=f"lesson_{stage}_{i}",
+                      persist_state="session") for i, q in enumerate(quiz.CONCEPT_CHECK)]
+    result = quiz.grade(quiz.CONCEPT_CHECK, picks)
+    st.markdown(f"**{quiz.summary(result)}**")
+    if result.complete:
+        st.markdown("\n".join(_graded_line(i, q, right) for i, (q, right)
+                              in enumerate(zip(quiz.CONCEPT_CHECK, result.right, strict=True))))
+    return result
+
+
+def _graded_line(i: int, q: Question, right: bool | None) -> str:
+    mark = ":green[:material/check:]" if right else ":red[:material/close:]"
+    return f"- {mark} {i + 1}. {q.right_option}. {q.why}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The steps: each arranges its figure, controls, words and question by the figure's shape
+
+
+def _image(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    figure = pipeline.patch_grid_figure(ctx, g.center_patch)
+    place = arrange(ctx, figure)
+    show_figure(place, figure)
+    say(place, steps.image_and_patches(g, ctx.image.name, ctx.image.size), "1")
+    place.question.caption("Before you start, answer the short check below.")
+
+
+def _filters(ctx: ViewContext) -> None:
+    pca = caches.filters_pca(ctx.request.key, ctx.loaded)
+    figure = embeddings.filters_figure(ctx.model)
+    place = arrange(ctx, figure)
+    show_figure(place, figure)
+    say(place, steps.patch_to_vector(ctx.loaded.geometry, pca.explained_variance_ratio), "2")
+
+
+def _positions(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    if pos_embed_rows(ctx.loaded) is None or not g.has_pos_embed:
+        arrange(ctx, None).words.info("This model has no learned position embedding (it encodes position another "
+                                      "way): nothing to show in this step.")
+        return
+    k = g.center_patch
+    similarity = caches.pos_similarity(ctx.request.key, tuple(g.grid), ctx.loaded)  # (N, gh, gw)
+    figure = embeddings.positions_figure(ctx.model, k)
+    place = arrange(ctx, figure)
+    show_figure(place, figure)
+    say(place, steps.where_it_is(g, similarity[k], k), "3")
+
+
+def _layer_slider(g, key: str, label: str = "Layer (0 = first block)") -> int:
+    return st.slider(label, 0, g.num_layers - 1, g.num_layers - 1, key=key)
+
+
+def _one_head(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    query = attention.default_query_token(g)
+    place = arrange(ctx, attention.attention_figure(ctx, g.num_layers - 1, 0, query))
+    with place.controls:
+        c1, c2 = st.columns(2)
+        with c1:
+            layer = _layer_slider(g, "lesson_layer_4", "Layer")
+        head = c2.selectbox("Head", list(range(g.num_heads)), key="lesson_head_4", format_func=lambda h: f"head {h}")
+    amap = analyses.attention_map(cap.pattern, layer, head, query, g.num_prefix_tokens, g.grid)
+    show_figure(place, attention.attention_figure(ctx, layer, head, query))
+    say(place, steps.one_head(g, layer, head, query, amap), "4")
+
+
+def _all_heads(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+    query = attention.default_query_token(g)
+    place = arrange(ctx, attention.head_maps_figure(ctx, g.num_layers - 1, query))
+    with place.controls:
+        layer = _layer_slider(g, "lesson_layer_5")
+    maps = analyses.layer_attention_maps(cap.pattern, layer, query, g.num_prefix_tokens, g.grid)  # (H, gh, gw)
+    show_figure(place, attention.head_maps_figure(ctx, layer, query))
+    say(place, steps.all_heads(g, layer, query, maps), "5")
+
+
+def _layers(ctx: ViewContext) -> None:
+    g, cap = ctx.loaded.geometry, ctx.cap
+
+    def rollout(last: int) -> np.ndarray:  # (gh, gw), the Attention tab's cached entry
+        return caches.rollout(ctx.request.key, ctx.image.sha, "mean", last, cap)
+
+    place = arrange(ctx, attention.rollout_figure(ctx, g.num_layers - 1))
+    with place.controls:
+        last = _layer_slider(g, "lesson_rollout_6", "Roll out up to layer")
+    show_figure(place, attention.rollout_figure(ctx, last))
+    say(place, steps.through_layers(g, last, rollout(last), rollout(0), rollout(g.num_layers - 1)), "6")
+
+
+def _distance(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    distances = attention.record_attention_distances(ctx)[0]  # (L, H), prefix attention left out
+    figure = attention.distance_figure(ctx)
+    place = arrange(ctx, figure)
+    show_figure(place, figure)
+    say(place, steps.how_far(g, distances, analyses.uniform_attention_distance(g.grid, g.patch_size)), "7")
+
+
+NO_HEAD = ("This model has no classifier head: its output is a feature vector, not classes. Load weights with a head "
+           "(or a fine-tuned checkpoint) for this step.")
+
+
+def _prediction(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    if not g.num_classes:
+        arrange(ctx, None).words.info(NO_HEAD)
+        return
+    k = min(5, g.num_classes)
+    preds = analyses.top_k(ctx.cap.logits, ctx.loaded.labels, k)
+    figure = prediction.top_classes_figure(ctx, k)
+    place = arrange(ctx, figure)
+    show_figure(place, figure)
+    say(place, steps.prediction(g, preds, outside_its_world(ctx.loaded.name, ctx.loaded.labels, preds[0])), "8")
+
+
+def _why(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    if not g.num_classes:
+        arrange(ctx, None).words.info(NO_HEAD)
+        return
+    target = int(np.argmax(ctx.cap.logits))
+    relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)
+    methods = [m for m in explain.METHODS if m in relevance.maps]
+    first = methods.index("chefer") if "chefer" in methods else 0
+    place = arrange(ctx, why.relevance_figure(ctx, relevance, methods[first]))
+    method = place.controls.selectbox("Method", methods, index=first, key="lesson_method_9",
+                                      format_func=lambda m: METHOD_TITLES.get(m, m))
+    text = steps.why(g, ctx.loaded.label(target), METHOD_TITLES.get(method, method), relevance.maps[method])
+
+    def answer() -> StepText:  # on reveal only: the deletion test (kept for every session once run)
+        objects = why.object_patches(ctx)
+        judged = caches.judgement_result(ctx.request, ctx.image, target, DELETION_STEPS, objects, DELETION_TESTS)
+        if judged is None:  # as the Why? tab judges (a few seconds on the Shapes ViT, about a minute for ViT-B/16 on CPU)
+            bar = st.progress(0.0, text="Running the deletion test...")
+
+            def progress(fraction: float, message: str) -> None:
+                bar.progress(min(1.0, max(0.0, float(fraction))), text=message)
+
+            judged = caches.compute_judgement(ctx.request, ctx.loaded, ctx.image, ctx.cap, relevance, DELETION_STEPS,
+                                              objects, progress, DELETION_TESTS)
+            bar.empty()
+        result = judged.results["deletion_auc"]
+        verdict = result.verdict(method)
+        st.image(why.curves_figure(ctx, target, DELETION_STEPS, DELETION_TESTS, (method,)), width="stretch")
+        return steps.judged(text, VERDICT_INDEX[verdict.label], verdict.value, result.random_mean, result.random_std,
+                            explain.MARGIN_SDS)
+
+    say(place, text, "9", answer)
+    relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)  # the LRP rule chosen, once judged
+    show_figure(place, why.relevance_figure(ctx, relevance, method))
+
+
+FURTHER = (("Interventions", ":material/content_cut:"), ("Logit lens", ":material/stacked_line_chart:"),
+           ("Registers & norms", ":material/bar_chart:"))
+
+
+def _further(ctx: ViewContext) -> None:
+    g = ctx.loaded.geometry
+    figure = lens.lens_figure(ctx) if g.num_classes else None
+    place = arrange(ctx, figure)
+    if figure is not None:
+        tops = caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap).argmax(axis=1)  # (L+1,)
+        show_figure(place, figure)
+        say(place, steps.going_further(g, ctx.loaded.label(int(tops[-1])), top_layer_from(tops)), "10")
+    with place.question:
+        for view, icon in FURTHER:
+            st.page_link(EXPLORER, label=f"{view} in the explorer", query_params={"view": view}, icon=icon)
+        st.caption("Finish with the check below.")
+
+
+DRAW = (_image, _filters, _positions, _one_head, _all_heads, _layers, _distance, _prediction, _why, _further)
+assert len(DRAW) == COUNT

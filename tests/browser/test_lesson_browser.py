@@ -1,0 +1,145 @@
+"""The lesson (/lesson?step=N) in a real browser at a projector's 1280 x 720, on the bundled Shapes ViT (offline):
+every step opened by its URL shows its main figure whole inside the first 720 px, Next leads to the following
+step, nothing on the page is an exception; a predict-then-reveal question and the concept check answered as a
+student would. Screenshots: tests/artifacts/lesson_step<N>.png. Skipped like the other browser tests where no
+chromium is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dashboard.lesson import quiz
+from dashboard.lesson.steps import COUNT, STEPS
+from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, REPO, no_exception, settle
+from tools import loadtest
+from vit_core import TEACHING_MODEL
+from vit_core.loading import teaching_model_available
+
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM),
+              pytest.mark.skipif(not teaching_model_available(), reason="the bundled Shapes ViT's weights are missing")]
+
+PROJECTOR = {"width": 1280, "height": 720}
+
+
+@pytest.fixture(scope="module")
+def server():
+    """`streamlit run dashboard/app.py` on the bundled Shapes ViT (tests/browser/conftest.py's runs the tiny model)."""
+    port = loadtest.free_port()
+    env = {**os.environ, "VIT_LENS_MODEL": TEACHING_MODEL, "PYTHONUNBUFFERED": "1"}
+    env.pop("VIT_LENS_RANDOM_INIT", None)
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_path = ARTIFACTS / "streamlit_lesson.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless", "true",
+             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            loadtest.wait_healthy(proc, url, log_path, timeout=90)
+            yield url
+        finally:
+            loadtest.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def projector(page, server):
+    """The conftest's page at 1280 x 720, whose first visit to the fresh server is a slide's link to a step: with the
+    page scripts in a `pages/` folder, Streamlit answered it with "Page not found" before the page."""
+    page.set_viewport_size(PROJECTOR)
+    page.goto(f"{server}/lesson?step=4")
+    seen = []
+    for _ in range(30):  # the message came and went within the first second
+        seen.append(page.locator("body").inner_text())
+        page.wait_for_timeout(100)
+    settle(page)
+    assert not any("Page not found" in text for text in seen)
+    assert f"Step 4 of {COUNT}" in bar_text(page)
+    return page
+
+
+def bar_text(page) -> str:
+    """The step bar's title: the value of its step picker."""
+    return page.locator('.st-key-lesson_bar input[role="combobox"]').input_value()
+
+
+def assert_figure_above_the_fold(page, step: int) -> None:
+    figure = page.locator(".st-key-lesson_figure img")
+    assert figure.count() == 1, f"step {step}: {figure.count()} main figures"
+    assert figure.evaluate("img => img.complete && img.naturalWidth > 0"), f"step {step}: the figure did not load"
+    box = figure.bounding_box()
+    assert box["y"] >= 0 and box["y"] + box["height"] <= PROJECTOR["height"], f"step {step}: {box}"
+    assert box["x"] >= 0 and box["x"] + box["width"] <= PROJECTOR["width"], f"step {step}: {box}"
+    assert box["height"] > 150, f"step {step}: a figure too small to read on a projector: {box}"
+
+
+def test_every_step_by_its_url_shows_its_figure_above_the_fold_and_next_leads_on(projector, server):
+    page = projector
+    for step in range(1, COUNT + 1):
+        page.goto(f"{server}/lesson?step={step}")
+        settle(page)
+        no_exception(page)
+        assert "Page not found" not in page.locator("body").inner_text()
+        assert f"Step {step} of {COUNT}: {STEPS[step - 1].title}" in bar_text(page)
+        assert_figure_above_the_fold(page, step)
+        page.screenshot(path=str(ARTIFACTS / f"lesson_step{step}.png"))
+        next_button = page.locator(".st-key-lesson_next").get_by_role("button")
+        if step == COUNT:
+            assert next_button.is_disabled()
+            continue
+        next_button.click()
+        settle(page)
+        no_exception(page)
+        assert re.search(rf"[?&]step={step + 1}(&|$)", page.url), page.url
+        assert f"Step {step + 1} of {COUNT}" in bar_text(page)
+        assert_figure_above_the_fold(page, step + 1)
+
+
+def pick(page, question_label: str, option: str) -> None:
+    """Click `option` of the radio group whose label contains `question_label`."""
+    group = page.locator('[data-testid="stRadio"]').filter(has_text=question_label)
+    group.get_by_text(option, exact=True).click()
+    settle(page)
+
+
+def test_predict_then_reveal_and_the_concept_check_at_both_ends(projector, server):
+    page = projector
+    page.goto(f"{server}/lesson?step=7")  # which layer has the most global heads?
+    settle(page)
+    reveal = page.get_by_role("switch", name="Reveal the answer")
+    assert reveal.is_disabled()  # pick first
+    pick(page, "Which layer has the most global heads", "0")
+    page.get_by_text("Reveal the answer").click()
+    settle(page)
+    no_exception(page)
+    verdict = page.locator('[data-testid="stAlert"]').filter(has_text=re.compile(r"Right|The answer is")).inner_text()
+    assert re.search(r"Layer \d+: \d+ px on average", verdict), verdict
+
+    page.goto(f"{server}/lesson?step=1")  # the concept check at the start: all wrong but the first
+    settle(page)
+    for i, q in enumerate(quiz.CONCEPT_CHECK):
+        wrong = next(o for o in q.options if o != q.right_option)
+        pick(page, q.prompt, q.right_option if i == 0 else wrong)
+    no_exception(page)
+    assert f"You got 1 of {len(quiz.CONCEPT_CHECK)} right." in page.locator('[data-testid="stMain"]').inner_text()
+
+    for _ in range(COUNT - 1):  # to the end by Next, in the same session
+        page.locator(".st-key-lesson_next").get_by_role("button").click()
+        settle(page)
+    assert f"Step {COUNT} of {COUNT}" in bar_text(page)
+    end = page.locator('[data-testid="stExpander"]').filter(has_text="Check what you learned")
+    for q in quiz.CONCEPT_CHECK:
+        group = end.locator('[data-testid="stRadio"]').filter(has_text=q.prompt)
+        group.get_by_text(q.right_option, exact=True).click()
+        settle(page)
+    no_exception(page)
+    n = len(quiz.CONCEPT_CHECK)
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    assert f"You got {n} of {n} right." in text
+    assert f"At the start you got 1 of {n}; now {n}: {n - 1} more than at the start." in text  # kept across steps
+    page.screenshot(path=str(ARTIFACTS / "lesson_check.png"), full_page=True)
