@@ -237,8 +237,7 @@ def analysis_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoi
 @st.cache_resource(max_entries=24, show_spinner=False)
 def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel,
                _cap: vit_core.Capture) -> explain.Relevance:
-    with serving.light_threads(_loaded):  # a light model's passes: one torch thread (see there)
-        return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap, choose_gamma=False)
+    return explain.relevance_maps(_loaded, _cap, target=target, cap=_cap, choose_gamma=False)
 
 
 # The LRP maps with their rule chosen on the image (explain.relevance_maps' gamma choice: a faithfulness test of each
@@ -262,8 +261,7 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
     key = (request.key, image.sha, int(target))
     chosen = _chosen_relevance.get(key)
     if chosen is None:
-        with serving.light_threads(loaded):
-            chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
+        chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
         _chosen_relevance.put(key, chosen)
     return chosen
 
@@ -346,9 +344,8 @@ def compute_judgement(request: ModelRequest, loaded: LoadedModel, image: ImageCh
     if progress is not None:
         progress(0.0, "choosing the LRP rule on this image...")
     relevance = chosen_relevance(request, loaded, image, cap, relevance.target)
-    with serving.light_threads(loaded):
-        result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
-                               progress=progress)
+    result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
+                           progress=progress)
     key = _judgement_key(request, image, relevance.target, steps, objects, tuple(tests))
     _judgements.put(key, result)
     _latest_judgement.put((request.key, image.sha), key)
@@ -369,8 +366,7 @@ def compute_sanity(request: ModelRequest, loaded: LoadedModel, image: ImageChoic
                    progress: Callable[[float, str], None] | None = None) -> explain.Sanity:
     """The sanity checks of every method's map (explain.sanity_checks: cascading re-initialisation on a private
     copy of the model, and a random other class): computed now, kept for every session."""
-    with serving.light_threads(loaded):
-        result = explain.sanity_checks(loaded, cap, int(target), progress=progress)
+    result = explain.sanity_checks(loaded, cap, int(target), progress=progress)
     _sanity.put((request.key, image.sha, int(target)), result)
     return result
 

@@ -15,17 +15,18 @@ Flags:                                    fpu vme sse sse2 avx avx2 fma bmi2 sha
 
 def test_the_floor_is_half_the_burst_for_the_median_and_the_whole_burst_for_the_last():
     """Issue 31's example: t = 0.52 s on 2 cores, 30 captures: 7.8 s for all of them, 3.9 s for the median one."""
-    f = floors.Floor(capture_s=0.52, new_images=30, cores=2)
+    f = floors.Floor(capture_s=0.52, n=30, cores=2)
     assert f.all_s == pytest.approx(7.8) and f.median_s == pytest.approx(3.9)
 
 
 def test_ratios_divide_by_the_floor_measured_in_the_same_run_and_judge_the_goals():
-    f = floors.Floor(capture_s=0.5, new_images=4, cores=2)  # floor_median 0.5 s, floor_all 1.0 s
+    f = floors.Floor(capture_s=0.5, n=4, cores=2)  # floor_median 0.5 s, floor_all 1.0 s
     new_images = [0.6, 0.7, 0.8, 1.4]
     r = floors.ratios(f, new_images, first_images=[0.6, 0.7], control=[0.05, 0.1, 0.3], mismatches=0)
     assert r.new_image_median == pytest.approx(0.75 / 0.5)
     assert r.new_image_p95 == pytest.approx(np.percentile(new_images, 95) / 1.0)
-    assert r.first_image_median == pytest.approx(0.65 / (1 * 0.5 / 2))  # the two firsts' own floor: 0.25 s
+    assert r.first_image_median == pytest.approx(0.65 / 0.5)
+    assert r.every_image_median == pytest.approx(0.75 / (2 * 0.5 / 2))  # 4 new images: their median's floor 0.5 s
     assert r.control_median_s == pytest.approx(0.1)
     assert r.met() == {"new-image median": True, "new-image p95": True, "control-change median": True,
                        "mismatches": True}

@@ -708,7 +708,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     proc = None
     say(f"CPU: {floors.this_cpu()}")
     # Measured here, first, while the machine is quiet: the figures below are read as ratios to it.
-    floor = floors.Floor(floors.capture_seconds(model, random_init), (sessions - attacker) * images, cpu_quota())
+    floor = floors.Floor(floors.capture_seconds(model, random_init), sessions - attacker, cpu_quota())
     say(f"one capture the server's way (1 torch thread): {floor.capture_s:.3f} s")
     started = time.perf_counter()
     if url is None:

@@ -14,7 +14,7 @@ downloads with `npz_bytes`, which copies without the GIL.
 - `config`: the start-up settings.
 """
 
-from .capture import light_pass, light_threads, serve_capture
+from .capture import light_pass, serve_capture
 from .config import (
     MAX_PARALLEL_PASSES,
     SERVER_SWITCH_INTERVAL,
@@ -30,7 +30,7 @@ from .traced import FORWARD_LANE_NICENESS, set_traced_forward, traced_forward_en
 
 __all__ = [
     "FORWARD_LANE_NICENESS", "MAX_PARALLEL_PASSES", "SERVER_SWITCH_INTERVAL", "TRACED_SERVER_SWITCH_INTERVAL",
-    "configure_parallel_passes", "configure_switch_interval", "configure_traced_forward", "light_pass", "light_threads",
+    "configure_parallel_passes", "configure_switch_interval", "configure_traced_forward", "light_pass",
     "lower_this_threads_priority", "npz_bytes", "parallel_passes", "serve_capture", "set_parallel_passes",
     "set_traced_forward", "traced_forward_enabled",
 ]

@@ -28,14 +28,6 @@ def light_pass(loaded: LoadedModel) -> bool:
     return params * loaded.geometry.num_tokens < LIGHT_PASS_MACS
 
 
-def light_threads(loaded: LoadedModel) -> contextlib.AbstractContextManager[None]:
-    """For a light model (`light_pass`), one torch thread for this thread's passes inside the block (an
-    explanation's many small forwards too); otherwise nothing changes. On cores shared with a browser and other
-    sessions, each of a small product's two threads waits for the one that got no core (docs/performance.md,
-    "Strokes of a drawing")."""
-    return _torch_threads(1 if light_pass(loaded) else None)
-
-
 @contextlib.contextmanager
 def _torch_threads(threads: int | None) -> Iterator[None]:
     """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after."""
