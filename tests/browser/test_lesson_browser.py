@@ -145,24 +145,19 @@ def test_predict_then_reveal_and_the_concept_check_at_both_ends(projector, serve
     page.screenshot(path=str(ARTIFACTS / "lesson_check.png"), full_page=True)
 
 
-def test_a_step_link_opens_the_lesson_where_the_start_up_model_is_refused(tmp_path):
+def test_a_step_link_opens_the_lesson_where_the_start_up_model_is_refused(projector, tmp_path):
     """Offline, the server's start-up model (ViT-B/16, pretrained) can't be had: the model choice says so and reruns
     the script on the bundled model. That rerun came before st.navigation knew the page and reopened a slide's link
-    /lesson?step=4 as the One image page ("/?step=4")."""
-    from playwright.sync_api import sync_playwright
-
+    /lesson?step=4 as the One image page ("/?step=4"). (The module's browser page, on a second server.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
     proc, url = loadtest.start_server("vit_base_patch16_224", False, tmp_path / "streamlit.log", extra_env=env)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
-            page = browser.new_page(viewport=PROJECTOR)
-            page.goto(f"{url}/lesson?step=4")
-            settle(page)
-            no_exception(page)
-            assert "/lesson" in page.url and f"Step 4 of {COUNT}" in bar_text(page), page.url
-            assert "Offline" in page.locator('[data-testid="stSidebar"]').inner_text()
-            browser.close()
+        page = projector
+        page.goto(f"{url}/lesson?step=4")
+        settle(page)
+        no_exception(page)
+        assert "/lesson" in page.url and f"Step 4 of {COUNT}" in bar_text(page), page.url
+        assert "Offline" in page.locator('[data-testid="stSidebar"]').inner_text()
     finally:
         loadtest.stop_server(proc)
