@@ -19,14 +19,10 @@ from vit_core.model import LoadedModel
 SOURCE_WORDS = {"example": "example", "upload": "your upload", "camera": "camera photo", "draw": "your drawing"}
 
 
-def image_ui(model_name: str, canvas_area=None) -> ImageChoice:
-    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image.
-    With Draw on, the canvas goes in `canvas_area` (a container of the main area), else where this is called."""
-    return image_and_source_ui(model_name, canvas_area)[0]
-
-
 def image_and_source_ui(model_name: str, canvas_area=None) -> tuple[ImageChoice, str]:
-    """`image_ui`, and which input the image shown came from (a key of SOURCE_WORDS)."""
+    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image.
+    With Draw on, the canvas goes in `canvas_area` (a container of the main area), else where this is called.
+    Returns the image and which input it came from (a key of SOURCE_WORDS)."""
     names = examples.example_names()
     default = examples.default_example(model_name)
     example = st.selectbox("Example image", names, index=names.index(default), key=session.K_EXAMPLE,

@@ -129,6 +129,12 @@ def _explanations(ctx: ViewContext) -> None:
     _sanity(ctx, target, methods)
 
 
+def _rule(relevance: explain.Relevance, method: str) -> str:
+    """The LRP rule `method`'s map was made with (part of its figure's cache key); "" for the other methods."""
+    choice = relevance.gamma_choice.get(method)
+    return choice.name if choice is not None else explain.EPSILON_ONLY.name if method in explain.LRP_METHODS else ""
+
+
 def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: explain.Judgement | None,
                     methods: list[str], objects: np.ndarray | None) -> None:
     """One column per method: its map over the crop (or why it has none), how many tests it passed, what it computes;
@@ -148,8 +154,7 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: expl
         with col:
             st.markdown(f"**{_method_title(method)}**")
             if method in relevance.maps:
-                choice = relevance.gamma_choice.get(method)
-                rule = choice.name if choice is not None else explain.EPSILON_ONLY.name if method in explain.LRP_METHODS else ""
+                choice, rule = relevance.gamma_choice.get(method), _rule(relevance, method)
                 show_picture(cached_figure(_relevance_overlay, ctx, target, method, rule, "jpeg"), f"why_{method}",
                              f"{ctx.stem}_{method}_class{target}",
                              png=partial(_relevance_overlay, ctx, target, method, rule, "png"))
@@ -282,9 +287,7 @@ def _sanity(ctx: ViewContext, target: int, methods: list[str]) -> None:
 
 def relevance_figure(ctx: ViewContext, relevance: explain.Relevance, method: str) -> bytes:
     """The Why? tab's map of `method` (one of relevance.maps) for relevance.target over the crop: JPEG bytes."""
-    choice = relevance.gamma_choice.get(method)
-    rule = choice.name if choice is not None else explain.EPSILON_ONLY.name if method in explain.LRP_METHODS else ""
-    return cached_figure(_relevance_overlay, ctx, relevance.target, method, rule, "jpeg")
+    return cached_figure(_relevance_overlay, ctx, relevance.target, method, _rule(relevance, method), "jpeg")
 
 
 def object_patches(ctx: ViewContext) -> np.ndarray | None:

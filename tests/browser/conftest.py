@@ -1,5 +1,6 @@
 """The browser tests' fixtures: `streamlit run dashboard/app.py` on the tiny random-init test model
-(`VIT_LENS_MODEL=test-tiny`, one server per test module) and a headless chromium page on it. Tests that use
+(`VIT_LENS_MODEL=test-tiny`, one server per test module), or the server on the bundled Shapes ViT
+(`shapes_server`), and a headless chromium page on the module's `server`. Tests that use
 them are skipped where no `chromium` is installed (CI must have it: tests/support/browser.py)."""
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ def server():
     finally:
         loadtest.stop_server(proc)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def shapes_server(request):
+    """The dashboard as `tools/dashboard` starts it (`loadtest.start_server`), on the bundled Shapes ViT: for the
+    modules that need a trained model (a module takes it as its `server`). Its log: tests/artifacts/
+    streamlit_<module>.log."""
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from vit_core import TEACHING_MODEL
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_path = ARTIFACTS / f"streamlit_{request.module.__name__.rsplit('.', 1)[-1].removeprefix('test_')}.log"
+    proc, url = loadtest.start_server(TEACHING_MODEL, random_init=False, log_path=log_path)
+    try:
+        yield url
+    finally:
+        loadtest.stop_server(proc)
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,7 @@ from PIL import Image
 import vit_core
 from dashboard.draw import CANVAS_PX, canvas_png, has_strokes
 from dashboard.views import RENAMED, VIEWS
-from support.browser import ARTIFACTS, CHROMIUM, chromium_page, no_exception, open_tab, settle
-from tools import loadtest
-from vit_core.loading import TEACHING_MODEL
+from support.browser import ARTIFACTS, CHROMIUM, no_exception, open_tab, settle
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = (ROOT / "vit_core" / "assets" / "shapes_vit" / "labels.txt").read_text().split()
@@ -67,19 +65,8 @@ def test_an_empty_or_cleared_canvas_has_no_strokes():
 
 
 @pytest.fixture(scope="module")
-def server() -> str:
-    ARTIFACTS.mkdir(exist_ok=True)
-    proc, url = loadtest.start_server(TEACHING_MODEL, random_init=False, log_path=ARTIFACTS / "streamlit_draw.log")
-    try:
-        yield url
-    finally:
-        loadtest.stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    with chromium_page(server) as page:
-        yield page
+def server(shapes_server) -> str:
+    return shapes_server
 
 
 def star_path(cx: float, cy: float, radius: float) -> list[tuple[float, float]]:

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from dashboard.lesson import quiz
 from dashboard.lesson.steps import COUNT, STEPS
-from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, REPO, no_exception, settle
+from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, settle
 from tools import loadtest
-from vit_core import TEACHING_MODEL
 from vit_core.loading import teaching_model_available
 
 pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM),
@@ -27,24 +24,8 @@ PROJECTOR = {"width": 1280, "height": 720}
 
 
 @pytest.fixture(scope="module")
-def server():
-    """`streamlit run dashboard/app.py` on the bundled Shapes ViT (tests/browser/conftest.py's runs the tiny model)."""
-    port = loadtest.free_port()
-    env = {**os.environ, "VIT_LENS_MODEL": TEACHING_MODEL, "PYTHONUNBUFFERED": "1"}
-    env.pop("VIT_LENS_RANDOM_INIT", None)
-    ARTIFACTS.mkdir(exist_ok=True)
-    log_path = ARTIFACTS / "streamlit_lesson.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            loadtest.wait_healthy(proc, url, log_path, timeout=90)
-            yield url
-        finally:
-            loadtest.stop_server(proc)
+def server(shapes_server) -> str:
+    return shapes_server
 
 
 @pytest.fixture(scope="module")

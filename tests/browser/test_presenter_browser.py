@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Iterator
 from urllib.parse import quote, urljoin
 
 import pytest
@@ -37,7 +36,6 @@ from dashboard.figures.base import image_size, recorded_text_px
 from dashboard.views import LESSON_VIEWS, RENAMED, VIEWS
 from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, settle
 from tools import loadtest
-from vit_core.loading import TEACHING_MODEL
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
@@ -67,13 +65,8 @@ FIGURES_JS = """() => {
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    ARTIFACTS.mkdir(exist_ok=True)
-    proc, url = loadtest.start_server(TEACHING_MODEL, random_init=False, log_path=ARTIFACTS / "streamlit_presenter.log")
-    try:
-        yield url
-    finally:
-        loadtest.stop_server(proc)
+def server(shapes_server) -> str:
+    return shapes_server
 
 
 @pytest.fixture(scope="module")

@@ -22,25 +22,11 @@ import torch
 
 from conftest import drawn_image, hooks_on
 from tools.benchmarks.lrp import lively, without_biases  # O(1) weights; biases and constants zeroed
+from tools.vit_families import LRP_FAMILIES, SMALL
 from vit_core import load_model, preprocess, recording_hooks_on, run_with_capture
 from vit_core.explain import lrp, relevance_maps
 
-SMALL = dict(embed_dim=32, num_heads=2, depth=2, num_classes=5)
-
-# key: (timm name, create_model kwargs): every branch of the family the project supports
-FAMILIES = {
-    "class_token": ("vit_tiny_patch16_224", dict(SMALL, img_size=32, patch_size=8)),
-    "distilled": ("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32, patch_size=8)),
-    "registers": ("vit_small_patch14_reg4_dinov2", dict(SMALL, img_size=28, init_values=0.5)),
-    "attention_pool": ("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
-    "registers_attention_pool": ("vit_so150m_patch16_reg4_map_256", dict(SMALL, img_size=32)),
-    "average_pool": ("vit_base_patch16_reg4_gap_256", dict(SMALL, img_size=32)),
-    "clip_pre_norm": ("vit_base_patch16_clip_224", dict(SMALL, img_size=32)),
-    "layer_scale": ("deit3_small_patch16_224", dict(SMALL, img_size=32, init_values=0.5)),
-    "swiglu_rmsnorm": ("aimv2_large_patch14_224", dict(SMALL, img_size=28)),
-    "res_post_norm": ("vit_base_patch16_rpn_224", dict(SMALL, img_size=32)),
-    "qk_norm": ("vit_tiny_patch16_224", dict(SMALL, img_size=32, patch_size=8, qk_norm=True)),
-}
+FAMILIES = LRP_FAMILIES  # every branch of the family the project supports (tools/vit_families.py)
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,18 @@ conserve the explained logit, per family.
 
 Per model (a random init for timm names, seed 0; the bundled weights for the Shapes ViT), one drawn image:
 
-- plain forward: timm's own forward (fused attention, no hooks, no gradient), its linears on oneDNN as in every pass of
-  ViT Lens (`devices.full_float32`), and on torch's default library;
+- plain forward: timm's own forward (fused attention, no hooks, no gradient), its linears on the library chosen as in
+  every pass of ViT Lens (`devices.full_float32`, vit_core.onednn), and on torch's default library;
 - AttnLRP, CP-LRP: one LRP forward and its backward (`explain.input_relevance`, the eps-rule), each alone; both
   (one forward, two backwards); both with every gamma choice (`explain.gamma_candidates`: one forward, six backwards);
 - `relevance_maps(methods=("attnlrp", "cplrp"))` with the per-image gamma choice (its faithfulness test at
   `LRP_CHOICE_STEPS` steps) and without;
 - Grad-CAM alone (its backward stops at `blocks[-1].norm1`) against Chefer + Grad-CAM (the backward to block 0).
 
-Target: each LRP method within 3x of the plain forward (oneDNN linears: the same library as the LRP forward's).
+Target: each LRP method within 3x of the plain forward (its linears as every pass's: vit_core.onednn's choice, the
+same library as the LRP forward's).
 
-`--conservation`: for a small member of each family (`CONSERVATION_FAMILIES`, weights scrambled by `lively`), both
+`--conservation`: for a small member of each family (tools/vit_families.py, weights scrambled by `lively`), both
 methods and every gamma choice: |input relevance + every absorbed share - y_c| / |y_c|; and with biases and constants
 zeroed, |input relevance - y_c| / |y_c| for CP-LRP (AttnLRP: plus the softmax's share) at eps 1e-6 and 1e-12.
 """
@@ -37,21 +38,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from tools.benchmarks.benchmark import interleaved_times  # noqa: E402
+from tools.vit_families import LRP_FAMILIES  # noqa: E402
 from vit_core import TEACHING_MODEL, explain, load_model, preprocess  # noqa: E402
 from vit_core.devices import full_float32  # noqa: E402
-
-SMALL = dict(embed_dim=32, num_heads=2, depth=2, num_classes=5)
-CONSERVATION_FAMILIES = {  # name: (timm name, create_model kwargs), as tests/unit/test_lrp.py
-    "class token": ("vit_tiny_patch16_224", dict(SMALL, img_size=32, patch_size=8)),
-    "distillation token": ("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32, patch_size=8)),
-    "registers (DINOv2)": ("vit_small_patch14_reg4_dinov2", dict(SMALL, img_size=28, init_values=0.5)),
-    "attention pool (SigLIP)": ("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
-    "registers + attention pool": ("vit_so150m_patch16_reg4_map_256", dict(SMALL, img_size=32)),
-    "registers + average pool": ("vit_base_patch16_reg4_gap_256", dict(SMALL, img_size=32)),
-    "CLIP pre-norm": ("vit_base_patch16_clip_224", dict(SMALL, img_size=32)),
-    "layer scale (DeiT-III)": ("deit3_small_patch16_224", dict(SMALL, img_size=32, init_values=0.5)),
-    "SwiGLU + RMSNorm (AIMv2)": ("aimv2_large_patch14_224", dict(SMALL, img_size=28)),
-}
 
 
 def lively(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -85,7 +74,7 @@ def without_biases(model: torch.nn.Module) -> torch.nn.Module:
 def conservation() -> None:
     print("\n== conservation: |input relevance + absorbed shares - y_c| / |y_c| (biases kept), and with biases and "
           "constants zeroed |input (+ softmax share) - y_c| / |y_c|")
-    for family, (name, kwargs) in CONSERVATION_FAMILIES.items():
+    for family, (name, kwargs) in LRP_FAMILIES.items():
         model = lively(load_model(name, pretrained=False, seed=0, device="cpu", **kwargs).model)
         h, w = model.patch_embed.img_size
         x = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(1))
@@ -127,10 +116,10 @@ def benchmark(name: str, repeats: int) -> None:
         target = int(model(x)[0].argmax())
     choices = explain.gamma_candidates(model)
 
-    def plain(onednn: bool) -> Callable[[], None]:
+    def plain(as_chosen: bool) -> Callable[[], None]:
         def run() -> None:
             with torch.inference_mode():
-                if onednn:
+                if as_chosen:
                     with full_float32(loaded.device):
                         model(x)
                 else:
@@ -148,7 +137,7 @@ def benchmark(name: str, repeats: int) -> None:
         return lambda: explain.relevance_maps(loaded, image, target, **kwargs)
 
     variants = {
-        "plain forward (oneDNN linears)": plain(True),
+        "plain forward (linears as chosen)": plain(True),
         "plain forward (torch's default)": plain(False),
         "AttnLRP": lrp(("attnlrp",)),
         "CP-LRP": lrp(("cplrp",)),
@@ -160,7 +149,7 @@ def benchmark(name: str, repeats: int) -> None:
         "relevance_maps(chefer, gradcam)": maps(methods=("chefer", "gradcam")),
     }
     times = interleaved_times(variants, repeats, warmups=1)
-    base = times["plain forward (oneDNN linears)"]
+    base = times["plain forward (linears as chosen)"]
     g = loaded.geometry
     print(f"\n== {name} ({'bundled weights' if name == TEACHING_MODEL else 'random init'}), {g.num_tokens} tokens, "
           f"{g.num_layers} blocks; median of {repeats} interleaved rounds, {torch.get_num_threads()} torch threads")
