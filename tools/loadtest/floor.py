@@ -121,27 +121,27 @@ def capture_seconds(model: str, random_init: bool, rounds: int = 5) -> float:
     """t: the median of `rounds` captures of `model` the way the server's burst runs them (`serve_capture`, one torch
     thread, traced where the server traces; linears chosen as the server chooses them, vit_core.onednn), after
     one untimed capture that records the trace. In this process, before the server starts: the machine is quiet."""
-    import torch
     from PIL import Image
 
     from dashboard.models import build_named_model
     from vit_core import settings
-    from vit_core.serving import serve_capture, set_parallel_passes, set_traced_forward
+    from vit_core.serving import parallel_passes, serve_capture, set_parallel_passes, set_traced_forward, traced_forward_enabled
+    from vit_core.serving.passes import narrow_threads, torch_threads
 
     loaded = build_named_model(model, random_init)
     image = Image.new("RGB", (640, 480), (120, 90, 60))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    passes, narrow, traced = parallel_passes(), narrow_threads(), traced_forward_enabled()
     set_parallel_passes(1, 1)
     set_traced_forward(settings.TRACED_FORWARD.on())
     try:
-        serve_capture(loaded, image)
-        times = []
-        for _ in range(rounds):
-            started = time.perf_counter()
+        with torch_threads(1):
             serve_capture(loaded, image)
-            times.append(time.perf_counter() - started)
+            times = []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                serve_capture(loaded, image)
+                times.append(time.perf_counter() - started)
     finally:
-        set_traced_forward(False)
-        torch.set_num_threads(threads)
+        set_traced_forward(traced)
+        set_parallel_passes(passes, narrow * passes)
     return statistics.median(times)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Iterator
 
 import torch
 from PIL import Image
@@ -12,7 +10,7 @@ from PIL import Image
 from ..capture import Capture, capture_of_pass, preprocess
 from ..devices import finished, full_float32, on_model_device
 from ..model import LoadedModel
-from .passes import capture_pass
+from .passes import capture_pass, torch_threads
 from .traced import on_a_lane, traced_forward
 
 # A pass with fewer multiply-adds than this (parameters x tokens: the Shapes ViT's about 0.3 G, ViT-S/16's 4.3 G)
@@ -28,19 +26,6 @@ def light_pass(loaded: LoadedModel) -> bool:
     return params * loaded.geometry.num_tokens < LIGHT_PASS_MACS
 
 
-@contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after."""
-    before = torch.get_num_threads()
-    if threads is not None and threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
-
-
 def serve_capture(loaded: LoadedModel, image: Image.Image, *, on_this_thread: bool = False) -> Capture:
     """The same `Capture` as `vit_core.run_with_capture(loaded, image)`, bit for bit, run the server's way: up to
     `parallel_passes()` passes of one model at once, each recording only its own forward (`serving.passes`), and
@@ -50,9 +35,9 @@ def serve_capture(loaded: LoadedModel, image: Image.Image, *, on_this_thread: bo
     model = loaded.model
     crop, x = preprocess(loaded, image)  # (H, W, 3), (1, 3, H, W) on the host
     store: dict[str, list[torch.Tensor]] = {}
-    with capture_pass(loaded, store), _torch_threads(1 if on_this_thread else None):
+    with capture_pass(loaded, store), torch_threads(1 if on_this_thread else None):
         with torch.inference_mode(), full_float32(loaded.device):
-            traced = traced_forward(loaded, x, store)  # the model's first pass records the trace
+            traced = traced_forward(loaded, x, store, 1 if on_this_thread else None)  # recorded by the first pass
             started = time.perf_counter()
             if traced is not None and on_this_thread:
                 with torch.jit.optimized_execution(False):  # as on a lane: the recorded operations as they are

@@ -48,6 +48,20 @@ def set_parallel_passes(passes: int, threads: int | None = None) -> None:
     _parallel.narrow_threads = max(1, (threads or torch.get_num_threads()) // passes)
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after,
+    also when the block raises."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def narrow_threads() -> int:
     """The torch threads of each capture pass when several run at once (`set_parallel_passes`)."""
     return _parallel.narrow_threads
@@ -177,15 +191,13 @@ def capture_pass(loaded: LoadedModel, store: dict[str, list[torch.Tensor]]) -> I
         store.setdefault(key, []).append(tensor.detach())
 
     narrow = group.enter(loaded)
-    threads = torch.get_num_threads()
     try:
-        _this_thread.recording = (model, keep)
-        if narrow and threads != _parallel.narrow_threads:
-            torch.set_num_threads(_parallel.narrow_threads)
-        yield
+        with torch_threads(_parallel.narrow_threads if narrow else None):
+            _this_thread.recording = (model, keep)
+            try:
+                yield
+            finally:
+                _this_thread.recording = None
     finally:
-        _this_thread.recording = None
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
         group.leave()
 

@@ -31,7 +31,7 @@ import torch
 
 from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..model import LoadedModel
-from .passes import narrow_threads, parallel_passes
+from .passes import narrow_threads, parallel_passes, torch_threads
 from .priority import lower_this_threads_priority
 
 _logger = logging.getLogger(__name__)
@@ -92,9 +92,9 @@ class _Traced:
         return outputs[0], store
 
 
-def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]]) -> _Traced | None:
-    """Inside a capture pass (its hooks fill `store`): `loaded.model` traced at the shape of `x`, or None if
-    tracing fails or the trace's outputs differ from the eager forward's in any bit."""
+def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]], threads: int) -> _Traced | None:
+    """Inside a capture pass (its hooks fill `store`): `loaded.model` traced at the shape of `x` with `threads` torch
+    threads, or None if tracing fails or the trace's outputs differ from the eager forward's in any bit."""
     started = time.perf_counter()
 
     def eager(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
@@ -105,25 +105,23 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
         return torch.equal(a[0], b[0]) and all(
             len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
 
-    threads = torch.get_num_threads()
-    # At the thread count of a burst's passes: the trace records the library each linear was given, and
+    # At the thread count its passes run at: the trace records the library each linear was given, and
     # vit_core.onednn chooses it per thread count (docs/performance.md, "Linears decided on the machine").
-    torch.set_num_threads(narrow_threads())
-    try:
-        checks = [x, x.flip(-1)]
-        expected = [eager(c) for c in checks]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
-            graph = torch.jit.trace(_Recorder(loaded.model, store), x, check_trace=False)
-        traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape))
-        with torch.jit.optimized_execution(False):
-            exact = all(same(traced(c), e) for c, e in zip(checks, expected, strict=True))
-    except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
-        _logger.info("%s: capture stays eager (tracing failed: %s)", loaded.name, e)
-        return None
-    finally:
-        store.clear()
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
+        try:
+            checks = [x, x.flip(-1)]
+            expected = [eager(c) for c in checks]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
+                graph = torch.jit.trace(_Recorder(loaded.model, store), x, check_trace=False)
+            traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape))
+            with torch.jit.optimized_execution(False):
+                exact = all(same(traced(c), e) for c, e in zip(checks, expected, strict=True))
+        except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
+            _logger.info("%s: capture stays eager (tracing failed: %s)", loaded.name, e)
+            return None
+        finally:
+            store.clear()
     if not exact:
         _logger.info("%s: capture stays eager (the traced forward differs from the eager one)", loaded.name)
         return None
@@ -131,14 +129,16 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
     return traced
 
 
-def traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]]) -> _Traced | None:
+def traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]],
+                   threads: int | None = None) -> _Traced | None:
     """Inside a capture pass, with tracing on and the model on the CPU: the model's trace, recorded now if it
-    has none yet; None where the model stays eager."""
+    has none yet, at `threads` torch threads (those its passes run at; by default a burst's narrow passes');
+    None where the model stays eager."""
     if not _tracing.enabled or loaded.device.type != "cpu" or not hasattr(torch, "jit") or foreign_hooks(loaded.model):
         return None
     with _tracing.lock:
         if loaded.model not in _tracing.traced:
-            _tracing.traced[loaded.model] = _trace(loaded, x, store)
+            _tracing.traced[loaded.model] = _trace(loaded, x, store, threads or narrow_threads())
         traced = _tracing.traced[loaded.model]
     return traced if traced is not None and traced.input_shape == tuple(x.shape) else None
 
