@@ -24,6 +24,7 @@ itself is `dashboard.session`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from functools import partial
 from typing import Any, Callable
@@ -241,17 +242,23 @@ def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel
 
 
 # The LRP maps with their rule chosen on the image (explain.relevance_maps' gamma choice: a faithfulness test of each
-# candidate, about 35 plain forwards; docs/performance.md, "AttnLRP and CP-LRP"): made when someone judges the maps.
+# candidate, about 60 perturbed inputs; docs/performance.md, "AttnLRP and CP-LRP"): made when someone judges the maps,
+# or with the maps for a light model.
 _chosen_relevance: ByteBudgetCache[explain.Relevance] = ByteBudgetCache(24, size_of=one_each)
 
 
 def relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
               target: int) -> explain.Relevance:
-    """Every method's relevance map (gh, gw) for class `target`, cached and shared by every session: the LRP maps by
-    the rule chosen on this image once someone judged the maps, until then by the epsilon rule (one forward and a
-    backward per method: the maps appear with the others)."""
+    """Every method's relevance map (gh, gw) for class `target`, cached and shared by every session. The LRP maps
+    by the rule chosen on this image: for a light model (`serving.light_pass`: the Shapes ViT, whose choice takes
+    about 0.3 s) at once, so its maps never change when judged; for the others once someone judged the maps, until
+    then by the epsilon rule (one forward and a backward per method: the maps appear with the others)."""
     chosen = _chosen_relevance.get((request.key, image.sha, int(target)))
-    return chosen if chosen is not None else _relevance(request.key, image.sha, int(target), loaded, cap)
+    if chosen is not None:
+        return chosen
+    if serving.light_pass(loaded):
+        return chosen_relevance(request, loaded, image, cap, target)
+    return _relevance(request.key, image.sha, int(target), loaded, cap)
 
 
 def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
@@ -260,8 +267,14 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
     unless kept, and from now on what `relevance` gives every session."""
     key = (request.key, image.sha, int(target))
     chosen = _chosen_relevance.get(key)
-    if chosen is None:
-        chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
+    if chosen is None:  # only the LRP maps change: the others are taken from the epsilon maps, not made again
+        epsilon = _relevance(request.key, image.sha, int(target), loaded, cap)
+        lrp = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, methods=explain.LRP_METHODS,
+                                     choose_gamma=True)
+        maps = {m: lrp.maps[m] if m in lrp.maps else epsilon.maps[m] for m in explain.METHODS
+                if m in lrp.maps or (m in epsilon.maps and m not in explain.LRP_METHODS)}
+        chosen = dataclasses.replace(epsilon, maps=maps, unsupported=epsilon.unsupported | lrp.unsupported,
+                                     gamma_choice=lrp.gamma_choice)
         _chosen_relevance.put(key, chosen)
     return chosen
 

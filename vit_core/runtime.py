@@ -3,10 +3,12 @@ and numpy's BLAS threads (before numpy is imported)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 from pathlib import Path
+from typing import Iterator
 
 from . import settings
 
@@ -44,3 +46,19 @@ def configure_threads(threads: int | None = None) -> int:
         torch.set_num_threads(threads)
     _logger.info("torch threads: %d", threads)
     return threads
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after,
+    also when the block raises."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

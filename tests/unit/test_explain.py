@@ -14,6 +14,7 @@ import torch
 
 from conftest import drawn_image, hooks_on
 from vit_core import CaptureError, analyses, explain, preprocess, recording_hooks_on, run_with_capture
+from vit_core.explain import perturbation
 
 BRANCHES = ["class_token", "distilled", "registers", "no_class_token"]
 
@@ -489,6 +490,76 @@ def batched_per_step_reference(loaded, image, maps, target, steps, random_orders
     return deletion, insertion
 
 
+def test_curves_run_every_units_sets_together(tiny):
+    """The random baseline's and every map's kept sets run in one call: each distinct set once, batched by length
+    across the units (DROP_BATCH per forward at most), so the forwards are those of the sets' lengths, not of the
+    units; and the methods' curves alone (the LRP rule choice) run no random order."""
+    image, n, steps = drawn_image(4), tiny.geometry.num_patches, 10
+    target = int(np.argmax(run_with_capture(tiny, image).logits))
+    rng = np.random.default_rng(3)
+    maps = {name: rng.random(tiny.geometry.grid) for name in ("a", "b", "c")}
+    orders = explain.random_patch_orders(n, explain.RANDOM_ORDERS, 0)
+    sets = [o[:n - d] for o in orders for d in explain.deletion_counts(n, steps)]
+    sets += [o[:k] for o in orders for k in explain.insertion_counts(n, steps)]
+    for m in maps:
+        order = explain.patch_order(maps[m])
+        sets += [order[d:] for d in explain.deletion_counts(n, steps)] + [order[:k] for k in explain.insertion_counts(n, steps)]
+    distinct = {np.sort(r).tobytes(): len(r) for r in sets}
+    lengths = np.bincount(list(distinct.values()))
+    probs = explain.KeptSetProbs(tiny, explain.model_input(tiny, image), target)
+    list(perturbation.units(probs, maps, steps, orders))
+    assert probs.rows == len(distinct)
+    assert probs.forwards == sum(-(-count // perturbation.DROP_BATCH) for count in lengths if count)
+
+    alone = explain.KeptSetProbs(tiny, explain.model_input(tiny, image), target)
+    curves = perturbation.method_curves(alone, maps, steps)
+    method_sets = {np.sort(r).tobytes() for m in maps for r in perturbation._method_rows(explain.patch_order(maps[m]), steps)}
+    assert alone.rows == len(method_sets)
+    for m in maps:  # the same numbers as the curves beside the random baseline
+        rows = perturbation._method_rows(explain.patch_order(maps[m]), steps)
+        np.testing.assert_array_equal(curves[m].deletion, probs(rows)[:steps])
+
+
+def test_forwards_on_lanes_run_in_order_on_one_thread_each(tiny):
+    """On a CPU with 2 torch threads: the items' results in order, each forward on a lane thread (not the caller's)
+    with 1 torch thread, in inference mode, the model's lock held; `done` on the calling thread, in order; the lock
+    is free afterwards and the caller's thread count unchanged."""
+    assert torch.get_num_threads() == 2  # tests/conftest.py
+    assert explain.forward_lanes(tiny, 10) == 2 and explain.forward_lanes(tiny, 1) == 1
+    caller, seen, done_on = threading.get_ident(), [], []
+
+    def forward(item):
+        seen.append((threading.get_ident(), torch.get_num_threads(), torch.is_inference_mode_enabled(), tiny.lock.locked()))
+        return item * item
+
+    results = explain.forwards_on_lanes(tiny, forward, list(range(10)),
+                                        lambda i, r: done_on.append((i, r, threading.get_ident())))
+    assert results == [i * i for i in range(10)]
+    assert done_on == [(i, i * i, caller) for i in range(10)]
+    assert all(thread != caller and threads == 1 and inference and locked for thread, threads, inference, locked in seen)
+    assert not tiny.lock.locked() and torch.get_num_threads() == 2
+    one = types.SimpleNamespace(device=torch.device("cuda"))
+    assert explain.forward_lanes(one, 10) == 1  # a GPU runs one batch at a time
+
+
+def test_forwards_on_lanes_stop_when_done_raises(tiny):
+    """A rerun interrupting the page raises in `done`: the forwards not yet started are dropped, the error goes to
+    the caller, and the model's lock is free again."""
+    started = []
+
+    def forward(item):
+        started.append(item)
+        return item
+
+    def done(i, result):
+        if i == 1:
+            raise KeyboardInterrupt("rerun")
+
+    with pytest.raises(KeyboardInterrupt):
+        explain.forwards_on_lanes(tiny, forward, list(range(200)), done)
+    assert len(started) < 200 and not tiny.lock.locked()
+
+
 @pytest.mark.parametrize("kind", BRANCHES)
 def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
     """faithfulness_by_method gives the random baseline first, then each method as it finishes, with the numbers
@@ -505,8 +576,9 @@ def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
     units = list(explain.faithfulness_by_method(loaded, image, maps, target, steps=steps,
                                                 progress=lambda fraction, message: seen.append((fraction, message))))
     assert [u.name for u in units] == ["random", "c", "a", "b"]
-    assert seen == [(1 / 4, "random done, 1 of 4"), (2 / 4, "c done, 2 of 4"), (3 / 4, "a done, 3 of 4"),
-                    (1.0, "b done, 4 of 4")]
+    fractions = [fraction for fraction, _ in seen]  # after each forward, all of them before the first unit
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(set(fractions)) == len(fractions)
+    assert all(message.startswith("curves: ") for _, message in seen)
     for i, unit in enumerate(units[1:]):
         np.testing.assert_allclose(unit.deletion, deletion[i].astype(np.float32), atol=1e-6)
         np.testing.assert_allclose(unit.insertion, insertion[i].astype(np.float32), atol=1e-6)

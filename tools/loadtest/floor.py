@@ -125,8 +125,9 @@ def capture_seconds(model: str, random_init: bool, rounds: int = 5) -> float:
 
     from dashboard.models import build_named_model
     from vit_core import settings
+    from vit_core.runtime import torch_threads
     from vit_core.serving import parallel_passes, serve_capture, set_parallel_passes, set_traced_forward, traced_forward_enabled
-    from vit_core.serving.passes import narrow_threads, torch_threads
+    from vit_core.serving.passes import narrow_threads
 
     loaded = build_named_model(model, random_init)
     image = Image.new("RGB", (640, 480), (120, 90, 60))

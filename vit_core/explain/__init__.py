@@ -76,7 +76,17 @@ from .lrp import (
     pick_choice,
     why_unsupported,
 )
-from .passes import InterventionError, TargetError, eval_mode, model_input, model_pass, parameters_frozen, resolve_target
+from .passes import (
+    InterventionError,
+    TargetError,
+    eval_mode,
+    forward_lanes,
+    forwards_on_lanes,
+    model_input,
+    model_pass,
+    parameters_frozen,
+    resolve_target,
+)
 from .perturbation import (
     DEFAULT_STEPS,
     MARGIN_SDS,
@@ -123,7 +133,8 @@ __all__ = [
     "RANDOM", "RANDOM_ORDERS", "Relevance", "TargetError", "auc", "chefer_map", "class_token_row", "deletion_counts",
     "deletion_x", "embedded_tokens", "eval_mode", "faithfulness", "faithfulness_by_method", "faithfulness_of",
     "gradcam_map", "head_logits", "heads_ablated", "insertion_counts", "insertion_x", "keep_tokens", "logit_lens",
-    "mask_patches", "model_input", "model_pass", "parameters_frozen", "patch_logit_lens", "patch_order",
+    "forward_lanes", "forwards_on_lanes", "mask_patches", "model_input", "model_pass", "parameters_frozen",
+    "patch_logit_lens", "patch_order",
     "predict_intervened", "random_patch_orders", "raw_attention_map", "relevance_maps", "resolve_target",
     "rollout_map", "run_from_embedded", "token_norms",
     # evaluation: faithfulness tests, localisation, sanity checks, the trust table

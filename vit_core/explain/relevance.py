@@ -27,7 +27,7 @@ from ..hooks import attention_recorded, register
 from ..model import Geometry, LoadedModel
 from . import lrp
 from .passes import eval_mode, model_input, model_pass, parameters_frozen, resolve_target
-from .perturbation import faithfulness
+from .perturbation import KeptSetProbs, method_curves
 
 _logger = logging.getLogger(__name__)
 
@@ -225,8 +225,8 @@ def faithfulness_scorer(loaded: LoadedModel, image: Image.Image | Capture, targe
     insertion AUC - deletion AUC, higher is better. One call for all maps, so they share the test's forwards."""
 
     def score(maps: dict[str, np.ndarray]) -> dict[str, float]:
-        faith = faithfulness(loaded, image, maps, target, steps=steps, random_orders=1)
-        return {name: faith.insertion_auc[name] - faith.deletion_auc[name] for name in maps}
+        curves = method_curves(KeptSetProbs(loaded, model_input(loaded, image), target), maps, steps)
+        return {name: c.insertion_auc - c.deletion_auc for name, c in curves.items()}
 
     return score
 

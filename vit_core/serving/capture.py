@@ -10,7 +10,8 @@ from PIL import Image
 from ..capture import Capture, capture_of_pass, preprocess
 from ..devices import finished, full_float32, on_model_device
 from ..model import LoadedModel
-from .passes import capture_pass, torch_threads
+from ..runtime import torch_threads
+from .passes import capture_pass
 from .traced import on_a_lane, traced_forward
 
 # A pass with fewer multiply-adds than this (parameters x tokens: the Shapes ViT's about 0.3 G, ViT-S/16's 4.3 G)

@@ -25,6 +25,7 @@ import torch
 
 from ..hooks import intermediates_kept
 from ..model import LoadedModel
+from ..runtime import torch_threads
 
 _MAX_PASSES_PER_GROUP = 16  # then the group closes, so that a waiting explanation pass gets the lock between bursts
 
@@ -46,20 +47,6 @@ def set_parallel_passes(passes: int, threads: int | None = None) -> None:
         raise ValueError(f"passes must be at least 1, got {passes}")
     _parallel.passes = passes
     _parallel.narrow_threads = max(1, (threads or torch.get_num_threads()) // passes)
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """This thread's torch thread count set to `threads` (None: left as it is) inside the block, restored after,
-    also when the block raises."""
-    before = torch.get_num_threads()
-    if threads is not None and threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def narrow_threads() -> int:

@@ -31,7 +31,8 @@ import torch
 
 from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..model import LoadedModel
-from .passes import narrow_threads, parallel_passes, torch_threads
+from ..runtime import torch_threads
+from .passes import narrow_threads, parallel_passes
 from .priority import lower_this_threads_priority
 
 _logger = logging.getLogger(__name__)
