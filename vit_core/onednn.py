@@ -26,7 +26,6 @@ import functools
 import logging
 import math
 import platform
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -75,12 +74,15 @@ def onednn_linear() -> Linear | None:
     return linear
 
 
-# oneDNN takes a kind of product only where its median time is at least 5 % below MKL's: within that, the two
-# are a wash on the machines measured, and MKL (torch's own) is kept. A kind with more rows (a batch of inputs) is
-# judged at MEASURE_ROWS rows, where both libraries run at their full speed; fewer rows are judged as they come.
+# oneDNN takes a kind of product only where its fastest time is at least 5 % below MKL's: within that, the two
+# are a wash on the machines measured, and MKL (torch's own) is kept. The fastest round of each, not the median: a
+# busy neighbour only adds time, and on a server starting beside other work two of three MKL rounds once came out at
+# 14 ms against 8-9 ms, which put a slower oneDNN on ViT-B/16's qkv product (docs/performance.md, "The class load
+# test on the Zen 3"). A kind with more rows (a batch of inputs) is judged at MEASURE_ROWS rows, where both
+# libraries run at their full speed; fewer rows are judged as they come.
 ONEDNN_MARGIN = 0.05
 MEASURE_ROWS = 1024
-MEASURE_ROUNDS = 3  # rounds of one MKL and one oneDNN product each, after one of each untimed
+MEASURE_ROUNDS = 5  # rounds of one MKL and one oneDNN product each, after one of each untimed
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class ProductKind:
 @dataclass(frozen=True)
 class Choice:
     kind: ProductKind
-    mkl_s: float  # median seconds of one product, as measured
+    mkl_s: float  # seconds of one product, the fastest round measured
     onednn_s: float
     onednn: bool  # the product kind runs on oneDNN
 
@@ -117,9 +119,9 @@ def product_kind(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def prefers_onednn(mkl_seconds: Sequence[float], onednn_seconds: Sequence[float],
                    margin: float = ONEDNN_MARGIN) -> bool:
-    """The decision from interleaved timings of the same product: oneDNN only when its median is more than
+    """The decision from interleaved timings of the same product: oneDNN only when its fastest round is more than
     `margin` below MKL's."""
-    return statistics.median(onednn_seconds) < (1 - margin) * statistics.median(mkl_seconds)
+    return min(onednn_seconds) < (1 - margin) * min(mkl_seconds)
 
 
 def time_both(linear: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -167,7 +169,7 @@ def choose(linear: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     with _choices.lock:  # one measurement at a time: two at once would time each other
         if kind not in _choices.made:
             mkl, onednn = (measure or time_both)(linear, x, weight, bias)
-            choice = Choice(kind, statistics.median(mkl), statistics.median(onednn), prefers_onednn(mkl, onednn))
+            choice = Choice(kind, min(mkl), min(onednn), prefers_onednn(mkl, onednn))
             _choices.made[kind] = choice
             _logger.debug("linears %s: %s (MKL %.3f ms, oneDNN %.3f ms)", kind, "oneDNN" if choice.onednn else "MKL",
                           choice.mkl_s * 1e3, choice.onednn_s * 1e3)

@@ -360,7 +360,7 @@ def units(probs: KeptSetProbs, maps: Mapping[str, np.ndarray], steps: int, order
     """The random baseline over `orders` (R, N), then each map's curves, through `probs`.
 
     Every unit's kept sets run first, together: batched by length across the units, the forwards are fewer and
-    fuller (the Shapes ViT's curves: 70 forwards of 1-8 sets became 19 of up to 16; docs/performance.md,
+    fuller (the Shapes ViT's curves: 64 forwards of 1 to 8 sets became 19 of up to 16; docs/performance.md,
     "The judge's forwards on lanes"). `progress(fraction, message)` as they run."""
     report = progress or (lambda fraction, message: None)
     probs(_random_rows(orders, steps) + [kept for m in maps for kept in _method_rows(patch_order(maps[m]), steps)],
