@@ -271,8 +271,8 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
         epsilon = _relevance(request.key, image.sha, int(target), loaded, cap)
         lrp = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, methods=explain.LRP_METHODS,
                                      choose_gamma=True)
-        maps = {m: lrp.maps[m] if m in lrp.maps else epsilon.maps[m] for m in explain.METHODS
-                if m in lrp.maps or (m in epsilon.maps and m not in explain.LRP_METHODS)}
+        merged = {m: a for m, a in epsilon.maps.items() if m not in explain.LRP_METHODS} | lrp.maps
+        maps = {m: merged[m] for m in explain.METHODS if m in merged}  # in METHODS order, as relevance_maps gives
         chosen = dataclasses.replace(epsilon, maps=maps, unsupported=epsilon.unsupported | lrp.unsupported,
                                      gamma_choice=lrp.gamma_choice)
         _chosen_relevance.put(key, chosen)

@@ -1,5 +1,5 @@
 """Process-wide settings a program using ViT Lens applies once at start: torch's thread count from the CPU quota,
-and numpy's BLAS threads (before numpy is imported)."""
+and numpy's BLAS threads (before numpy is imported); and `torch_threads`, one thread's torch threads for a block."""
 
 from __future__ import annotations
 

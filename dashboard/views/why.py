@@ -189,12 +189,11 @@ def _judge_button(ctx: ViewContext, relevance: explain.Relevance, steps: int, ob
     if not clicked:
         return None
     bar = st.progress(0.0, text="choosing the LRP rule, then the tests...")
-
     shown = time.monotonic()
 
     def progress(fraction: float, message: str) -> None:
         nonlocal shown
-        if time.monotonic() - shown >= PROGRESS_EVERY_S:  # each update re-renders the page in the browser
+        if time.monotonic() - shown >= PROGRESS_EVERY_S:
             bar.progress(min(1.0, max(0.0, float(fraction))), text=message)
             shown = time.monotonic()
 
