@@ -17,6 +17,7 @@ that check runs on a GPU machine (see the report of issue 13).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 import pytest
@@ -225,23 +226,26 @@ def test_full_float32_holds_while_any_pass_runs(tf32_allowed):
 @contextlib.contextmanager
 def full_float32_recorded(monkeypatch, loaded, *modules):
     """A stand-in for devices.full_float32 in each of `modules` (the modules that call it by that name) for the
-    block; yields (the devices it was asked for, one flag per forward of `loaded`'s head: was it inside?)."""
+    block; yields (the devices it was asked for, one flag per forward of `loaded`'s head: was its thread inside?).
+    Per thread, as the real one is (a TorchFunctionMode): the judge's lanes each enter it for their own forwards."""
     asked: list[torch.device] = []
     heads_seen: list[bool] = []
-    inside = [False]
+    this_thread = threading.local()
 
     @contextlib.contextmanager
     def recording(device):
         asked.append(device)
-        inside[0] = True
+        before = getattr(this_thread, "inside", False)
+        this_thread.inside = True
         try:
             yield
         finally:
-            inside[0] = False
+            this_thread.inside = before
 
     for module in modules:
         monkeypatch.setattr(module, "full_float32", recording)
-    handle = loaded.model.head.register_forward_pre_hook(lambda m, args: heads_seen.append(inside[0]))
+    handle = loaded.model.head.register_forward_pre_hook(
+        lambda m, args: heads_seen.append(getattr(this_thread, "inside", False)))
     try:
         yield asked, heads_seen
     finally:
