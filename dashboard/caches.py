@@ -267,7 +267,11 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
     unless kept, and from now on what `relevance` gives every session."""
     key = (request.key, image.sha, int(target))
     chosen = _chosen_relevance.get(key)
-    if chosen is None:  # only the LRP maps change: the others are taken from the epsilon maps, not made again
+    if chosen is not None:
+        return chosen
+    if serving.light_pass(loaded):  # asked for by `relevance` before any map was made: all of them in one call
+        chosen = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, choose_gamma=True)
+    else:  # the epsilon maps are shown: only the LRP maps change, the others are taken from them, not made again
         epsilon = _relevance(request.key, image.sha, int(target), loaded, cap)
         lrp = explain.relevance_maps(loaded, cap, target=int(target), cap=cap, methods=explain.LRP_METHODS,
                                      choose_gamma=True)
@@ -275,7 +279,7 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
         maps = {m: merged[m] for m in explain.METHODS if m in merged}  # in METHODS order, as relevance_maps gives
         chosen = dataclasses.replace(epsilon, maps=maps, unsupported=epsilon.unsupported | lrp.unsupported,
                                      gamma_choice=lrp.gamma_choice)
-        _chosen_relevance.put(key, chosen)
+    _chosen_relevance.put(key, chosen)
     return chosen
 
 

@@ -21,6 +21,7 @@ from dashboard.figures import prediction as prediction_figures
 from dashboard.figures import why as why_figures
 from dashboard.image_choice import markdown_literal
 from dashboard.models import TEST_TINY, build_named_model
+from dashboard.server.byte_budget import ByteBudgetCache, one_each
 from dashboard.views import interventions, lens, why
 from vit_core import analyses, explain
 from vit_core.loading import TEACHING_MODEL
@@ -160,9 +161,18 @@ def shown_table(at: AppTest) -> str:
     return next(m.value for m in at.markdown if m.value.startswith("| method |"))
 
 
-def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, reference, monkeypatch):
+@pytest.mark.parametrize("light", [True, False])
+def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, reference, monkeypatch, light):
     """After the click: a progress bar advanced stage by stage to the end, then the table of every map under every test
-    with explain.judge's numbers and verdicts, kept for every session."""
+    with explain.judge's numbers and verdicts, kept for every session. A light model's LRP maps come with their rule
+    chosen; another model's show the epsilon rule until judged, then only its LRP maps are made again: the same
+    numbers either way."""
+    monkeypatch.setattr(caches.serving, "light_pass", lambda loaded: light)
+    # the last gamma choice wins (not the epsilon maps shown first), in the app and in the reference alike
+    monkeypatch.setattr(explain.lrp, "pick_choice", lambda scores: explain.LrpChoice(
+        name=list(scores)[-1], score=float(list(scores.values())[-1]), scores=dict(scores)))
+    for name in ("_chosen_relevance", "_judgements", "_latest_judgement"):  # nothing kept from the other case
+        monkeypatch.setattr(caches, name, ByteBudgetCache(64, size_of=one_each))
     loaded, image = reference
     messages = []
     compute = caches.compute_judgement
@@ -176,6 +186,9 @@ def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, r
     second = analyses.top_k(vit_core.run_with_capture(loaded, image).logits, loaded.labels, 5)[1]
     at = run_app(view="Why?", steps="5", target=f"{second.index}: {second.label}")
     assert not any(m.value.startswith("| method |") for m in at.markdown)  # judged on request only
+    rules = [c.value for c in at.caption if c.value.startswith("rule")]
+    assert len(rules) == len(explain.LRP_METHODS)
+    assert all(r.startswith("rule chosen on this image") == light for r in rules), rules
     at.button(key="why_judge").click().run()
     assert_healthy(at)
     assert at.selectbox(key="target").value == second.index
@@ -192,6 +205,8 @@ def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, r
         for t, result in expected.results.items():
             assert f"{result.values[m]:.3g} {why.VERDICT_MARKS[result.verdict(m).label]}" in row, (m, t, row)
     assert why.agreement_sentence(expected, methods) in markdown(at)
+    last = explain.gamma_candidates(loaded.model)[-1].name
+    assert [c.value for c in at.caption if c.value.startswith("rule")] == [f"rule chosen on this image: **{last}**"] * 2
     again = run_app(view="Why?", steps="5", target=f"{second.index}: {second.label}")  # a new session, no click
     assert shown_table(again) == table
 
