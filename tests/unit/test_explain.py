@@ -561,9 +561,9 @@ def test_forwards_on_lanes_stop_when_done_raises(tiny):
 
 
 @pytest.mark.parametrize("kind", BRANCHES)
-def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
-    """faithfulness_by_method gives the random baseline first, then each method as it finishes, with the numbers
-    of the previous all-orders-per-step batching; faithfulness assembles the same, methods first, then random."""
+def test_the_curves_equal_all_orders_batched_per_step(family, kind):
+    """`units` gives the random baseline first, then each method, with the numbers of the previous all-orders-per-step
+    batching; faithfulness assembles the same, methods first, then random."""
     loaded = family[kind]
     image = drawn_image(2)
     target = int(np.argmax(run_with_capture(loaded, image).logits))
@@ -573,8 +573,10 @@ def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
     steps, random_orders, seed = 10, explain.RANDOM_ORDERS, 0
     deletion, insertion = batched_per_step_reference(loaded, image, maps, target, steps, random_orders, seed)
     seen = []
-    units = list(explain.faithfulness_by_method(loaded, image, maps, target, steps=steps,
-                                                progress=lambda fraction, message: seen.append((fraction, message))))
+    probs = explain.KeptSetProbs(loaded, explain.model_input(loaded, image), target)
+    orders = explain.random_patch_orders(loaded.geometry.num_patches, random_orders, seed)
+    units = list(perturbation.units(probs, maps, steps, orders,
+                                    progress=lambda fraction, message: seen.append((fraction, message))))
     assert [u.name for u in units] == ["random", "c", "a", "b"]
     fractions = [fraction for fraction, _ in seen]  # after each forward, all of them before the first unit
     assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(set(fractions)) == len(fractions)
@@ -596,7 +598,7 @@ def test_method_by_method_equals_all_orders_batched_per_step(family, kind):
         assert result.deletion_auc[unit.name] == unit.deletion_auc == pytest.approx(
             explain.auc(unit.deletion, explain.deletion_x(steps)))
         assert result.insertion_auc[unit.name] == unit.insertion_auc
-    partial = explain.faithfulness_of(target, steps, units[:2])  # what the dashboard shows after the first method
+    partial = explain.faithfulness_of(target, steps, units[:2])  # any subset of the methods, beside random
     assert list(partial.deletion) == ["c", "random"] and set(partial.beats_random) == {"c"}
     assert partial.beats_random["c"] == result.beats_random["c"]
 
@@ -640,8 +642,8 @@ def test_each_kept_set_runs_once_and_the_random_baseline_shares_deletion_and_ins
     monkeypatch.setattr(explain.perturbation, "run_from_embedded",
                         lambda model, tokens: rows.append(tokens.shape[0]) or forward(model, tokens))
     randoms = explain.random_patch_orders(n, explain.RANDOM_ORDERS, 0)
-    units = explain.faithfulness_by_method(loaded, drawn_image(3), {}, 0, steps=steps)
-    next(units)  # the random baseline alone
+    probs = explain.KeptSetProbs(loaded, explain.model_input(loaded, drawn_image(3)), 0)
+    next(perturbation.units(probs, {}, steps, randoms))  # the random baseline alone
     assert sum(rows) == len(kept_sets_of_the_definition(n, steps, [], randoms))
     # the sets of one random order are its prefixes, one per kept size: N - n_k for deletion, max(1, n_k) for insertion
     sizes = {n - d for d in explain.deletion_counts(n, steps)} | set(explain.insertion_counts(n, steps))
@@ -650,7 +652,7 @@ def test_each_kept_set_runs_once_and_the_random_baseline_shares_deletion_and_ins
     rng = np.random.default_rng(5)
     maps = {"a": rng.random(loaded.geometry.grid), "b": np.round(rng.random(loaded.geometry.grid), 1)}
     rows.clear()
-    list(explain.faithfulness_by_method(loaded, drawn_image(3), maps, 0, steps=steps))
+    explain.faithfulness(loaded, drawn_image(3), maps, 0, steps=steps)
     expected = kept_sets_of_the_definition(n, steps, [explain.patch_order(maps[m]) for m in maps], randoms)
     assert sum(rows) == len(expected)
 

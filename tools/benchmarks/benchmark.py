@@ -13,8 +13,7 @@
    are an upper bound of a fragment rerun.
 2b. Explanations (vit_core.explain): the relevance pass (one forward + backward, parameters frozen)
    against the plain forward, interleaved; all deletion + insertion curves (the random baseline's 8
-   orders, then method by method, S = 10: explain.faithfulness_by_method, also timed to its first
-   method's curves, what the Why? tab shows first); one intervention (patches dropped + heads ablated).
+   orders and every method, S = 10: explain.faithfulness); one intervention (patches dropped + heads ablated).
 3. A real browser (headless chromium) against the server as `tools/dashboard` starts it: cold
    start (server start -> first page fully rendered, images loaded), a new image (file chosen ->
    views rendered), a control change (layer slider / head select -> new map shown), and the
@@ -53,8 +52,9 @@ import torch
 from PIL import Image
 
 from dashboard.views import VIEWS
-from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model, preprocess, run_with_capture
-from vit_core.export import analysis_arrays, model_arrays
+from vit_core import TEACHING_MODEL, LoadedModel, analyses, explain, load_model, preprocess, run_with_capture
+from vit_core.export import analysis_arrays, model_arrays, pos_similarity_at_grid
+from vit_core.model import patch_embed_weight
 from vit_core.onednn import linears_on_onednn
 from vit_core.runtime import configure_threads
 from vit_core.serving import configure_switch_interval, serve_capture, set_traced_forward
@@ -103,7 +103,7 @@ def core(model: str, repeats: int) -> dict[str, float]:
     loaded = load_model(model, pretrained=False)
     image = sample_image()
     started = time.perf_counter()
-    model_arrays(loaded)  # filter PCA + position similarity: once per model, cached
+    model_arrays(analyses.filters_pca(patch_embed_weight(loaded)), pos_similarity_at_grid(loaded))  # once per model
     per_model_seconds = time.perf_counter() - started
 
     def capture():
@@ -221,23 +221,18 @@ def explanations(model: str, repeats: int) -> dict[str, float]:
     times = interleaved_times(variants, repeats, warmups=2)
     ratio = statistics.median(r / p for r, p in zip(times["relevance pass (all maps)"], times["plain timm forward"], strict=True))
     maps = explain.relevance_maps(loaded, image, cap=cap)
-    curve_times, first_method_times = [], []
+    curve_times = []
     for _ in range(2 if g.num_tokens > 100 else 5):
-        started, finished = time.perf_counter(), []
-        for unit in explain.faithfulness_by_method(loaded, image, maps.maps, maps.target):
-            finished.append(unit)
-            if len(finished) == 2:  # the random baseline, then the first method: its row and curve can be shown
-                first_method_times.append(time.perf_counter() - started)
-        faith = explain.faithfulness_of(maps.target, explain.DEFAULT_STEPS, finished)
+        started = time.perf_counter()
+        faith = explain.faithfulness(loaded, image, maps.maps, maps.target)
         curve_times.append(time.perf_counter() - started)
     print(f"\n== 2b. explanations: {model} ({weights_of(model)}), "
           f"{g.num_tokens} tokens, median of {repeats} interleaved rounds")
     for name, samples in times.items():
         print(f"{name:40s} {statistics.median(samples) * 1e3:10.1f} ms")
     print(f"relevance pass / plain forward: {ratio:.2f}x (median over rounds); unsupported: {sorted(maps.unsupported)}")
-    print(f"all curves ({explain.RANDOM_ORDERS} random orders, then {len(maps.maps)} methods one by one, S = {faith.steps}, "
-          f"deletion + insertion): median {statistics.median(curve_times):.2f} s of {len(curve_times)}; "
-          f"random baseline + first method: median {statistics.median(first_method_times):.2f} s")
+    print(f"all curves ({explain.RANDOM_ORDERS} random orders and {len(maps.maps)} methods, S = {faith.steps}, "
+          f"deletion + insertion): median {statistics.median(curve_times):.2f} s of {len(curve_times)}")
     return {"relevance ratio": ratio, "relevance": statistics.median(times["relevance pass (all maps)"]),
             "curves": statistics.median(curve_times), "intervention": statistics.median(times["intervention"]),
             "curves target": 2.0 if model == TEACHING_MODEL else 30.0}

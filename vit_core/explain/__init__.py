@@ -102,7 +102,6 @@ from .perturbation import (
     deletion_kept,
     deletion_x,
     faithfulness,
-    faithfulness_by_method,
     faithfulness_of,
     insertion_counts,
     insertion_kept,
@@ -131,7 +130,7 @@ from .sanity import Sanity, cascading_randomisation, class_randomisation, method
 __all__ = [
     "Ablation", "DEFAULT_STEPS", "Faithfulness", "InterventionError", "METHODS", "MethodCurves",
     "RANDOM", "RANDOM_ORDERS", "Relevance", "TargetError", "auc", "chefer_map", "class_token_row", "deletion_counts",
-    "deletion_x", "embedded_tokens", "eval_mode", "faithfulness", "faithfulness_by_method", "faithfulness_of",
+    "deletion_x", "embedded_tokens", "eval_mode", "faithfulness", "faithfulness_of",
     "gradcam_map", "head_logits", "heads_ablated", "insertion_counts", "insertion_x", "keep_tokens", "logit_lens",
     "forward_lanes", "forwards_on_lanes", "mask_patches", "model_input", "model_pass", "parameters_frozen",
     "patch_logit_lens", "patch_order",

@@ -191,8 +191,8 @@ class MethodCurves:
 
 def faithfulness_of(target: int, steps: int, finished: Iterable[MethodCurves],
                     perturbation: Perturbation = "drop") -> Faithfulness:
-    """The result of the finished units (the random baseline among them): the methods in the order given, then
-    "random". Also for a partial result, while the other methods are still running."""
+    """The result of the units (the random baseline among them, any subset of the methods): the methods in the order
+    given, then "random"."""
     units = list(finished)
     baseline = next(u for u in units if u.name == RANDOM)
     methods = [u for u in units if u.name != RANDOM] + [baseline]
@@ -369,28 +369,17 @@ def units(probs: KeptSetProbs, maps: Mapping[str, np.ndarray], steps: int, order
     yield from method_curves(probs, maps, steps).values()  # every set known by now: no forward
 
 
-def faithfulness_by_method(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
-                           steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
-                           progress: Callable[[float, str], None] | None = None,
-                           perturbation: Perturbation = "drop") -> Iterator[MethodCurves]:
-    """The deletion and insertion curves of p_c (analyses.md), one unit at a time: first the random baseline (the
-    mean of `random_orders` seeded orders, with their std and each order's AUC; every method is compared with it),
-    then each map (gh, gw) in the order given. `progress(done_fraction, message)` after each forward.
-    `perturbation`: "drop" (token dropping, the default) or "mask" (pixel masking to the normalisation mean).
-
-    Every unit's perturbed inputs run batched together before the first unit is yielded; a kept-patch set already
-    run (the full set; the random baseline's deletion and insertion sets, mostly the same) is not run again."""
-    probs = KeptSetProbs(loaded, model_input(loaded, image), target, perturbation)
-    orders = random_patch_orders(loaded.geometry.num_patches, random_orders, seed)
-    yield from units(probs, maps, steps, orders, progress)
-
-
 def faithfulness(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
                  steps: int = DEFAULT_STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
                  progress: Callable[[float, str], None] | None = None, perturbation: Perturbation = "drop") -> Faithfulness:
-    """Deletion and insertion curves of p_c (analyses.md) for each map (gh, gw), in the order given,
-    then for "random": the mean of `random_orders` (default 8) seeded orders, with their std.
-    All of `faithfulness_by_method` (which see) at once. Returns curves and AUCs keyed by method name and "random"."""
-    finished = faithfulness_by_method(loaded, image, maps, target, steps=steps, random_orders=random_orders, seed=seed,
-                                      progress=progress, perturbation=perturbation)
-    return faithfulness_of(target, steps, finished, perturbation)
+    """Deletion and insertion curves of p_c (analyses.md) for each map (gh, gw), in the order given, then for
+    "random": the mean of `random_orders` (default 8) seeded orders, with their std and each order's AUC (every
+    method is compared with it). `progress(done_fraction, message)` after each forward. `perturbation`: "drop"
+    (token dropping, the default) or "mask" (pixel masking to the normalisation mean). Returns curves and AUCs keyed
+    by method name and "random".
+
+    Every perturbed input runs batched with the others (`units`); a kept-patch set already run (the full set; the
+    random baseline's deletion and insertion sets, mostly the same) is not run again."""
+    probs = KeptSetProbs(loaded, model_input(loaded, image), target, perturbation)
+    orders = random_patch_orders(loaded.geometry.num_patches, random_orders, seed)
+    return faithfulness_of(target, steps, units(probs, maps, steps, orders, progress), perturbation)
