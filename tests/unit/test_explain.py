@@ -490,7 +490,7 @@ def batched_per_step_reference(loaded, image, maps, target, steps, random_orders
     return deletion, insertion
 
 
-def test_curves_run_every_units_sets_together(tiny):
+def test_the_random_baseline_and_every_map_run_their_kept_sets_together(tiny):
     """The random baseline's and every map's kept sets run in one call: each distinct set once, batched by length
     across the units (DROP_BATCH per forward at most), so the forwards are those of the sets' lengths, not of the
     units; and the methods' curves alone (the LRP rule choice) run no random order."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Literal, Mapping
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -347,11 +347,13 @@ def _random_unit(probs: KeptSetProbs, orders: np.ndarray, steps: int) -> MethodC
 
 
 def method_curves(probs: KeptSetProbs, maps: Mapping[str, np.ndarray], steps: int,
-                  progress: Callable[[float], None] | None = None) -> dict[str, MethodCurves]:
+                  progress: Callable[[float], None] | None = None,
+                  with_rows: Sequence[np.ndarray] = ()) -> dict[str, MethodCurves]:
     """Each map's deletion and insertion curves through `probs`, without a random baseline (the LRP rule choice
-    compares maps with each other): every map's kept sets run together first. -> name -> its curves"""
+    compares maps with each other): every map's kept sets run together first, batched with `with_rows` (more kept
+    sets, run in the same forwards: the random baseline's, in `units`). -> name -> its curves"""
     orders = {m: patch_order(maps[m]) for m in maps}
-    probs([kept for m in maps for kept in _method_rows(orders[m], steps)], progress)
+    probs(list(with_rows) + [kept for m in maps for kept in _method_rows(orders[m], steps)], progress)
     return {m: _method_unit(probs, m, orders[m], steps) for m in maps}
 
 
@@ -362,11 +364,13 @@ def units(probs: KeptSetProbs, maps: Mapping[str, np.ndarray], steps: int, order
     Every unit's kept sets run first, together: batched by length across the units, the forwards are fewer and
     fuller (the Shapes ViT's curves: 64 forwards of 1 to 8 sets became 19 of up to 16; docs/performance.md,
     "The judge's forwards on lanes"). `progress(fraction, message)` as they run."""
-    report = progress or (lambda fraction, message: None)
-    probs(_random_rows(orders, steps) + [kept for m in maps for kept in _method_rows(patch_order(maps[m]), steps)],
-          lambda fraction: report(fraction, f"curves: {fraction:.0%} of the perturbed inputs run"))
-    yield _random_unit(probs, orders, steps)
-    yield from method_curves(probs, maps, steps).values()  # every set known by now: no forward
+    def forwards_done(fraction: float) -> None:
+        if progress is not None:
+            progress(fraction, f"curves: {fraction:.0%} of the perturbed inputs run")
+
+    curves = method_curves(probs, maps, steps, forwards_done, with_rows=_random_rows(orders, steps))
+    yield _random_unit(probs, orders, steps)  # every set known by now: no forward
+    yield from curves.values()
 
 
 def faithfulness(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
