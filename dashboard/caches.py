@@ -278,7 +278,7 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
         merged = {m: a for m, a in epsilon.maps.items() if m not in explain.LRP_METHODS} | lrp.maps
         maps = {m: merged[m] for m in explain.METHODS if m in merged}  # in METHODS order, as relevance_maps gives
         chosen = dataclasses.replace(epsilon, maps=maps, unsupported=epsilon.unsupported | lrp.unsupported,
-                                     gamma_choice=lrp.gamma_choice)
+                                     gamma_choice=lrp.gamma_choice, choice_sets=lrp.choice_sets)
     _chosen_relevance.put(key, chosen)
     return chosen
 
@@ -362,7 +362,7 @@ def compute_judgement(request: ModelRequest, loaded: LoadedModel, image: ImageCh
         progress(0.0, "choosing the LRP rule on this image...")
     relevance = chosen_relevance(request, loaded, image, cap, relevance.target)
     result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
-                           progress=progress)
+                           progress=progress, reuse=relevance.choice_sets)  # the choice's forwards are not run again
     key = _judgement_key(request, image, relevance.target, steps, objects, tuple(tests))
     _judgements.put(key, result)
     _latest_judgement.put((request.key, image.sha), key)

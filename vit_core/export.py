@@ -172,7 +172,8 @@ def explanation_export(
     localisation metrics and "localisation". Target None: top-1. Raises explain.TargetError, explain.MaskError."""
     relevance = explain.relevance_maps(loaded, image, target, cap=cap)
     objects = None if mask is None else explain.object_patches(loaded, mask, image.size)
-    judgement = explain.judge(loaded, image, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests)
+    judgement = explain.judge(loaded, image, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
+                              reuse=relevance.choice_sets)
     faith = judgement.curves
     arrays = explanation_arrays(relevance, explain.logit_lens(loaded, cap), explain.token_norms(cap), faith)
     arrays |= judgement_arrays(judgement, objects)

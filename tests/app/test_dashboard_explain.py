@@ -183,6 +183,9 @@ def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, r
                        tests)
 
     monkeypatch.setattr(caches, "compute_judgement", recorded_compute)
+    reused = []  # what the app's judge was given of the rule choice's forwards
+    judge = explain.judge
+    monkeypatch.setattr(explain, "judge", lambda *args, **kwargs: reused.append(kwargs.get("reuse")) or judge(*args, **kwargs))
     second = analyses.top_k(vit_core.run_with_capture(loaded, image).logits, loaded.labels, 5)[1]
     at = run_app(view="Why?", steps="5", target=f"{second.index}: {second.label}")
     assert not any(m.value.startswith("| method |") for m in at.markdown)  # judged on request only
@@ -192,6 +195,7 @@ def test_the_judge_button_fills_the_trust_table_with_explain_numbers(tiny_env, r
     at.button(key="why_judge").click().run()
     assert_healthy(at)
     assert at.selectbox(key="target").value == second.index
+    assert len(reused) == 1 and reused[0] is not None and reused[0].target == second.index  # not run twice
     fractions = [f for f, _ in messages]
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
     relevance = explain.relevance_maps(loaded, image, target=second.index, cap=vit_core.run_with_capture(loaded, image))

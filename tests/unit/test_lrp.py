@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ import torch
 from conftest import drawn_image, hooks_on
 from tools.benchmarks.lrp import lively, without_biases  # O(1) weights; biases and constants zeroed
 from tools.vit_families import LRP_FAMILIES, SMALL
-from vit_core import load_model, preprocess, recording_hooks_on, run_with_capture
+from vit_core import explain, load_model, preprocess, recording_hooks_on, run_with_capture
 from vit_core.explain import lrp, relevance_maps
 
 FAMILIES = LRP_FAMILIES  # every branch of the family the project supports (tools/vit_families.py)
@@ -501,6 +502,46 @@ def test_the_faithfulness_scorer_picks_deterministically(tiny_lively):
     assert first.gamma_choice == second.gamma_choice and set(first.gamma_choice) == {"attnlrp", "cplrp"}
     for pick in first.gamma_choice.values():
         assert pick.score == max(pick.scores.values()) and np.isfinite(pick.score)
+
+
+def test_the_judge_reuses_the_choice_forwards_with_the_same_numbers(tiny_lively, monkeypatch):
+    """The gamma choice's token-dropping p_c come with the maps (`choice_sets`); the judge given them runs fewer
+    kept sets and gives the numbers it gives alone. They are refused for another target; they hold the model weakly;
+    a caller's scorer or no choice gives none."""
+    loaded, image = tiny_lively, drawn_image(2)
+    relevance = relevance_maps(loaded, image, methods=("rollout", "attnlrp", "cplrp"))
+    known = relevance.choice_sets
+    assert known is not None and known.target == relevance.target and known.perturbation == "drop"
+    assert known.model() is loaded.model and len(known.probs) > 1
+    run: list[int] = []
+    make = explain.KeptSetProbs._run
+
+    def counted(self, new, progress=None):
+        run.append(len(new))
+        return make(self, new, progress)
+
+    monkeypatch.setattr(explain.KeptSetProbs, "_run", counted)
+    tests = ("deletion_auc", "insertion_auc", "srg")
+    alone = explain.judge(loaded, image, relevance.maps, relevance.target, tests=tests)
+    sets_alone, run[:] = sum(run), []
+    reused = explain.judge(loaded, image, relevance.maps, relevance.target, tests=tests, reuse=known)
+    assert 0 < sum(run) < sets_alone  # the chosen maps' sets at the choice's steps were not run again
+    for test in tests:
+        for method in relevance.maps:
+            assert reused.results[test].values[method] == pytest.approx(alone.results[test].values[method], abs=1e-6)
+        np.testing.assert_allclose(reused.results[test].random_values, alone.results[test].random_values, atol=1e-6)
+    other = (relevance.target + 1) % loaded.geometry.num_classes
+    with pytest.raises(ValueError, match="another model, input, target"):
+        explain.judge(loaded, image, relevance.maps, other, tests=tests, reuse=known)
+    assert relevance_maps(loaded, image, methods=("attnlrp",), choose_gamma=False).choice_sets is None
+    assert relevance_maps(loaded, image, methods=("attnlrp",), scorer=lambda keyed: dict.fromkeys(keyed, 0.0)
+                          ).choice_sets is None
+    another = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, **SMALL, img_size=32, patch_size=8)
+    another = dataclasses.replace(another, model=lively(another.model))
+    weak = relevance_maps(another, image, methods=("cplrp",)).choice_sets
+    del another
+    gc.collect()
+    assert weak.model() is None  # a cached result never keeps a model alive
 
 
 def test_only_the_asked_methods_run(tiny_lively):

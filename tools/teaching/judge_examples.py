@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         cap = run_with_capture(loaded, picture)
         relevance = explain.relevance_maps(loaded, cap, cap=cap)
         objects = explain.object_patches(loaded, mask, picture.size)
-        judged = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=args.steps)
+        judged = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=args.steps,
+                               reuse=relevance.choice_sets)
         judgements.append(judged)
         methods = list(relevance.maps)
         picks = ", ".join(f"{m}: {c.name}" for m, c in relevance.gamma_choice.items())

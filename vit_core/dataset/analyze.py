@@ -45,7 +45,8 @@ def explained_values(loaded: LoadedModel, source: bytes | Path, steps: int, *, t
     image = load_image(source, loaded.decode_min_side)
     relevance = explanations.relevance_maps(loaded, image)
     objects = None if mask is None else explanations.object_patches(loaded, mask, image.size)
-    judged = explanations.judge(loaded, image, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests)
+    judged = explanations.judge(loaded, image, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
+                                reuse=relevance.choice_sets)
     return explanations.judgement_scalars(judged)
 
 

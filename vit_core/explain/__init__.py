@@ -95,6 +95,7 @@ from .perturbation import (
     RANDOM_ORDERS,
     Faithfulness,
     KeptSetProbs,
+    KnownSets,
     MethodCurves,
     Verdict,
     auc,
@@ -138,7 +139,7 @@ __all__ = [
     "rollout_map", "run_from_embedded", "token_norms",
     # evaluation: faithfulness tests, localisation, sanity checks, the trust table
     "CONVENTIONS", "FAITHFULNESS_TESTS", "LOCALISATION_METRICS", "MARGIN_SDS", "PERTURBATIONS", "SACO_GROUPS", "TESTS",
-    "FolderJudgement", "Judgement", "KeptSetProbs", "MaskError", "Sanity", "TestResult", "Verdict", "average_ranks",
+    "FolderJudgement", "Judgement", "KeptSetProbs", "KnownSets", "MaskError", "Sanity", "TestResult", "Verdict", "average_ranks",
     "binary_mask", "cascading_randomisation", "class_randomisation", "crop_mask", "deletion_kept", "folder_judgement",
     "insertion_kept", "judge", "judgement_scalars", "kendall_tau_b", "lerf_kept", "localisation", "mask_from_file",
     "mean_scalars", "method_maps", "object_patches", "patch_fraction", "pointing_game", "random_localisation",

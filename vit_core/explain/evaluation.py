@@ -28,6 +28,7 @@ from .perturbation import (
     RANDOM_ORDERS,
     Faithfulness,
     KeptSetProbs,
+    KnownSets,
     Verdict,
     auc,
     deletion_kept,
@@ -196,12 +197,14 @@ def _checked_tests(tests: Iterable[str]) -> tuple[str, ...]:
 def judge(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, np.ndarray], target: int, *,
           mask: np.ndarray | None = None, steps: int = DEFAULT_STEPS, tests: Iterable[str] = FAITHFULNESS_TESTS,
           random_orders: int = RANDOM_ORDERS, seed: int = 0, saco_groups: int = SACO_GROUPS,
-          progress: Callable[[float, str], None] | None = None) -> Judgement:
+          progress: Callable[[float, str], None] | None = None, reuse: KnownSets | None = None) -> Judgement:
     """The table of one image: each map (gh, gw) under each of `tests` (FAITHFULNESS_TESTS by default) beside the
     random baseline of `random_orders` seeded orders (the same orders for every test), and, where `mask` (the object
     patches (gh, gw) bool, as `object_patches` gives them) is given, the localisation metrics beside a uniformly
-    random map's. `progress(done_fraction, message)` as each stage ends. Raises ValueError for an unknown test and
-    MaskError for a mask of another shape than the grid."""
+    random map's. `progress(done_fraction, message)` as each stage ends. `reuse`: token-dropping p_c already run on
+    this input for this target (`Relevance.choice_sets`, the LRP rule choice's forwards): those sets are not run
+    again. Raises ValueError for an unknown test or a `reuse` of another input, and MaskError for a mask of another
+    shape than the grid."""
     chosen = _checked_tests(tests)
     geometry = loaded.geometry
     if mask is not None and np.shape(mask) != geometry.grid:
@@ -224,6 +227,8 @@ def judge(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, 
     orders = random_patch_orders(geometry.num_patches, random_orders, seed)  # (R, N)
     method_orders = {m: patch_order(maps[m]) for m in maps}
     drop = KeptSetProbs(loaded, x, target, "drop")
+    if reuse is not None:
+        drop.take(reuse)
     results: dict[str, TestResult] = {}
     curves = pixel_curves = None
     if "token" in stages:

@@ -14,6 +14,7 @@ of every curve) share their forwards.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
@@ -219,6 +220,18 @@ def faithfulness_of(target: int, steps: int, finished: Iterable[MethodCurves],
 # p_c of kept-patch sets
 
 
+@dataclass(frozen=True)
+class KnownSets:
+    """p_c of kept-patch sets already run on one input for one target (`KeptSetProbs.known_sets`). The model is held
+    weakly: a cached result never keeps a model alive."""
+
+    model: weakref.ref  # to the torch module the sets ran through
+    perturbation: Perturbation
+    target: int
+    x: torch.Tensor  # (1, 3, H, W): the input perturbed
+    probs: dict[bytes, float]  # sorted kept patches (int64 bytes) -> p_c
+
+
 class KeptSetProbs:
     """p_c of kept-patch sets under one perturbation of one image, each distinct set run once over the object's life.
 
@@ -254,6 +267,19 @@ class KeptSetProbs:
         full = np.arange(self.loaded.geometry.num_patches, dtype=np.int64).tobytes()
         if full in other.known and other.target == self.target:
             self.known.setdefault(full, other.known[full])
+
+    def known_sets(self) -> KnownSets:
+        """A copy of every p_c run so far, for another test of the same input to `take`."""
+        return KnownSets(weakref.ref(self.loaded.model), self.perturbation, self.target, self.x, dict(self.known))
+
+    def take(self, known: KnownSets) -> None:
+        """Take the p_c of `known` (the LRP rule choice's forwards, reused by the judge): they must come from the same
+        model, input, target and perturbation. Raises ValueError otherwise: they would belong to another test."""
+        if (known.model() is not self.loaded.model or known.perturbation != self.perturbation
+                or known.target != self.target or known.x.shape != self.x.shape or not torch.equal(known.x, self.x)):
+            raise ValueError("the kept sets to take come from another model, input, target or perturbation")
+        for key, p in known.probs.items():
+            self.known.setdefault(key, p)
 
     def _run(self, new: dict[bytes, np.ndarray], progress: Callable[[float], None] | None = None) -> None:
         if self.perturbation == "drop":

@@ -27,7 +27,7 @@ from ..hooks import attention_recorded, register
 from ..model import Geometry, LoadedModel
 from . import lrp
 from .passes import eval_mode, model_input, model_pass, parameters_frozen, resolve_target
-from .perturbation import KeptSetProbs, method_curves
+from .perturbation import KeptSetProbs, KnownSets, method_curves
 
 _logger = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class Relevance:
     maps: dict[str, np.ndarray]  # method -> float32 (gh, gw), unscaled; in METHODS order
     unsupported: dict[str, str]  # method -> one sentence for the UI, why it has no map
     gamma_choice: dict[str, lrp.LrpChoice] = field(default_factory=dict)  # LRP method -> the gamma choice its map used
+    # The p_c of the token-dropping forwards the gamma choice ran (None without a choice, or with a caller's scorer):
+    # `judge`'s `reuse` takes them instead of running the chosen maps' sets again.
+    choice_sets: KnownSets | None = None
 
 
 @dataclass(frozen=True)
@@ -220,12 +223,15 @@ def _pattern_pass(loaded: LoadedModel, x: torch.Tensor) -> tuple[np.ndarray, np.
 
 
 def faithfulness_scorer(loaded: LoadedModel, image: Image.Image | Capture, target: int,
-                        steps: int = LRP_CHOICE_STEPS) -> Callable[[dict[str, np.ndarray]], dict[str, float]]:
+                        steps: int = LRP_CHOICE_STEPS, probs: KeptSetProbs | None = None,
+                        ) -> Callable[[dict[str, np.ndarray]], dict[str, float]]:
     """Scores maps (name -> (gh, gw)) by the faithfulness test (analyses.md, "Faithfulness") at `steps` steps:
-    insertion AUC - deletion AUC, higher is better. One call for all maps, so they share the test's forwards."""
+    insertion AUC - deletion AUC, higher is better. One call for all maps, so they share the test's forwards.
+    `probs`: the token-dropping p_c of this image and target to run them through (and keep them in), else a new one."""
 
     def score(maps: dict[str, np.ndarray]) -> dict[str, float]:
-        curves = method_curves(KeptSetProbs(loaded, model_input(loaded, image), target), maps, steps)
+        sets = probs if probs is not None else KeptSetProbs(loaded, model_input(loaded, image), target)
+        curves = method_curves(sets, maps, steps)
         return {name: c.insertion_auc - c.deletion_auc for name, c in curves.items()}
 
     return score
@@ -263,8 +269,8 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: in
       above, else of a forward without gradients;
     - AttnLRP and CP-LRP (`vit_core.explain.lrp`): one LRP forward and a backward per method and gamma choice. With
       `choose_gamma`, each method's map is that of the choice (`lrp.gamma_candidates`) with the best faithfulness
-      score on this image (`faithfulness_scorer` at `choice_steps` steps, or `scorer`), in `Relevance.gamma_choice`;
-      else the eps-rule everywhere.
+      score on this image (`faithfulness_scorer` at `choice_steps` steps, or `scorer`), in `Relevance.gamma_choice`,
+      with the forwards of that test in `Relevance.choice_sets` (for `judge`'s `reuse`); else the eps-rule everywhere.
 
     A method that can't run on this model is in `unsupported` with one sentence saying why."""
     wanted = _checked_methods(methods)
@@ -296,6 +302,7 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: in
 
     unsupported: dict[str, str] = {}
     picks: dict[str, lrp.LrpChoice] = {}
+    choice_probs: KeptSetProbs | None = None
     lrp_methods = [m for m in lrp.LRP_METHODS if m in wanted]
     reason = lrp.why_unsupported(loaded.model) if lrp_methods else None
     if reason:
@@ -312,7 +319,10 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: in
             unsupported = {m: why for m in lrp_methods}
         else:
             if choose_gamma:
-                picks = lrp.choose_per_method(candidate_maps, scorer or faithfulness_scorer(loaded, image, c, choice_steps))
+                if scorer is None:
+                    choice_probs = KeptSetProbs(loaded, x, c)
+                    scorer = faithfulness_scorer(loaded, image, c, choice_steps, choice_probs)
+                picks = lrp.choose_per_method(candidate_maps, scorer)
             for m in lrp_methods:
                 maps[m] = candidate_maps[(m, picks[m].name if m in picks else lrp.EPSILON_ONLY.name)]
 
@@ -321,7 +331,8 @@ def relevance_maps(loaded: LoadedModel, image: Image.Image | Capture, target: in
         m.setflags(write=False)
     if c is None:  # nothing was asked for
         c = resolve_target(loaded, _pattern_pass(loaded, x)[0], target)
-    return Relevance(target=c, maps=ordered, unsupported=unsupported, gamma_choice=picks)
+    return Relevance(target=c, maps=ordered, unsupported=unsupported, gamma_choice=picks,
+                     choice_sets=choice_probs.known_sets() if choice_probs is not None and choice_probs.known else None)
 
 
 # ----------------------------------------------------------------------------------------------
