@@ -18,6 +18,12 @@ interleaving makes their load hit each row alike, but the medians still move by 
 Beside each, the work it does, which does not move: forwards, perturbed inputs, and patch tokens run through the
 blocks (the cost of a ViT's forward grows with them). Targets: all curves of ViT-B/16 within 20 s on the 2-core
 CPU, the Shapes ViT's well under 1 s.
+
+A time in seconds says little about the next CPU, so the curves' row also gets its floor on this machine, measured
+in the same run: the multiply-adds of the blocks' linears for the tokens it ran, at the rate this CPU runs a block's
+linears on the judge's lanes (one torch thread each, `explain.forward_lanes`; `product_rate`). The linears are
+most of a forward (ViT-B/16: about 9 in 10 of its time in a profile); attention, GELU and the norms come on top, so
+the ratio to this floor can't reach 1.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ one_blas_thread()  # before numpy loads
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from typing import Callable, Mapping  # noqa: E402
 
@@ -37,8 +44,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model  # noqa: E402
+from vit_core.devices import full_float32  # noqa: E402
 from vit_core.explain import perturbation  # noqa: E402
-from vit_core.runtime import configure_threads  # noqa: E402
+from vit_core.runtime import configure_threads, torch_threads  # noqa: E402
 from vit_core.teaching.data import draw_sample  # noqa: E402
 
 STEPS, ORDERS = explain.DEFAULT_STEPS, explain.RANDOM_ORDERS
@@ -98,6 +106,42 @@ class Counting:
             module.KeptSetProbs = self.cls
 
 
+def linear_macs_per_token(loaded: LoadedModel) -> int:
+    """Multiply-adds of the blocks' linears for one token: the sum of in x out over every nn.Linear in the blocks."""
+    return sum(m.in_features * m.out_features for m in loaded.model.blocks.modules() if isinstance(m, torch.nn.Linear))
+
+
+def product_rate(loaded: LoadedModel, seconds: float = 3.0) -> float:
+    """FLOP/s of this CPU on the first block's linears, each in turn on the judge's largest batch (DROP_BATCH sets of
+    every token: its products run fastest there, so the floor is a lower bound), summed over the judge's lanes: as
+    many threads as `explain.forward_lanes` gives, one torch thread each, in the library's float32 (its choice of MKL
+    or oneDNN), each running for `seconds`."""
+    rows = perturbation.DROP_BATCH * loaded.geometry.num_tokens
+    linears = [m for m in loaded.model.blocks[0].modules() if isinstance(m, torch.nn.Linear)]
+    flop = sum(2.0 * rows * m.in_features * m.out_features for m in linears)  # one round of them
+    lanes = explain.forward_lanes(loaded, jobs=64)
+    done: list[float] = []
+
+    def lane() -> None:
+        inputs = [torch.randn(rows, m.in_features) for m in linears]
+        with torch_threads(1), torch.inference_mode(), full_float32(loaded.device):
+            for m, x in zip(linears, inputs, strict=True):
+                m(x)  # the library's choice made, the kernels warm
+            count, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                for m, x in zip(linears, inputs, strict=True):
+                    m(x)
+                count += 1
+            done.append(flop * count / (time.perf_counter() - started))
+
+    threads = [threading.Thread(target=lane) for _ in range(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done)
+
+
 def bench_model(name: str, repeats: int, sanity: bool) -> None:
     loaded = load_model(name, pretrained=False, seed=0) if name != TEACHING_MODEL else load_model(name)
     if name == TEACHING_MODEL:
@@ -118,9 +162,12 @@ def bench_model(name: str, repeats: int, sanity: bool) -> None:
         previous_curves(loaded, image, maps, target, probs)
         return probs
 
+    counted: list[explain.KeptSetProbs] = []  # the last "after" run's, for the floor
+
     def after():
         with Counting() as made:
             explain.faithfulness(loaded, image, maps, target)
+        counted[:] = made
         return made
 
     def judged(tests, objects=None):
@@ -145,8 +192,15 @@ def bench_model(name: str, repeats: int, sanity: bool) -> None:
     results = interleaved(dict(rows), repeats)
     for label, (seconds, work) in results.items():
         print(f"{label:45s} {seconds:8.2f} s   {work}")
-    ratio = results["curves, before (old random baseline)"][0] / results["curves, after (explain.faithfulness)"][0]
+    after_seconds = results["curves, after (explain.faithfulness)"][0]
+    ratio = results["curves, before (old random baseline)"][0] / after_seconds
     print(f"curves before / after: {ratio:.2f}x")
+    tokens = sum(p.patches + p.rows * g.num_prefix_tokens for p in counted)  # every token, prefix tokens included
+    rate = product_rate(loaded)
+    floor = 2.0 * tokens * linear_macs_per_token(loaded) / rate
+    print(f"curves' floor on this CPU: {tokens} tokens x {linear_macs_per_token(loaded) / 1e6:.2f} M multiply-adds of "
+          f"the blocks' linears at {rate / 1e9:.0f} GFLOP/s ({explain.forward_lanes(loaded, 64)} lanes) = {floor:.2f} s; "
+          f"the curves took {after_seconds / floor:.2f}x that")
 
 
 def main() -> None:

@@ -8,8 +8,9 @@ Starts the dashboard with the bundled Shapes ViT as `tools/dashboard` does (offl
 each round takes another example), clicks "Judge" and waits for the script to finish.
 
 Two figures per click:
-- in the page: from the button's `pointerdown` to the first frame painted with the trust table in it, both on the
-  page's own clock (a MutationObserver and requestAnimationFrame): what the student sees;
+- in the page: from the button's `pointerdown` to the first frame painted with the trust table in it, and to the
+  app's run state turning to finished, on the page's own clock (MutationObservers and requestAnimationFrame): what
+  the student sees;
 - by the driver: from before Playwright's click to its wait for the finished script returning. It adds Playwright's
   own work (the click's actionability checks before the press, its polling of the page after it: 0.2-0.4 s on the
   2-core VM, docs/performance.md), so it is an upper bound; the figures before 2026-11-27 are of this kind.
@@ -33,10 +34,11 @@ from vit_core.teaching.model import TEACHING_MODEL
 
 CURVES = "&tests=" + quote("Deletion (drop)") + "&tests=" + quote("Insertion (drop)")
 
-# Installed in the page before the click: the time of the button's pointerdown, and of the first frame painted after
-# a table appeared in a Markdown element (the trust table is the page's only one), on the page's clock (ms).
+# Installed in the page before the click: the time of the button's pointerdown, of the first frame painted after a
+# table appeared in a Markdown element (the trust table is the page's only one), and of the app's run state turning
+# to finished (every element of the run drawn), on the page's clock (ms).
 WATCH_TABLE = """() => {
-  window.__judged = {click: null, table: null};
+  window.__judged = {click: null, table: null, done: null};
   document.addEventListener("pointerdown", () => { window.__judged.click ??= performance.now(); }, true);
   const tables = () => document.querySelectorAll('[data-testid="stMarkdown"] table').length;
   const before = tables();
@@ -47,12 +49,18 @@ WATCH_TABLE = """() => {
     }
   });
   seen.observe(document.body, {childList: true, subtree: true});
+  const app = document.querySelector('[data-testid="stApp"]');
+  new MutationObserver(() => {
+    if (window.__judged.click !== null && app.getAttribute("data-test-script-state") === "notRunning") {
+      window.__judged.done = performance.now();
+    }
+  }).observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
 }"""
 
 
-def judge_seconds(page, url: str) -> tuple[float, float]:
-    """Open `url`, click Judge, wait for the script to finish. -> (seconds in the page from the press to the table
-    painted, seconds by the driver from before its click to its wait's return)"""
+def judge_seconds(page, url: str) -> tuple[float, float, float]:
+    """Open `url`, click Judge, wait for the script to finish. -> seconds in the page from the press to the table
+    painted and to the run finished, and by the driver from before its click to its wait's return"""
     page.goto(url)
     settle(page)
     page.evaluate(WATCH_TABLE)
@@ -65,7 +73,7 @@ def judge_seconds(page, url: str) -> tuple[float, float]:
         raise SystemExit(f"{url}: the app showed an exception")
     page.wait_for_function("window.__judged.table !== null", timeout=STEP_TIMEOUT_MS)
     judged = page.evaluate("window.__judged")
-    return (judged["table"] - judged["click"]) / 1000, driver
+    return (judged["table"] - judged["click"]) / 1000, (judged["done"] - judged["click"]) / 1000, driver
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, tests in (("token-dropping curves", CURVES), ("every test + localisation", "")):
                     for _ in range(min(args.rounds, 4)):
                         example = f"Shape: {shapes.pop()}"
-                        seen, driver = judge_seconds(page, f"{url}/?view=Why%3F&example={quote(example)}{tests}")
-                        print(f"{kind:28s} {example:16s} click -> table {seen:.2f} s in the page"
-                              f" ({driver:.2f} s by the driver)", flush=True)
+                        table, done, driver = judge_seconds(page, f"{url}/?view=Why%3F&example={quote(example)}{tests}")
+                        print(f"{kind:28s} {example:16s} click -> table {table:.2f} s, run finished {done:.2f} s in the"
+                              f" page ({driver:.2f} s by the driver)", flush=True)
                 browser.close()
         finally:
             stop_server(proc)
