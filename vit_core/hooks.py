@@ -43,12 +43,17 @@ def recording_hooks_on(model: torch.nn.Module) -> int:
         return len(_live_handles.get(model, ()))
 
 
+def forward_hooks_on(module: torch.nn.Module) -> int:
+    """The forward hooks and pre-hooks on `module` and every module inside it, whoever registered them. torch offers
+    no public way to list a module's hooks, so this is the one place in ViT Lens that reads its private
+    `_forward_hooks` / `_forward_pre_hooks` dictionaries."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
 def foreign_hooks(model: torch.nn.Module) -> bool:
     """Whether a module of `model` carries a forward hook or pre-hook that none of these context managers
-    registered (someone's own probe). torch offers no public way to list a module's hooks, so this is the one
-    place in ViT Lens that reads its private `_forward_hooks` / `_forward_pre_hooks` dictionaries."""
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-    return hooks > recording_hooks_on(model)
+    registered (someone's own probe)."""
+    return forward_hooks_on(model) > recording_hooks_on(model)
 
 
 @contextlib.contextmanager

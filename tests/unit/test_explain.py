@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import drawn_image, hooks_on
-from vit_core import CaptureError, analyses, explain, preprocess, recording_hooks_on, run_with_capture
+from tools.vit_families import LRP_FAMILIES
+from vit_core import CaptureError, analyses, explain, load_model, preprocess, recording_hooks_on, run_with_capture
 from vit_core.explain import perturbation
 
 BRANCHES = ["class_token", "distilled", "registers", "no_class_token"]
@@ -723,3 +724,33 @@ def test_explanations_and_captures_from_threads_equal_sequential_results(tiny):
     for key, expected in sequential.items():
         np.testing.assert_array_equal(results[key], expected, err_msg=str(key))
     assert_clean(tiny, ([True] * tiny.geometry.num_layers, [True] * len(list(tiny.model.parameters())), False))
+
+
+@pytest.mark.parametrize("kind", sorted(LRP_FAMILIES))
+def test_the_last_block_runs_for_the_head_only_where_the_head_reads_only_prefix_tokens(kind, monkeypatch):
+    """run_from_embedded gives the model's own logits (its whole forward from the same tokens) on every family, kept
+    sets of any length among them; where the head pools the class token and the last block is timm's standard one,
+    that block computes only the prefix tokens' rows, and a hook on it (an ablation) makes it run whole."""
+    name, kwargs = LRP_FAMILIES[kind]
+    loaded = load_model(name, pretrained=False, seed=0, **kwargs)
+    model, g = loaded.model, loaded.geometry
+    x = explain.model_input(loaded, drawn_image(2))
+    rows = []
+    prefix_rows = explain.interventions._prefix_rows
+    monkeypatch.setattr(explain.interventions, "_prefix_rows",
+                        lambda block, tokens, p: rows.append(p) or prefix_rows(block, tokens, p))
+    kept = torch.from_numpy(np.stack([np.arange(g.num_patches), np.arange(g.num_patches)[::-1]]))  # (2, N), reordered
+    with torch.inference_mode(), explain.eval_mode(model):
+        tokens = explain.embedded_tokens(model, x)  # (1, T, D)
+        for index in (kept, kept[:, : g.num_patches // 3]):
+            sets = explain.keep_tokens(tokens, index, g.num_prefix_tokens)
+            whole = explain.head_logits(model, model.blocks(model.norm_pre(sets)))
+            torch.testing.assert_close(explain.run_from_embedded(model, sets), whole, rtol=1e-5, atol=1e-5)
+        fast = getattr(model, "global_pool", None) == "token" and getattr(model, "attn_pool", None) is None and \
+            type(model.blocks[-1]).__name__ == "Block" and type(model.blocks[-1].attn).__name__ == "Attention"
+        assert rows == ([g.num_prefix_tokens] * 2 if fast else []), (kind, rows)
+        rows.clear()
+        with explain.heads_ablated(model, [(g.num_layers - 1, 0)], "mean"):
+            explain.run_from_embedded(model, sets)
+        assert rows == []  # the mean over the sequence's tokens needs every row
+    assert kind not in ("class_token", "distilled", "registers", "layer_scale", "qk_norm") or fast  # the usual ones

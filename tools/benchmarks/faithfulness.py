@@ -20,10 +20,10 @@ blocks (the cost of a ViT's forward grows with them). Targets: all curves of ViT
 CPU, the Shapes ViT's well under 1 s.
 
 A time in seconds says little about the next CPU, so the curves' row also gets its floor on this machine, measured
-in the same run: the multiply-adds of the blocks' linears for the tokens it ran, at the rate this CPU runs a block's
-linears on the judge's lanes (one torch thread each, `explain.forward_lanes`; `product_rate`). The linears are
-most of a forward (ViT-B/16: about 9 in 10 of its time in a profile); attention, GELU and the norms come on top, so
-the ratio to this floor can't reach 1.
+in the same run: the multiply-adds of the blocks' linears for the tokens it ran (`linear_macs`), at the rate this
+CPU runs a block's linears on the judge's lanes (one torch thread each, `explain.forward_lanes`; `product_rate`).
+The linears are most of a forward (ViT-B/16: about 9 in 10 of its time in a profile); attention, GELU and the norms
+come on top, so the ratio to this floor can't reach 1.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from PIL import Image  # noqa: E402
 from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model  # noqa: E402
 from vit_core.devices import full_float32  # noqa: E402
 from vit_core.explain import perturbation  # noqa: E402
+from vit_core.explain.interventions import last_block_for_the_head_only  # noqa: E402
 from vit_core.runtime import configure_threads, torch_threads  # noqa: E402
 from vit_core.teaching.data import draw_sample  # noqa: E402
 
@@ -106,9 +107,20 @@ class Counting:
             module.KeptSetProbs = self.cls
 
 
-def linear_macs_per_token(loaded: LoadedModel) -> int:
-    """Multiply-adds of the blocks' linears for one token: the sum of in x out over every nn.Linear in the blocks."""
-    return sum(m.in_features * m.out_features for m in loaded.model.blocks.modules() if isinstance(m, torch.nn.Linear))
+def linear_macs(loaded: LoadedModel, tokens: int, prefix_rows: int) -> int:
+    """Multiply-adds of the blocks' linears for `tokens` tokens in `prefix_rows` kept-set rows, as
+    `explain.run_from_embedded` runs them: every block for every token, except a last block run for the head only
+    (class-token pooling), where only the keys and values are made for every token and the rest for the prefix tokens."""
+    def macs(block: torch.nn.Module) -> int:
+        return sum(m.in_features * m.out_features for m in block.modules() if isinstance(m, torch.nn.Linear))
+
+    blocks = list(loaded.model.blocks)
+    if not last_block_for_the_head_only(loaded.model):
+        return tokens * sum(macs(b) for b in blocks)
+    last = blocks[-1]
+    qkv = last.attn.qkv.in_features * last.attn.qkv.out_features
+    prefix = prefix_rows * loaded.geometry.num_prefix_tokens
+    return tokens * (sum(macs(b) for b in blocks[:-1]) + qkv * 2 // 3) + prefix * (macs(last) - qkv * 2 // 3)
 
 
 def product_rate(loaded: LoadedModel, seconds: float = 3.0) -> float:
@@ -196,10 +208,11 @@ def bench_model(name: str, repeats: int, sanity: bool) -> None:
     ratio = results["curves, before (old random baseline)"][0] / after_seconds
     print(f"curves before / after: {ratio:.2f}x")
     tokens = sum(p.patches + p.rows * g.num_prefix_tokens for p in counted)  # every token, prefix tokens included
+    work = linear_macs(loaded, tokens, sum(p.rows for p in counted))
     rate = product_rate(loaded)
-    floor = 2.0 * tokens * linear_macs_per_token(loaded) / rate
-    print(f"curves' floor on this CPU: {tokens} tokens x {linear_macs_per_token(loaded) / 1e6:.2f} M multiply-adds of "
-          f"the blocks' linears at {rate / 1e9:.0f} GFLOP/s ({explain.forward_lanes(loaded, 64)} lanes) = {floor:.2f} s; "
+    floor = 2.0 * work / rate
+    print(f"curves' floor on this CPU: {work / 1e9:.0f} G multiply-adds of the blocks' linears ({tokens} tokens) "
+          f"at {rate / 1e9:.0f} GFLOP/s ({explain.forward_lanes(loaded, 64)} lanes) = {floor:.2f} s; "
           f"the curves took {after_seconds / floor:.2f}x that")
 
 
