@@ -361,8 +361,10 @@ def compute_judgement(request: ModelRequest, loaded: LoadedModel, image: ImageCh
     if progress is not None:
         progress(0.0, "choosing the LRP rule on this image...")
     relevance = chosen_relevance(request, loaded, image, cap, relevance.target)
+    known = relevance.choice_sets  # the choice's forwards, not run again; unless the maps outlived their model object
+    reuse = known if known is not None and known.ran_on(loaded.model) else None  # (the model was loaded again)
     result = explain.judge(loaded, cap, relevance.maps, relevance.target, mask=objects, steps=steps, tests=tests,
-                           progress=progress, reuse=relevance.choice_sets)  # the choice's forwards are not run again
+                           progress=progress, reuse=reuse)
     key = _judgement_key(request, image, relevance.target, steps, objects, tuple(tests))
     _judgements.put(key, result)
     _latest_judgement.put((request.key, image.sha), key)

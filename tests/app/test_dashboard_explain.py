@@ -7,6 +7,9 @@ example, and the bundled Shapes ViT where its weights exist (its size and classe
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -343,6 +346,28 @@ def test_the_explanation_download_holds_the_export_keys_of_the_computed_curves(t
     for key, value in expected.items():
         assert arrays[key].dtype == value.dtype and arrays[key].shape == value.shape, key
         np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_maps_kept_from_a_model_loaded_before_are_judged_without_its_forwards(tiny_env, monkeypatch):
+    """The maps with their rule chosen are kept per model name, image and target; the model object can be let go and
+    loaded again meanwhile. Judging them then runs every set on the model now loaded, instead of raising on the
+    choice's sets of the other object, with the numbers of a fresh judge."""
+    from dashboard.models import ModelRequest
+
+    for kept in ("_chosen_relevance", "_judgements", "_latest_judgement"):  # nothing from the other tests
+        monkeypatch.setattr(caches, kept, ByteBudgetCache(64, size_of=one_each))
+    request = ModelRequest(TEST_TINY)
+    loaded = caches.load(request)
+    name = examples.SYNTHETIC_SCENE
+    image = caches.decode(name, examples.example_bytes(name))
+    cap = caches.shared_capture(request, loaded, image)
+    target = int(np.argmax(cap.logits))
+    chosen = caches.chosen_relevance(request, loaded, image, cap, target)
+    assert chosen.choice_sets is not None and chosen.choice_sets.ran_on(loaded.model)
+    again = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model))  # the same weights, another object
+    judged = caches.compute_judgement(request, again, image, cap, chosen, 5, None, tests=("deletion_auc",))
+    expected = explain.judge(again, cap, chosen.maps, target, steps=5, tests=("deletion_auc",))
+    assert judged.results["deletion_auc"].values == pytest.approx(expected.results["deletion_auc"].values, abs=1e-6)
 
 
 def test_another_image_clears_the_patches_and_keeps_the_heads(tiny_env):

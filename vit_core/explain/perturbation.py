@@ -231,6 +231,11 @@ class KnownSets:
     x: torch.Tensor  # (1, 3, H, W): the input perturbed
     probs: dict[bytes, float]  # sorted kept patches (int64 bytes) -> p_c
 
+    def ran_on(self, model: torch.nn.Module) -> bool:
+        """Whether the sets ran through this very module (not another copy of the same weights, say one loaded
+        again after a cache let the first go)."""
+        return self.model() is model
+
 
 class KeptSetProbs:
     """p_c of kept-patch sets under one perturbation of one image, each distinct set run once over the object's life.
@@ -275,7 +280,7 @@ class KeptSetProbs:
     def take(self, known: KnownSets) -> None:
         """Take the p_c of `known` (the LRP rule choice's forwards, reused by the judge): they must come from the same
         model, input, target and perturbation. Raises ValueError otherwise: they would belong to another test."""
-        if (known.model() is not self.loaded.model or known.perturbation != self.perturbation
+        if (not known.ran_on(self.loaded.model) or known.perturbation != self.perturbation
                 or known.target != self.target or known.x.shape != self.x.shape or not torch.equal(known.x, self.x)):
             raise ValueError("the kept sets to take come from another model, input, target or perturbation")
         for key, p in known.probs.items():
