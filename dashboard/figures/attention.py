@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from dashboard.figures.base import colorize, mosaic, tint
+from dashboard.figures.base import colorize_each, mosaic, tint
 
 
 def head_maps_mosaic(crop: np.ndarray, maps: np.ndarray, patch_size: tuple[int, int], titles: Sequence[str],
@@ -31,13 +31,14 @@ def head_maps_mosaic(crop: np.ndarray, maps: np.ndarray, patch_size: tuple[int, 
     base = np.asarray(Image.fromarray(crop).resize(side, resample), dtype=np.float32)  # (th, tw, 3)
     patch_row = ((np.arange(side[1]) + 0.5) / factor // ph).astype(int)  # (th,) patch row of each tile row
     patch_col = ((np.arange(side[0]) + 0.5) / factor // pw).astype(int)  # (tw,)
-    tiles = []
-    for amap in maps:
-        colours = colorize(amap)[patch_row[:, None], patch_col[None, :]]  # (gh, gw, 3) -> (th, tw, 3)
-        im = Image.fromarray(tint(base, colours))
-        if query_patch is not None and grid is not None:
-            r, c = divmod(query_patch, grid[1])
-            ImageDraw.Draw(im).rectangle([c * pw * factor, r * ph * factor, (c + 1) * pw * factor - 1,
-                                          (r + 1) * ph * factor - 1], outline=(0, 255, 255), width=2)
-        tiles.append(np.asarray(im))
+    # every map coloured in one pass, spread to tile pixels by whole rows and columns, tinted at once
+    colours = colorize_each(maps).take(patch_row, axis=1).take(patch_col, axis=2)  # (n, gh, gw, 3) -> (n, th, tw, 3)
+    tiles = list(tint(base, colours))  # n x (th, tw, 3)
+    if query_patch is not None and grid is not None:
+        r, c = divmod(query_patch, grid[1])
+        frame = [c * pw * factor, r * ph * factor, (c + 1) * pw * factor - 1, (r + 1) * ph * factor - 1]
+        for i, tile in enumerate(tiles):
+            im = Image.fromarray(tile)
+            ImageDraw.Draw(im).rectangle(frame, outline=(0, 255, 255), width=2)
+            tiles[i] = np.asarray(im)
     return mosaic(tiles, titles, cols)

@@ -24,6 +24,7 @@ import base64
 import functools
 import io
 import struct
+import warnings
 import zlib
 from typing import Sequence
 
@@ -197,6 +198,25 @@ def colorize(values: np.ndarray, cmap: str = ATTENTION_CMAP, vmin: float | None 
     (a constant array gets the colormap's low end; NaN its "bad" colour)."""
     norm = matplotlib.colors.Normalize(vmin, vmax, clip=True)
     return _colormap(cmap)(norm(np.ma.masked_invalid(values)), bytes=True)[..., :3]
+
+
+def colorize_each(maps: np.ndarray, cmap: str = ATTENTION_CMAP) -> np.ndarray:
+    """Float maps (n, ...) -> uint8 RGB (n, ..., 3), each min-max scaled on its own: `colorize` of every map, the
+    same bytes, in one pass (a head sheet colours 13 maps on every control change; one by one, matplotlib's masked
+    normalisation was a third of the sheet's time: docs/performance.md, "A control change's figures")."""
+    maps = np.asarray(maps)
+    if not np.issubdtype(maps.dtype, np.floating):
+        maps = maps.astype(np.float32)  # as matplotlib's Normalize promotes integers
+    axes = tuple(range(1, maps.ndim))
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN map: matplotlib colours it "bad" too
+        lo = np.nanmin(maps, axis=axes, keepdims=True)  # (n, 1, ...)
+        hi = np.nanmax(maps, axis=axes, keepdims=True)
+        # Normalize's arithmetic: the extremes as Python floats, their difference in double, cast to the maps' dtype
+        span = (hi.astype(np.float64) - lo.astype(np.float64)).astype(maps.dtype)
+        normed = np.where(span > 0, (maps - lo) / np.where(span > 0, span, 1), 0).astype(maps.dtype)
+    normed[np.isnan(maps)] = np.nan  # the colormap's "bad" colour, as a masked value gets in colorize
+    return _colormap(cmap)(normed, bytes=True)[..., :3]
 
 
 @functools.lru_cache(maxsize=None)

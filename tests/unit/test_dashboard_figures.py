@@ -155,6 +155,20 @@ def test_colorize_scales_like_matplotlib_and_clips_to_given_limits():
     assert figures.colorize(np.full((2, 2), 3.0), "gray").max() == 0  # a constant map: the colormap's low end
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_colorize_each_gives_every_map_the_bytes_colorize_gives_it(dtype):
+    rng = np.random.default_rng(4)
+    maps = (rng.random((7, 5, 6)) ** 3).astype(dtype)  # skewed, as attention is
+    maps[1] *= 1e-4  # a tiny range
+    maps[2] = 0.25  # a constant map: the low end
+    maps[3, rng.random((5, 6)) < 0.2] = np.nan  # the "bad" colour
+    maps[4] = 37.0 * maps[4] - 5  # negative values
+    together = figures.colorize_each(maps)
+    assert together.shape == (7, 5, 6, 3) and together.dtype == np.uint8
+    for amap, colours in zip(maps, together, strict=True):
+        np.testing.assert_array_equal(colours, figures.colorize(amap))
+
+
 def test_enlarge_repeats_blocks_with_one_scale_or_two():
     a = np.arange(6).reshape(2, 3)
     assert figures.enlarge(a, 1) is a
