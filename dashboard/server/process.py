@@ -25,6 +25,7 @@ from vit_core.serving import (
     configure_traced_forward,
     lower_this_threads_priority,
 )
+from vit_core.serving.priority import EXPORT_LANE_NAME, become_a_lane
 
 T = TypeVar("T")
 
@@ -124,7 +125,7 @@ DOWNLOAD_LANE_NICENESS = 15
 @functools.cache
 def _download_lanes() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=cpu_quota(), thread_name_prefix="vit-lens-download",
-    initializer=lower_this_threads_priority, initargs=(DOWNLOAD_LANE_NICENESS,))
+    initializer=become_a_lane, initargs=(EXPORT_LANE_NAME, DOWNLOAD_LANE_NICENESS))
 
 
 def made_at_low_priority(make: Callable[[], T]) -> Callable[[], T]:

@@ -180,6 +180,23 @@ def test_a_thread_is_lowered_by_a_step_from_the_process_once_however_often_and_w
     assert _nice_of_this_thread() == here
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's thread names are Linux's /proc")
+def test_a_lane_carries_its_name_where_a_measurement_from_outside_reads_it():
+    """The class load test reads the server's CPU by thread from /proc: a lane is named there (15 characters at most)
+    and lowered, and the thread that made it keeps its own name and priority."""
+    from vit_core.serving.priority import FORWARD_LANE_NAME, become_a_lane
+
+    def kernel_name() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    here, own_name = _nice_of_this_thread(), kernel_name()
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=become_a_lane, initargs=(FORWARD_LANE_NAME, 3)) as pool:
+        assert pool.submit(lambda: (kernel_name(), _nice_of_this_thread())).result() == (FORWARD_LANE_NAME, min(19, here + 3))
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=become_a_lane, initargs=("a name of 21 letters", 0)) as pool:
+        assert pool.submit(kernel_name).result() == "a name of 21 le"
+    assert (kernel_name(), _nice_of_this_thread()) == (own_name, here)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
 def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
     """The `.npz` exports are made on a download lane: another thread, at a nice value the pages' threads and the

@@ -46,3 +46,42 @@ def test_the_cpu_line_names_the_model_the_cpus_and_the_instruction_sets_kernels_
     assert floors.cpu_description(LSCPU) == "AMD EPYC 7B13, 2 CPUs, flags: avx avx2 fma"
     with_512 = LSCPU.replace("sha_ni", "avx512f avx512bw avx512vl avx512_vnni")
     assert floors.cpu_description(with_512).endswith("flags: avx avx2 fma avx512f avx512bw avx512vl avx512_vnni")
+
+
+def test_first_come_first_served_puts_every_second_image_behind_the_first_images_still_queued():
+    """30 sessions at once on 2 cores, t = 1 s: the first images end at 1, 1, 2, 2, ..., 15, 15 s; each session's second
+    image, sent as its first is done, waits for the first images still queued, then for the second images sent before
+    it: every one of them takes 15 s. Their median is twice floor_median, their p95 floor_all."""
+    latencies = floors.first_come_first_served(sessions=30, images=2, capture_s=1.0, cores=2)
+    firsts, seconds = latencies[:30], latencies[30:]
+    assert firsts == [float(k // 2 + 1) for k in range(30)]
+    assert seconds == pytest.approx([15.0] * 30)
+    f = floors.Floor(capture_s=1.0, n=30, cores=2)
+    best = floors.ratios(f, latencies, firsts, [], 0)
+    assert best.new_image_median == pytest.approx(2.0) and best.new_image_p95 == pytest.approx(1.0)
+    assert best.first_image_median == pytest.approx(8.0 / 7.5)  # the 15th and 16th first images end at 8 s
+    one = floors.first_come_first_served(sessions=30, images=1, capture_s=1.0, cores=2)
+    assert floors.ratios(f, one, one, [], 0).new_image_median == pytest.approx(8.0 / 7.5)
+
+
+def test_first_come_first_served_waits_for_images_sent_later_and_lines_say_what_it_gives():
+    latencies = floors.first_come_first_served(sessions=3, images=1, capture_s=1.0, cores=1, stagger_s=5.0)
+    assert latencies == [1.0, 1.0, 1.0]  # each sent after the last was done: none waits
+    f = floors.Floor(capture_s=1.0, n=3, cores=1)
+    r = floors.ratios(f, [2.0, 2.0, 2.0], [2.0], [0.1], 0)
+    best = floors.ratios(f, latencies, latencies, [], 0)
+    assert "first come first served: new-image median / floor_median 0.67, p95 / floor_all 0.33" in floors.report_lines(f, r, best)[-1]
+
+
+def test_the_servers_cpu_is_split_by_the_kernels_names_of_its_threads():
+    """Two readings of the server's threads ({tid: (name, CPU-s)}): each lane's and the main thread's time between them;
+    a thread started meanwhile counts whole, one that ended is in the rest (the process's total keeps its time)."""
+    from tools.loadtest.sessions import server_parts
+    from vit_core.serving.priority import EXPORT_LANE_NAME, FORWARD_LANE_NAME
+
+    begin = {100: ("python", 5.0), 101: (FORWARD_LANE_NAME, 2.0), 102: (FORWARD_LANE_NAME, 1.0), 103: ("python", 0.5)}
+    end = {100: ("python", 8.0), 101: (FORWARD_LANE_NAME, 12.0), 102: (FORWARD_LANE_NAME, 9.0),
+           104: (EXPORT_LANE_NAME, 1.5), 105: ("python", 0.7)}
+    parts = server_parts(100, begin, end, server_s=30.0, children_s=2.0)
+    assert parts == {"forward lanes": 18.0, "export lanes": 1.5, "event loop": 3.0, "decode processes": 2.0,
+                     "page scripts and the rest": 30.0 - 18.0 - 1.5 - 3.0 - 2.0}

@@ -75,6 +75,7 @@ from dashboard.models import TEST_TINY, build_named_model
 from dashboard.server.byte_budget import default_capture_budget, nbytes_of
 from vit_core import settings
 from vit_core.runtime import cpu_quota
+from vit_core.serving.priority import EXPORT_LANE_NAME, FORWARD_LANE_NAME
 
 from . import floor as floors
 
@@ -214,28 +215,76 @@ def _machine_seconds() -> tuple[float, float]:
     return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz
 
 
+def _threads_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """{thread id: (the kernel's name for it, its user + system CPU seconds)} of a process's live threads."""
+    found = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    hz = os.sysconf("SC_CLK_TCK")
+    for tid in tids:
+        try:
+            name, fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
+            numbers = fields.split()
+            found[int(tid)] = (name, (int(numbers[11]) + int(numbers[12])) / hz)
+        except (OSError, ValueError, IndexError):
+            pass  # ended meanwhile
+    return found
+
+
+# The server's CPU by where it went: its lanes carry the kernel names vit_core.serving.priority gives them, the main
+# thread runs Streamlit's event loop, and child processes decode uploads (vit_core.decoding); what is left is the page
+# scripts' threads (Streamlit starts one per session's runs; they come and go) and the server's other threads.
+SERVER_PARTS = ("forward lanes", "export lanes", "event loop", "decode processes", "page scripts and the rest")
+
+
+def server_parts(server_pid: int, begin: dict[int, tuple[str, float]], end: dict[int, tuple[str, float]],
+                 server_s: float, children_s: float) -> dict[str, float]:
+    """The server's CPU seconds between two readings of its threads (`_threads_cpu_seconds`), by SERVER_PARTS:
+    `server_s` is the whole (process and children), `children_s` the children's share."""
+    parts = dict.fromkeys(SERVER_PARTS, 0.0)
+    names = {FORWARD_LANE_NAME: "forward lanes", EXPORT_LANE_NAME: "export lanes"}
+    for tid, (name, seconds) in end.items():
+        before = begin.get(tid, (name, 0.0))[1]  # a thread started meanwhile: all of its time
+        part = "event loop" if tid == server_pid else names.get(name)
+        if part is not None:
+            parts[part] += seconds - before
+    parts["decode processes"] = children_s
+    parts["page scripts and the rest"] = server_s - sum(parts.values())
+    return parts
+
+
 class CpuMeter:
-    """Where the machine's CPU went between start() and stop(): the server (with its children), this process
-    (the protocol clients) and everything else. Tells whether a run was CPU-bound and who took the CPU."""
+    """Where the machine's CPU went between start() and stop(): the server (with its children; and by SERVER_PARTS),
+    this process (the protocol clients) and everything else. Tells whether a run was CPU-bound and who took the CPU."""
 
     def __init__(self, server_pid: int | None):
         self.server_pid = server_pid
 
-    def _read(self) -> tuple[float, ...]:
-        server = [0.0, 0.0]
-        for pid in [self.server_pid] + _children(self.server_pid) if self.server_pid else []:
-            server = [a + b for a, b in zip(server, _cpu_seconds(pid), strict=True)]
-        return (*_machine_seconds(), *server, sum(_cpu_seconds(os.getpid())))
+    def _read(self) -> tuple[tuple[float, ...], dict[int, tuple[str, float]]]:
+        server, children = [0.0, 0.0], 0.0
+        if self.server_pid:
+            server = list(_cpu_seconds(self.server_pid))
+            for pid in _children(self.server_pid):
+                child = sum(_cpu_seconds(pid))
+                server[0] += child
+                children += child
+        threads = _threads_cpu_seconds(self.server_pid) if self.server_pid else {}
+        return (*_machine_seconds(), *server, children, sum(_cpu_seconds(os.getpid()))), threads
 
     def start(self) -> None:
-        self._begin = self._read()
+        self._begin, self._begin_threads = self._read()
 
     def stop(self) -> dict:
-        end = self._read()
-        total, busy, server_user, server_system, clients = (b - a for a, b in zip(self._begin, end, strict=True))
+        end, end_threads = self._read()
+        total, busy, server_user, server_system, children, clients = (b - a for a, b in zip(self._begin, end, strict=True))
         server = server_user + server_system  # 0 without a server pid: "other" then holds the server
+        parts = (server_parts(self.server_pid, self._begin_threads, end_threads, server, children)
+                 if self.server_pid else None)
         return {"machine_cpu_s": total, "busy_cpu_s": busy, "server_cpu_s": server if self.server_pid else None,
-                "server_system_cpu_s": server_system, "clients_cpu_s": clients, "other_cpu_s": busy - server - clients}
+                "server_system_cpu_s": server_system, "clients_cpu_s": clients, "other_cpu_s": busy - server - clients,
+                "server_parts_cpu_s": parts}
 
 
 class RssSampler:
@@ -750,6 +799,9 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     say(f"all sessions done in {storm_s:.1f} s; CPU in that time: {cpu_use['busy_cpu_s']:.1f} of the machine's"
         f" {cpu_use['machine_cpu_s']:.1f} CPU-s busy ({os.cpu_count()} CPUs): server {server_cpu},"
         f" this script's clients {cpu_use['clients_cpu_s']:.1f}, the rest {cpu_use['other_cpu_s']:.1f}")
+    if cpu_use["server_parts_cpu_s"]:
+        say("  the server's CPU-s by where it went: " + ", ".join(
+            f"{part} {seconds:.1f}" for part, seconds in cpu_use["server_parts_cpu_s"].items()))
     say("comparing every download with a standalone run...")
     loaded = reference_model(model, random_init)
     capture_mb, budget_mb = capture_sizes(loaded)
@@ -823,7 +875,10 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         f" (${settings.CAPTURE_MB.name}, see dashboard/server/byte_budget.py)")
     if report["linears"]:
         say(f"the server's {report['linears']}")
-    for line in floors.report_lines(floor, ratios):
+    ideal = floors.first_come_first_served(sessions - attacker, images, floor.capture_s, floor.cores, stagger_s)
+    best = floors.ratios(floor, ideal, ideal[:sessions - attacker], [], 0)  # its first images come first
+    report["best_ratios"] = best
+    for line in floors.report_lines(floor, ratios, best):
         say(line)
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")

@@ -1,10 +1,18 @@
-"""Thread priorities for a server: work no student waits for runs below the threads that answer pages."""
+"""Thread priorities for a server: work no student waits for runs below the threads that answer pages. Its lanes
+also carry names the kernel knows, so that a measurement from outside can tell where the server's CPU went."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
+
+# The kernel's names (/proc/PID/task/TID/comm, at most 15 characters) of the server's lanes: the class load test
+# reports the server's CPU by them (tools/loadtest/sessions.py, CpuMeter).
+FORWARD_LANE_NAME = "vitlens-forward"
+EXPORT_LANE_NAME = "vitlens-export"
+_PR_SET_NAME = 15  # prctl(2)
 
 
 def lower_this_threads_priority(by: int) -> None:
@@ -19,3 +27,20 @@ def lower_this_threads_priority(by: int) -> None:
         target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + by)
         if os.getpriority(os.PRIO_PROCESS, tid) < target:
             os.setpriority(os.PRIO_PROCESS, tid, target)
+
+
+def name_this_thread(name: str) -> None:
+    """Linux: give the calling thread `name` (its first 15 characters) as the kernel's name for it, which Python's
+    thread names are not; elsewhere nothing."""
+    if sys.platform == "linux":
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this C library: the thread keeps its name
+            pass
+
+
+def become_a_lane(name: str, niceness: int) -> None:
+    """A lane's initializer: the thread named `name` (name_this_thread) and `niceness` below the process
+    (lower_this_threads_priority)."""
+    name_this_thread(name)
+    lower_this_threads_priority(niceness)

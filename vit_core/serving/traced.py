@@ -33,7 +33,7 @@ from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..model import LoadedModel
 from ..runtime import torch_threads
 from .passes import narrow_threads, parallel_passes
-from .priority import lower_this_threads_priority
+from .priority import FORWARD_LANE_NAME, become_a_lane
 
 _logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _forward_lanes() -> concurrent.futures.ThreadPoolExecutor:
                 _tracing.lanes.shutdown(wait=False)  # its running forwards finish; new ones go to the wider pool
             _tracing.lanes = concurrent.futures.ThreadPoolExecutor(
                 max_workers=parallel_passes(), thread_name_prefix="vit-lens-forward",
-                initializer=lower_this_threads_priority, initargs=(FORWARD_LANE_NICENESS,))
+                initializer=become_a_lane, initargs=(FORWARD_LANE_NAME, FORWARD_LANE_NICENESS))
             _tracing.lane_count = parallel_passes()
         return _tracing.lanes
 
