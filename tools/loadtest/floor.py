@@ -126,8 +126,8 @@ def report_lines(floor: Floor, r: Ratios, best: Ratios | None = None) -> list[st
         f" {mark('control-change median')}); mismatches {r.mismatches} ({mark('mismatches')})",
     ] + ([
         f"  a server doing nothing but the forwards, first come first served: new-image median / floor_median"
-        f" {best.new_image_median:.2f}, p95 / floor_all {best.new_image_p95:.2f} (the least a server that serves the"
-        f" images in the order they come can reach in this test)",
+        f" {best.new_image_median:.2f}, p95 / floor_all {best.new_image_p95:.2f} (the same test, each next image sent"
+        f" as the last is done)",
     ] if best is not None else [])
 
 
