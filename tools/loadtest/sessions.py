@@ -196,13 +196,21 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _stat_seconds(path: str) -> tuple[str, float, float] | None:
+    """(the kernel's name, user CPU seconds, system CPU seconds) from a process's or thread's /proc stat file; None
+    once it has ended."""
+    try:
+        head, fields = Path(path).read_text().rsplit(") ", 1)  # the name, in parentheses, may hold anything
+        numbers, hz = fields.split(), os.sysconf("SC_CLK_TCK")
+        return head.split(" (", 1)[1], int(numbers[11]) / hz, int(numbers[12]) / hz
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _cpu_seconds(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process (its threads included, its children not)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
+    stat = _stat_seconds(f"/proc/{pid}/stat")
+    return (0.0, 0.0) if stat is None else stat[1:]
 
 
 def _machine_seconds() -> tuple[float, float]:
@@ -217,20 +225,12 @@ def _machine_seconds() -> tuple[float, float]:
 
 def _threads_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
     """{thread id: (the kernel's name for it, its user + system CPU seconds)} of a process's live threads."""
-    found = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return found
-    hz = os.sysconf("SC_CLK_TCK")
-    for tid in tids:
-        try:
-            name, fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
-            numbers = fields.split()
-            found[int(tid)] = (name, (int(numbers[11]) + int(numbers[12])) / hz)
-        except (OSError, ValueError, IndexError):
-            pass  # ended meanwhile
-    return found
+        return {}
+    stats = {int(tid): _stat_seconds(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
+    return {tid: (stat[0], stat[1] + stat[2]) for tid, stat in stats.items() if stat is not None}  # (none: ended)
 
 
 # The server's CPU by where it went: its lanes carry the kernel names vit_core.serving.priority gives them, the main
@@ -263,15 +263,13 @@ class CpuMeter:
         self.server_pid = server_pid
 
     def _read(self) -> tuple[tuple[float, ...], dict[int, tuple[str, float]]]:
-        server, children = [0.0, 0.0], 0.0
+        server, children = [0.0, 0.0], [0.0, 0.0]  # (user, system)
+        for pid in _children(self.server_pid) if self.server_pid else []:
+            children = [a + b for a, b in zip(children, _cpu_seconds(pid), strict=True)]
         if self.server_pid:
-            server = list(_cpu_seconds(self.server_pid))
-            for pid in _children(self.server_pid):
-                child = sum(_cpu_seconds(pid))
-                server[0] += child
-                children += child
+            server = [a + b for a, b in zip(children, _cpu_seconds(self.server_pid), strict=True)]
         threads = _threads_cpu_seconds(self.server_pid) if self.server_pid else {}
-        return (*_machine_seconds(), *server, children, sum(_cpu_seconds(os.getpid()))), threads
+        return (*_machine_seconds(), *server, sum(children), sum(_cpu_seconds(os.getpid()))), threads
 
     def start(self) -> None:
         self._begin, self._begin_threads = self._read()
