@@ -124,7 +124,7 @@ DOWNLOAD_LANE_NICENESS = 15
 
 @functools.cache
 def _download_lanes() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=cpu_quota(), thread_name_prefix="vit-lens-download",
+    return concurrent.futures.ThreadPoolExecutor(max_workers=cpu_quota(), thread_name_prefix=EXPORT_LANE_NAME,
     initializer=become_a_lane, initargs=(EXPORT_LANE_NAME, DOWNLOAD_LANE_NICENESS))
 
 

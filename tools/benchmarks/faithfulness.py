@@ -118,9 +118,9 @@ def linear_macs(loaded: LoadedModel, tokens: int, prefix_rows: int) -> int:
     if not last_block_for_the_head_only(loaded.model):
         return tokens * sum(macs(b) for b in blocks)
     last = blocks[-1]
-    qkv = last.attn.qkv.in_features * last.attn.qkv.out_features
+    kv = last.attn.qkv.in_features * last.attn.qkv.out_features * 2 // 3  # keys and values: for every token
     prefix = prefix_rows * loaded.geometry.num_prefix_tokens
-    return tokens * (sum(macs(b) for b in blocks[:-1]) + qkv * 2 // 3) + prefix * (macs(last) - qkv * 2 // 3)
+    return tokens * (sum(macs(b) for b in blocks[:-1]) + kv) + prefix * (macs(last) - kv)
 
 
 def product_rate(loaded: LoadedModel, rounds: int = 6, seconds: float = 0.5) -> float:

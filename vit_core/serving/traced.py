@@ -165,7 +165,7 @@ def _forward_lanes() -> concurrent.futures.ThreadPoolExecutor:
             if _tracing.lanes is not None:
                 _tracing.lanes.shutdown(wait=False)  # its running forwards finish; new ones go to the wider pool
             _tracing.lanes = concurrent.futures.ThreadPoolExecutor(
-                max_workers=parallel_passes(), thread_name_prefix="vit-lens-forward",
+                max_workers=parallel_passes(), thread_name_prefix=FORWARD_LANE_NAME,
                 initializer=become_a_lane, initargs=(FORWARD_LANE_NAME, FORWARD_LANE_NICENESS))
             _tracing.lane_count = parallel_passes()
         return _tracing.lanes
