@@ -11,6 +11,7 @@ model, no torch, no I/O, so each can be checked against a naive loop-based versi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -209,6 +210,15 @@ def patch_distances(grid: tuple[int, int], patch_size: tuple[int, int]) -> np.nd
     return np.linalg.norm(centres[:, None, :] - centres[None, :, :], axis=-1)
 
 
+@functools.lru_cache(maxsize=16)
+def _patch_distances_as(grid: tuple[int, int], patch_size: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """patch_distances cast to `dtype`, made once per geometry and read-only: every new image's mean attention
+    distances need it, and making it took longer than the sum it feeds."""
+    distance = patch_distances(grid, patch_size).astype(dtype)
+    distance.setflags(write=False)
+    return distance
+
+
 @dataclass(frozen=True)
 class AttentionMap:
     map: np.ndarray  # (gh, gw): attention from the query to each patch key, not renormalised
@@ -331,14 +341,33 @@ def mean_attention_distance(
     not renormalised (Raghu et al. 2021). renormalize=True first rescales each patch row to sum 1
     over patch keys.
     """
+    per_query, patch_to_patch = _distance_per_query(pattern, num_prefix_tokens, grid, patch_size)
+    return _renormalized_mean(per_query, patch_to_patch) if renormalize else per_query.mean(axis=-1).astype(np.float32)
+
+
+def mean_attention_distances(
+    pattern: np.ndarray, num_prefix_tokens: int, grid: tuple[int, int], patch_size: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean_attention_distance as defined, and with renormalize=True): both (L, H), the same numbers as the two
+    calls, from one pass over the pattern (each new image of the dashboard needs both)."""
+    per_query, patch_to_patch = _distance_per_query(pattern, num_prefix_tokens, grid, patch_size)
+    return per_query.mean(axis=-1).astype(np.float32), _renormalized_mean(per_query, patch_to_patch)
+
+
+def _distance_per_query(
+    pattern: np.ndarray, num_prefix_tokens: int, grid: tuple[int, int], patch_size: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_j pattern[l, h, i, j] * d(i, j) as float64 (L, H, N), the patch-to-patch view (L, H, N, N))."""
     p = num_prefix_tokens
     patch_to_patch = pattern[:, :, p:, p:]  # (L, H, N, N), a view: no copy of the whole pattern
-    distance = patch_distances(grid, patch_size).astype(patch_to_patch.dtype)  # (N, N)
-    per_query = np.einsum("lhij,ij->lhi", patch_to_patch, distance).astype(np.float64)  # (L, H, N)
-    if renormalize:
-        row_mass = patch_to_patch.sum(axis=-1, dtype=np.float64)  # (L, H, N): what the row gives to patches
-        per_query = per_query / np.maximum(row_mass, 1e-12)
-    return per_query.mean(axis=-1).astype(np.float32)
+    distance = _patch_distances_as(tuple(grid), tuple(patch_size), patch_to_patch.dtype)  # (N, N)
+    return np.einsum("lhij,ij->lhi", patch_to_patch, distance).astype(np.float64), patch_to_patch
+
+
+def _renormalized_mean(per_query: np.ndarray, patch_to_patch: np.ndarray) -> np.ndarray:
+    """(L, H): each query's distance over the mass its row gives to patches, averaged over the queries."""
+    row_mass = patch_to_patch.sum(axis=-1, dtype=np.float64)  # (L, H, N): what the row gives to patches
+    return (per_query / np.maximum(row_mass, 1e-12)).mean(axis=-1).astype(np.float32)
 
 
 def uniform_attention_distance(grid: tuple[int, int], patch_size: tuple[int, int]) -> float:

@@ -55,8 +55,7 @@ def mean_attention_distances(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
     """The mean attention distance (L, H) of `cap`, as defined and renormalised over the patches."""
     g = cap.geometry
     p = g.num_prefix_tokens
-    return (analyses.mean_attention_distance(cap.pattern, p, g.grid, g.patch_size),
-            analyses.mean_attention_distance(cap.pattern, p, g.grid, g.patch_size, renormalize=True))
+    return analyses.mean_attention_distances(cap.pattern, p, g.grid, g.patch_size)
 
 
 def pos_similarity_at_grid(loaded: LoadedModel) -> np.ndarray | None:

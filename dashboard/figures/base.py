@@ -291,7 +291,8 @@ NUMBER_CELL_PX = 30  # patch numbers are written in a clickable grid only where 
 
 def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], patch_size: tuple[int, int],
                            selected: int | None = None, hover_values: np.ndarray | None = None,
-                           height: int = 480, grid_lines: bool = False, numbers: bool = False) -> go.Figure:
+                           height: int = 480, grid_lines: bool = False, numbers: bool = False,
+                           validate: bool = False) -> go.Figure:
     """Plotly figure of an image (already enlarged: an array, or its PNG or JPEG bytes) with one
     invisible marker per patch.
 
@@ -300,7 +301,13 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
     between patches as vector shapes, and `numbers`: each patch's number written on it (TEXT_PX, where a patch
     shows at least NUMBER_CELL_PX wide at this height; always in the hover text): both drawn by the browser at
     the size the figure is shown, so no line is lost and no number blurs whatever the screen.
+
+    `validate`: plotly's check of every property as it is set. Off by default: this function fixes every property,
+    the check was 3.5 of the 5 ms the figure took to build, and it runs on every control change of the Attention
+    tab (docs/performance.md, "The clickable map without plotly's checks"); a test builds the figure both ways
+    and compares what the browser gets.
     """
+    checked = {} if validate else {"_validate": False}  # plotly's own switch (BaseFigure, BasePlotlyType)
     gh, gw = grid
     ph, pw = patch_size
     data = display if isinstance(display, bytes) else png_bytes(display)
@@ -323,7 +330,7 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
         marker=dict(symbol="square", size=marker_px, color="rgba(255,255,255,0.01)", line=dict(width=0)),
         selected=dict(marker=dict(opacity=0.01), textfont=dict(color="white")),
         unselected=dict(marker=dict(opacity=0.01), textfont=dict(color="white")),
-        showlegend=False, name="patches",
+        showlegend=False, name="patches", **checked,
     )
     shapes = []
     if grid_lines:
@@ -334,12 +341,14 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
         r, c = divmod(selected, gw)
         shapes.append(dict(type="rect", x0=c * pw * s, x1=(c + 1) * pw * s, y0=r * ph * s, y1=(r + 1) * ph * s,
                            line=dict(color="cyan", width=3)))
-    # one constructor call: plotly validates every update, and this figure is rebuilt on every rerun
-    fig = go.Figure(data=[go.Image(source=source, hoverinfo="skip"), patches], layout=dict(
+    # one constructor call: with its checks on, plotly checks every update, and this figure is rebuilt on every rerun
+    layout = dict(
         xaxis=dict(visible=False, range=[0, width]), yaxis=dict(visible=False, range=[disp_height, 0], scaleanchor="x"),
-        shapes=shapes, height=height, margin=dict(l=0, r=0, t=0, b=0), dragmode=False, clickmode="event+select",
-        hoverlabel=dict(bgcolor="white", font=dict(size=TEXT_PX))))
-    return fig
+        height=height, margin=dict(l=0, r=0, t=0, b=0), dragmode=False, clickmode="event+select",
+        hoverlabel=dict(bgcolor="white", font=dict(size=TEXT_PX)))
+    if shapes:  # (plotly's check drops an empty list; unchecked it would be sent)
+        layout["shapes"] = shapes
+    return go.Figure(data=[go.Image(source=source, hoverinfo="skip", **checked), patches], layout=layout, **checked)
 
 
 # ----------------------------------------------------------------------------------------------

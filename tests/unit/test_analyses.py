@@ -179,6 +179,16 @@ def test_mean_attention_distance_matches_loops(renormalize):
     np.testing.assert_allclose(got, naive_mad(pattern, 2, (3, 4), (8, 6), renormalize), rtol=1e-5)
 
 
+def test_both_mean_attention_distances_in_one_pass_are_the_two_calls_bit_for_bit():
+    for dtype in (np.float32, np.float64):
+        pattern = random_pattern(np.random.default_rng(9), layers=2, heads=3, tokens=1 + 12).astype(dtype)
+        plain, renormalized = A.mean_attention_distances(pattern, 1, (3, 4), (8, 6))
+        np.testing.assert_array_equal(plain, A.mean_attention_distance(pattern, 1, (3, 4), (8, 6)))
+        np.testing.assert_array_equal(renormalized, A.mean_attention_distance(pattern, 1, (3, 4), (8, 6), renormalize=True))
+        np.testing.assert_allclose(renormalized, naive_mad(pattern, 1, (3, 4), (8, 6), True), rtol=1e-5)
+    assert not A._patch_distances_as((3, 4), (8, 6), np.dtype(np.float32)).flags.writeable  # shared: nobody writes it
+
+
 def test_mean_attention_distance_known_values_on_14x14_grid():
     n = 196
     identity = np.zeros((1, 1, 1 + n, 1 + n), dtype=np.float32)

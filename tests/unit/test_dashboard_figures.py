@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io
 import pytest
 
 from dashboard.figures import attention as attention_figures
@@ -412,6 +415,21 @@ def test_the_clickable_grid_draws_its_lines_and_numbers_as_vectors(crop):
     assert markers.textfont.size >= 14
     small = figures.clickable_image_figure(display, (20, 25), (2, 2), height=300, numbers=True)  # 12 px a patch
     assert small.data[1].mode == "markers" and small.data[1].text is None
+
+
+def test_the_clickable_map_built_without_plotlys_checks_is_the_figure_the_checks_pass(crop):
+    """Built with validate=False (as every page does), the figure must reach the browser exactly as the checked
+    build does: the same JSON once parsed (plotly may order keys differently), for every option of the figure."""
+    display = figures.enlarge(crop, 10)
+    amap = np.linspace(0, 1, GRID[0] * GRID[1], dtype=np.float32).reshape(GRID)
+    jpeg = figures.encode(display, "jpeg")
+    for args, options in (((display, GRID, PATCH), {}),
+                          ((jpeg, GRID, PATCH), dict(selected=6, hover_values=amap, height=400)),
+                          ((display, GRID, PATCH), dict(grid_lines=True, numbers=True, selected=3, height=400)),
+                          ((display, (20, 25), (2, 2)), dict(numbers=True, height=300))):
+        fast = figures.clickable_image_figure(*args, **options)
+        checked = figures.clickable_image_figure(*args, **options, validate=True)
+        assert json.loads(plotly.io.to_json(fast, validate=False)) == json.loads(plotly.io.to_json(checked))
 
 
 def test_tiles_fill_the_box_without_leaving_it():
