@@ -86,3 +86,39 @@ def test_the_servers_cpu_is_split_by_the_kernels_names_of_its_threads():
     parts = server_parts(100, begin, end, server_s=30.0, children_s=2.0)
     assert parts == {"forward lanes": 18.0, "export lanes": 1.5, "event loop": 3.0, "decode processes": 2.0,
                      "page scripts and the rest": 30.0 - 18.0 - 1.5 - 3.0 - 2.0}
+
+
+def test_a_first_come_first_served_server_given_a_share_of_the_machine_takes_its_forwards_that_much_longer():
+    half = floors.first_come_first_served(sessions=4, images=2, capture_s=1.0, cores=2, stagger_s=0.3, share=0.5)
+    assert half == floors.first_come_first_served(sessions=4, images=2, capture_s=2.0, cores=2, stagger_s=0.3)
+
+
+def test_the_share_the_goals_need_is_the_smallest_at_which_both_ratios_are_met():
+    f = floors.Floor(capture_s=0.5, n=30, cores=2)
+
+    def ratios_at(share):
+        latencies = floors.first_come_first_served(30, 2, 0.5, 2, 0.2, share)
+        return floors.ratios(f, latencies, latencies[:30], [], 0)
+
+    needed = floors.share_needed(f, images=2, stagger_s=0.2)
+    assert 0.5 < needed < 1.0
+    at, below = ratios_at(needed), ratios_at(needed - floors.SHARE_STEP)
+    assert at.new_image_median <= 1.5 and at.new_image_p95 <= 1.5
+    assert below.new_image_median > 1.5 or below.new_image_p95 > 1.5
+    # sent all at once, two images a session: the median is 2 x floor_median at best, whatever the share
+    assert floors.share_needed(f, images=2, stagger_s=0.0) is None
+
+
+def test_the_report_says_what_the_runs_share_allowed_and_what_the_goals_need():
+    f = floors.Floor(capture_s=0.5, n=30, cores=2)
+    share = floors.forwards_share(f, images=2, stagger_s=0.2, forwards_cpu_s=30.0, storm_s=30.0)  # half the machine
+    assert share.share == pytest.approx(0.5)
+    latencies = floors.first_come_first_served(30, 2, 0.5, 2, 0.2, share=0.5)
+    expected = floors.ratios(f, latencies, latencies[:30], [], 0)
+    assert (share.at_this_share.new_image_median, share.at_this_share.new_image_p95) == (
+        expected.new_image_median, expected.new_image_p95)
+    first, second = share.lines()
+    assert "the forwards got 50% of the machine in the storm (30.0 of 60.0 CPU-s)" in first
+    assert f"at least {share.needed:.0%}" in second and "where this run took 1.00 x" in second
+    alone = floors.forwards_share(floors.Floor(0.5, 30, 2), images=2, stagger_s=0.0, forwards_cpu_s=30.0, storm_s=30.0)
+    assert "even all of the machine would not" in alone.lines()[-1]

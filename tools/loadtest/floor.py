@@ -20,6 +20,11 @@ pattern: a server that did nothing but the forwards, in the order the images cam
 image `stagger_s` after the one before and its next image the moment its last one is done. Sent all at once, two
 images a session put its new-image median at 2 x floor_median (each second image waits behind every first image still
 queued); with the load test's 0.2 s between sessions (30 of them over 6 s), at about 1.0.
+
+The same server given only a share of the machine (its forwards `capture_s / share` each, the rest of each core going
+to other work) says what a run's share of the machine allows, and `share_needed` what share the goals need: on the
+Zen 3 the forwards got 43-45 % of a storm's machine, at which such a server reaches 3.2-3.5 x floor_median (the runs
+themselves 2.8-3.4), where the goals need 76-79 % (docs/performance.md, "The forwards' share of the machine").
 """
 
 from __future__ import annotations
@@ -89,11 +94,14 @@ def ratios(floor: Floor, new_image: list[float], first_images: list[float], cont
                   statistics.median(control) if control else float("nan"), mismatches)
 
 
-def first_come_first_served(sessions: int, images: int, capture_s: float, cores: int, stagger_s: float = 0.0) -> list[float]:
+def first_come_first_served(sessions: int, images: int, capture_s: float, cores: int, stagger_s: float = 0.0,
+                            share: float = 1.0) -> list[float]:
     """The new-image latencies (seconds) of a server that does nothing but the forwards (`capture_s` each, one per core
     at a time) in the order the images come: session i sends its first image at i x `stagger_s` and each next one the
     moment the last is done (no control changes, no download, no figures), as the load test's sessions do. Every
-    session's first image (session 0 first), then every second one, and so on."""
+    session's first image (session 0 first), then every second one, and so on. `share`: the part of each core the
+    forwards get (the rest goes to other work, evenly over time), so that each takes `capture_s / share`."""
+    capture_s = capture_s / share
     free = [0.0] * cores  # when each core is next free (a heap)
     waiting = [(i * stagger_s, i, 1) for i in range(sessions)]  # (sent at, session, which image): a heap, by time sent
     heapq.heapify(waiting)
@@ -106,6 +114,64 @@ def first_come_first_served(sessions: int, images: int, capture_s: float, cores:
         if image < images:
             heapq.heappush(waiting, (done, session, image + 1))
     return [latencies[key] for key in sorted(latencies)]
+
+
+SHARE_STEP = 0.01
+
+
+def share_needed(floor: Floor, images: int, stagger_s: float, goal: float = GOAL_RATIO) -> float | None:
+    """The smallest share of the machine (to SHARE_STEP) whose forwards, served first come first served
+    (`first_come_first_served` with that `share`), bring both the new-image median and p95 within `goal` x their floors;
+    None if even all of it doesn't (every image sent at once, say). The ratios only fall as the share grows (each
+    forward ends later at a smaller one, and every image sent later waits for those before it), so the search walks
+    down from 1 and stops at the first share that misses."""
+    def met(share: float) -> bool:
+        latencies = first_come_first_served(floor.n, images, floor.capture_s, floor.cores, stagger_s, share)
+        r = ratios(floor, latencies, latencies[:floor.n], [], 0)
+        return r.new_image_median <= goal and r.new_image_p95 <= goal
+
+    steps = round(1 / SHARE_STEP)
+    needed = None
+    for k in range(steps, 0, -1):
+        if not met(k / steps):
+            break
+        needed = k / steps
+    return needed
+
+
+@dataclass(frozen=True)
+class Share:
+    """The forwards' share of a storm's machine: what it allowed a first-come-first-served server, and what the goals need."""
+    forwards_cpu_s: float  # the forward lanes' CPU-seconds in the storm
+    machine_cpu_s: float  # the machine's in the same time (seconds x cores)
+    at_this_share: Ratios  # first come first served, its forwards given this run's share
+    needed: float | None  # share_needed
+
+    @property
+    def share(self) -> float:
+        return self.forwards_cpu_s / self.machine_cpu_s
+
+    def lines(self) -> list[str]:
+        r = self.at_this_share
+        lines = [f"  the forwards got {self.share:.0%} of the machine in the storm ({self.forwards_cpu_s:.1f} of"
+                 f" {self.machine_cpu_s:.1f} CPU-s); a first-come-first-served server whose forwards got that share:"
+                 f" new-image median / floor_median {r.new_image_median:.2f}, p95 / floor_all {r.new_image_p95:.2f}"]
+        if self.needed is None:
+            return lines + ["  even all of the machine would not bring a first-come-first-served server within the goals"]
+        other_now = (self.machine_cpu_s - self.forwards_cpu_s) / self.forwards_cpu_s
+        other_allowed = (1 - self.needed) / self.needed
+        return lines + [f"  the goals need the forwards to get at least {self.needed:.0%} of it: all other work (pages,"
+                        f" downloads, the event loop, decodes, this script's clients, idle time) within"
+                        f" {other_allowed:.2f} x the forwards' CPU, where this run took {other_now:.2f} x"]
+
+
+def forwards_share(floor: Floor, images: int, stagger_s: float, forwards_cpu_s: float, storm_s: float) -> Share:
+    """This run's `Share`: the forward lanes' `forwards_cpu_s` against the machine's storm_s x cores."""
+    machine_cpu_s = storm_s * floor.cores
+    share = min(1.0, forwards_cpu_s / machine_cpu_s)
+    latencies = first_come_first_served(floor.n, images, floor.capture_s, floor.cores, stagger_s, share)
+    return Share(forwards_cpu_s, machine_cpu_s, ratios(floor, latencies, latencies[:floor.n], [], 0),
+                 share_needed(floor, images, stagger_s))
 
 
 def report_lines(floor: Floor, r: Ratios, best: Ratios | None = None) -> list[str]:

@@ -878,6 +878,11 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     report["best_ratios"] = best
     for line in floors.report_lines(floor, ratios, best):
         say(line)
+    lanes_s = (cpu_use["server_parts_cpu_s"] or {}).get("forward lanes")
+    if lanes_s:  # (the server's threads are read only when it runs here or --server-pid names it)
+        report["share"] = floors.forwards_share(floor, images, stagger_s, lanes_s, storm_s)
+        for line in report["share"].lines():
+            say(line)
     report["ok"] = not mismatches and not errors and not log_problems
     say("OK" if report["ok"] else "FAILED")
     return report
