@@ -68,6 +68,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -604,11 +605,13 @@ def lowered(executable: str, workdir: Path) -> str:
 
 async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
                 stagger_s: float, workdir: Path, screenshot: Path | None, store: DownloadStore,
-                browsers: int = 0, attacker: bool = False, attack_pause_s: float = 1.0) -> list[SessionResult]:
+                browsers: int = 0, attacker: bool = False, attack_pause_s: float = 1.0,
+                sessions_done: Callable[[], None] = lambda: None) -> list[SessionResult]:
     """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
     as protocol clients (one thread each, their downloads kept in `store`); then, if `screenshot`, one more page
     to show the app still answers. With `attacker`, one more protocol session (the last) sends hostile files
-    (tools/loadtest/attacker.py) until every other one is done; its result comes last."""
+    (tools/loadtest/attacker.py) until every other one is done; its result comes last. `sessions_done` is called
+    once the students' sessions are done, before that page (which is nobody's work in the class)."""
     from .attacker import run_attacker
 
     sessions = len(prepared)
@@ -625,12 +628,13 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers:
             results = list(await asyncio.gather(*protocol))
+            sessions_done()
             stop.set()
             if screenshot is not None:  # chromium starts after the class: its start-up is no student's work
                 await _with_browser(url, 0, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot, [])
         else:
             results = await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir,
-                                          screenshot, protocol, stop)
+                                          screenshot, protocol, stop, sessions_done)
         if attacking is not None:
             await attacking
             results.append(attack)
@@ -642,9 +646,10 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
 
 async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, bytes]]], changes: int,
                         step_timeout_s: float, stagger_s: float, workdir: Path, screenshot: Path | None,
-                        protocol: list, sessions_done: threading.Event | None = None) -> list[SessionResult]:
+                        protocol: list, sessions_done: threading.Event | None = None,
+                        when_done: Callable[[], None] = lambda: None) -> list[SessionResult]:
     """The chromium pages of `drive`, gathered with the protocol sessions already under way (`sessions_done` is set
-    once they all are)."""
+    and `when_done` called once they all are)."""
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -658,6 +663,7 @@ async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, 
             pages = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir,
                                  poll_ms) for i in range(browsers)]
             results = list(await asyncio.gather(*pages, *protocol))
+            when_done()
             if sessions_done is not None:
                 sessions_done.set()
             if screenshot is not None:  # one more page after the storm: the app still answers
@@ -777,15 +783,22 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         cpu = CpuMeter(server_pid)
         cpu.start()
         t0 = time.perf_counter()
+        done: dict = {}  # the storm's end: the sessions done, before the page that shows the app still answers
+
+        def sessions_done() -> None:
+            done.setdefault("seconds", time.perf_counter() - t0)
+            done.setdefault("cpu", cpu.stop())
+
         try:
             results = asyncio.run(asyncio.wait_for(
                 drive(url, prepared, changes, step_timeout_s, stagger_s, workdir, workdir / "after_the_class.png",
-                      DownloadStore(workdir, downloads_in_memory_mb), browsers, attacker, attack_pause_s),
+                      DownloadStore(workdir, downloads_in_memory_mb), browsers, attacker, attack_pause_s,
+                      sessions_done),
                 timeout=deadline_s))
         except TimeoutError:
             results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {deadline_s:.0f} s"])]
-        storm_s = time.perf_counter() - t0
-        cpu_use = cpu.stop()
+        sessions_done()  # (a deadline's: the storm ends here)
+        storm_s, cpu_use = done["seconds"], done["cpu"]
     finally:
         if sampler:
             sampler.__exit__()
