@@ -51,7 +51,7 @@ def test_the_npz_is_the_exports_own_file_from_what_the_caches_hold(tiny_env, run
     caches.relevance(request, loaded, image, cap, judged.target if judged else explain.resolve_target(loaded, cap.logits))
     assert_healthy(at)
 
-    distances = counted(monkeypatch, analyses, "mean_attention_distance")
+    distances = counted(monkeypatch, analyses, "mean_attention_distances")
     rollouts = counted(monkeypatch, analyses, "attention_rollout")
     pcas = counted(monkeypatch, analyses, "filters_pca")
     got = download(runtime, at, "All arrays of this image (.npz)")
@@ -59,7 +59,7 @@ def test_the_npz_is_the_exports_own_file_from_what_the_caches_hold(tiny_env, run
     assert (distances, rollouts, pcas) == ([], [], [])  # nothing computed twice
 
     expected = export.analysis_arrays(loaded, cap)
-    assert len(distances) == 2 and len(rollouts) == 1  # the counters count: the standalone export computes them
+    assert len(distances) == 1 and len(rollouts) == 1  # the counters count: the standalone export computes them
     assert got == serving.npz_bytes(expected)
     with np.load(io.BytesIO(explained)) as npz:
         for key, value in expected.items():
@@ -73,7 +73,7 @@ def test_the_download_computes_the_rollout_once_when_no_tab_has(tiny_env, runtim
     at.selectbox(key="example").set_value(examples.SYNTHETIC_SCENE).run()
     assert_healthy(at)
     rollouts = counted(monkeypatch, analyses, "attention_rollout")
-    distances = counted(monkeypatch, analyses, "mean_attention_distance")
+    distances = counted(monkeypatch, analyses, "mean_attention_distances")
     first = download(runtime, at, "All arrays of this image (.npz)")
     assert len(rollouts) <= 1 and distances == []
     again = download(runtime, at, "All arrays of this image (.npz)")
