@@ -375,7 +375,7 @@ def uniform_attention_distance(grid: tuple[int, int], patch_size: tuple[int, int
 
     The reference level for the distance plot (about 116.5 px for 14 x 14 patches of 16 px).
     """
-    return float(patch_distances(grid, patch_size).mean())
+    return float(_patch_distances_as(tuple(grid), tuple(patch_size), np.dtype(np.float64)).mean())
 
 
 def average_over_images(per_image: Sequence[np.ndarray]) -> np.ndarray:

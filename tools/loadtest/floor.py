@@ -117,6 +117,13 @@ def first_come_first_served(sessions: int, images: int, capture_s: float, cores:
     return [latencies[key] for key in sorted(latencies)]
 
 
+def first_come_first_served_ratios(floor: Floor, images: int, stagger_s: float, share: float = 1.0) -> Ratios:
+    """`ratios` of `first_come_first_served` for the run's sessions (floor.n), t and cores: every session's first image
+    comes first in its latencies."""
+    latencies = first_come_first_served(floor.n, images, floor.capture_s, floor.cores, stagger_s, share)
+    return ratios(floor, latencies, latencies[:floor.n], [], 0)
+
+
 SHARE_STEP = 0.01
 
 
@@ -127,8 +134,7 @@ def share_needed(floor: Floor, images: int, stagger_s: float, goal: float = GOAL
     forward ends later at a smaller one, and every image sent later waits for those before it), so the search walks
     down from 1 and stops at the first share that misses."""
     def met(share: float) -> bool:
-        latencies = first_come_first_served(floor.n, images, floor.capture_s, floor.cores, stagger_s, share)
-        r = ratios(floor, latencies, latencies[:floor.n], [], 0)
+        r = first_come_first_served_ratios(floor, images, stagger_s, share)
         return r.new_image_median <= goal and r.new_image_p95 <= goal
 
     steps = round(1 / SHARE_STEP)
@@ -169,10 +175,8 @@ class Share:
 def forwards_share(floor: Floor, images: int, stagger_s: float, forwards_cpu_s: float, storm_s: float) -> Share:
     """This run's `Share`: the forward lanes' `forwards_cpu_s` against the machine's storm_s x cores."""
     machine_cpu_s = storm_s * floor.cores
-    share = min(1.0, forwards_cpu_s / machine_cpu_s)
-    latencies = first_come_first_served(floor.n, images, floor.capture_s, floor.cores, stagger_s, share)
-    return Share(forwards_cpu_s, machine_cpu_s, ratios(floor, latencies, latencies[:floor.n], [], 0),
-                 share_needed(floor, images, stagger_s))
+    at_this_share = first_come_first_served_ratios(floor, images, stagger_s, min(1.0, forwards_cpu_s / machine_cpu_s))
+    return Share(forwards_cpu_s, machine_cpu_s, at_this_share, share_needed(floor, images, stagger_s))
 
 
 def report_lines(floor: Floor, r: Ratios, best: Ratios | None = None) -> list[str]:

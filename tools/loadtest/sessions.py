@@ -618,8 +618,13 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
     browsers = min(browsers, sessions)
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
     threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers + attacker), thread_name_prefix="session")
-    stop = threading.Event()
+    stop = threading.Event()  # set once the students are done: the attacker stops
     attack = SessionResult(sessions, client="attacker")
+
+    def students_done() -> None:
+        sessions_done()
+        stop.set()
+
     try:
         loop = asyncio.get_running_loop()
         attacking = loop.run_in_executor(threads, run_attacker, url, sessions, step_timeout_s, sessions * stagger_s,
@@ -628,13 +633,12 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers:
             results = list(await asyncio.gather(*protocol))
-            sessions_done()
-            stop.set()
+            students_done()
             if screenshot is not None:  # chromium starts after the class: its start-up is no student's work
                 await _with_browser(url, 0, prepared, changes, step_timeout_s, stagger_s, workdir, screenshot, [])
         else:
             results = await _with_browser(url, browsers, prepared, changes, step_timeout_s, stagger_s, workdir,
-                                          screenshot, protocol, stop, sessions_done)
+                                          screenshot, protocol, students_done)
         if attacking is not None:
             await attacking
             results.append(attack)
@@ -646,10 +650,9 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
 
 async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, bytes]]], changes: int,
                         step_timeout_s: float, stagger_s: float, workdir: Path, screenshot: Path | None,
-                        protocol: list, sessions_done: threading.Event | None = None,
-                        when_done: Callable[[], None] = lambda: None) -> list[SessionResult]:
-    """The chromium pages of `drive`, gathered with the protocol sessions already under way (`sessions_done` is set
-    and `when_done` called once they all are)."""
+                        protocol: list, sessions_done: Callable[[], None] = lambda: None) -> list[SessionResult]:
+    """The chromium pages of `drive`, gathered with the protocol sessions already under way (`sessions_done` is
+    called once they all are)."""
     from playwright.async_api import async_playwright
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -663,9 +666,7 @@ async def _with_browser(url: str, browsers: int, prepared: list[list[tuple[str, 
             pages = [run_session(browser, url, i, prepared[i], changes, step_timeout_s * 1000, i * stagger_s, workdir,
                                  poll_ms) for i in range(browsers)]
             results = list(await asyncio.gather(*pages, *protocol))
-            when_done()
-            if sessions_done is not None:
-                sessions_done.set()
+            sessions_done()
             if screenshot is not None:  # one more page after the storm: the app still answers
                 page = await browser.new_page(viewport={"width": 1400, "height": 1200})
                 await page.goto(url)
@@ -886,8 +887,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         f" (${settings.CAPTURE_MB.name}, see dashboard/server/byte_budget.py)")
     if report["linears"]:
         say(f"the server's {report['linears']}")
-    ideal = floors.first_come_first_served(sessions - attacker, images, floor.capture_s, floor.cores, stagger_s)
-    best = floors.ratios(floor, ideal, ideal[:sessions - attacker], [], 0)  # its first images come first
+    best = floors.first_come_first_served_ratios(floor, images, stagger_s)  # (floor.n: the students)
     report["best_ratios"] = best
     for line in floors.report_lines(floor, ratios, best):
         say(line)
