@@ -239,7 +239,8 @@ def overlay(crop: np.ndarray, amap: np.ndarray, patch_size: tuple[int, int], alp
 
 
 def tint(base: np.ndarray, colours: np.ndarray, alpha: float = OVERLAY_ALPHA) -> np.ndarray:
-    """(1 - alpha) base + alpha colours, both (H, W, 3), as uint8 (base float32, colours uint8)."""
+    """(1 - alpha) base + alpha colours as uint8: base (H, W, 3) float32, colours (..., H, W, 3) uint8 (several maps'
+    colours at once tint the same base)."""
     return ((1 - alpha) * base + alpha * colours.astype(np.float32)).round().clip(0, 255).astype(np.uint8)
 
 
