@@ -271,6 +271,21 @@ def test_load_test_sessions_each_get_their_own_analysis(tmp_path):
     assert report["cpu"]["server_cpu_s"] > 0 and report["cpu"]["busy_cpu_s"] >= report["cpu"]["server_cpu_s"] * 0.5
 
 
+def test_the_steps_tool_takes_one_session_through_the_load_tests_steps_and_counts_the_servers_cpu(tmp_path):
+    """tools/loadtest/steps.py on the tiny model: every step of a load-test session once (two images, four control
+    changes each), then each step that finds its figures cached twice, with the server's CPU read around each."""
+    from tools.loadtest import steps
+
+    report = steps.run(sessions=1, model=TEST_TINY, random_init=False, repeats=2, photo_size=None, workdir=tmp_path,
+                       quiet=True)
+    counts = {kind: c.count for kind, c in report["costs"].items()}
+    assert counts == {"first page load": 1, "new image": 2, "Attention tab": 1, "control change": 8, "download": 2,
+                      **dict.fromkeys(steps.CACHED_KINDS, 2)}
+    assert sum(sum(c.server.values()) for c in report["costs"].values()) > 0  # the server's CPU, read from /proc
+    assert any(line.startswith("one image as the load test sends it") for line in report["lines"])
+    assert any(line.startswith("issue 31's goals in the load test's storm") for line in report["lines"])
+
+
 def test_a_session_result_leaves_its_downloads_out_of_its_repr():
     """CPython 3.11's asyncio.run formats the repr of the main task, its result included, when it checks the SIGINT
     handler it set: the 30 sessions' results with 60 downloads of 31 MB took 6 CPU-s to render after the storm."""

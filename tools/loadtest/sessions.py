@@ -67,8 +67,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -81,6 +82,9 @@ from vit_core.serving.priority import EXPORT_LANE_NAME, FORWARD_LANE_NAME
 from . import floor as floors
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+# what `run_protocol_session` hands its `step` as a step's kind, in the order a session takes them
+STEP_KINDS = ("first page load", "new image", "Attention tab", "control change", "download")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 # Compared arrays: exact for the crop, tight tolerances for float results of the same computation.
@@ -525,12 +529,19 @@ def download_path(workdir: Path, session: int, step: int) -> Path:
     return folder / f"session{session:02d}_{step}.npz"
 
 
+def just_do(kind: str, action: Callable[[], T]) -> T:
+    """`run_protocol_session`'s default `step`: the action, nothing around it."""
+    return action()
+
+
 def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], changes: int, step_timeout_s: float,
-                         start_delay: float, store: DownloadStore) -> SessionResult:
+                         start_delay: float, store: DownloadStore, step: Callable[[str, Callable], object] = just_do
+                         ) -> SessionResult:
     """The same steps as `run_session`, sent as Streamlit's own messages (see tools/loadtest/client.py): no page is drawn.
 
     Latencies run from the message sent to the run finished and every media file it referenced fetched;
-    a browser adds its drawing on top (docs/performance.md, "Lighter load-test clients").
+    a browser adds its drawing on top (docs/performance.md, "Lighter load-test clients"). Each step runs as
+    `step(kind, action)`, kind one of STEP_KINDS: tools/loadtest/steps.py measures each one's CPU that way.
     """
     from .client import StreamlitSession
 
@@ -546,27 +557,28 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
         time.sleep(start_delay)
         started = time.perf_counter()
         page = StreamlitSession(url, timeout=step_timeout_s)
-        check(page.open(), "first load")
+        check(step("first page load", page.open), "first load")
         result.first_render = time.perf_counter() - started
         layer = None
-        for step, (name, data) in enumerate(images):
+        for number, (name, data) in enumerate(images):
             started = time.perf_counter()
-            run = page.upload("upload", name, data)
+            run = step("new image", partial(page.upload, "upload", name, data))
             result.new_image.append(time.perf_counter() - started)
             check(run, f"upload {name}", f"image **{name}**")
-            if step == 0:
-                check(page.set("view", "Attention"), "Attention tab", "mean of heads")
+            if number == 0:
+                check(step("Attention tab", partial(page.set, "view", "Attention")), "Attention tab", "mean of heads")
                 layer = int(page.elements["layer"].default[0])
             for change in range(changes):
                 move = control_change(index, change, layer)
                 layer = move.layer
                 started = time.perf_counter()
-                run = page.set("layer", layer) if move.kind == "layer slider" else page.set("head", f"head {move.head}")
+                run = step("control change", partial(page.set, "layer", layer) if move.kind == "layer slider"
+                           else partial(page.set, "head", f"head {move.head}"))
                 result.control.append(time.perf_counter() - started)
                 result.control_kinds.append(move.kind)
                 check(run, f"control change {change}", move.expected)
             started = time.perf_counter()
-            npz = page.download("dl_npz")
+            npz = step("download", partial(page.download, "dl_npz"))
             result.download.append(time.perf_counter() - started)
             kept = store.keep(index, len(result.downloads), npz)
             result.downloads.append((name, data, kept))
