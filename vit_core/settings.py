@@ -96,7 +96,7 @@ ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "mode", "auto",
                         "measurement on this machine finds oneDNN faster.", "library")
 CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
                      "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
-HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "on",
+HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "off",
                      "Restart the server once with glibc's malloc on transparent huge pages (Linux, glibc).", "server")
 
 ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,

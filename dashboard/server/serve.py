@@ -23,8 +23,8 @@ With weights uploads off (`VIT_LENS_WEIGHTS_UPLOADS=off`, docs/serving.md), the 
 upload cap drops from the weights size (400 MB) to the image size (25 MB), unless a
 `--server.maxUploadSize` option says otherwise: no uploader of any session can then send more.
 
-On Linux with glibc the server first starts itself again with glibc's malloc asking for transparent huge
-pages (restart_with_huge_pages; `VIT_LENS_HUGE_PAGES=off` keeps the C library's default).
+With `VIT_LENS_HUGE_PAGES=on` (Linux with glibc), the server first starts itself again with glibc's malloc asking
+for transparent huge pages (restart_with_huge_pages); by default malloc is left as the C library has it.
 
 Before numpy is imported, OPENBLAS_NUM_THREADS defaults to 1 (numpy's OpenBLAS threads spin against torch's on a
 small machine: docs/performance.md, "BLAS threads"). Settings are read
@@ -98,18 +98,20 @@ def upload_cap_flags(argv: list[str]) -> list[str]:
     return [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
 
 
-# Transparent huge pages for the server's large buffers. A class's server makes and drops buffers of tens of MB
-# all the time (a ViT-B/16 capture is 31 MB, its `.npz` export 29 MB, each sent through a socket buffer as large),
-# and the kernel maps fresh memory 4 KiB at a time; with huge pages such copies were several times cheaper
-# (docs/performance.md, "Downloads below the forwards, huge pages"). glibc (2.35+) reads the setting
-# only when a process starts, so the server starts itself again (same process id) with it in the environment.
+# Transparent huge pages for the server's large buffers, on request ($VIT_LENS_HUGE_PAGES=on). A class's server makes
+# and drops buffers of tens of MB all the time (a ViT-B/16 capture is 31 MB, its `.npz` export 29 MB). On one VM huge
+# pages made a 29 MB copy into fresh memory 2.7x cheaper; on the Zen 3 VM CI runs on, they made a student's image
+# cost the server 40-110 ms more, and what a fresh buffer costs with them there depends on what the machine freed
+# before (20 or 270 ms for the same 128 MB), so no short measurement at start can choose for the server; glibc's own
+# default is kept (docs/performance.md, "Huge pages, measured per step"). glibc (2.35+) reads the setting only when a
+# process starts, so with it on the server starts itself again (same process id) with it in the environment.
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode
 
 
 def huge_pages_environment(env: Mapping[str, str], thp_mode: str, libc: str) -> dict[str, str] | None:
     """The environment to restart the server with so that malloc uses transparent huge pages: `env` with
-    GLIBC_TUNABLES extended; None where it is set already, switched off ($VIT_LENS_HUGE_PAGES=off), the C
+    GLIBC_TUNABLES extended; None where it is set already, not asked for ($VIT_LENS_HUGE_PAGES off, the default), the C
     library is not glibc (`libc`, as platform.libc_ver() names it) or the kernel's mode (`thp_mode`, the text of
     THP_MODE_FILE, "" if none) gives no huge pages to a program that asks."""
     tunables = env.get("GLIBC_TUNABLES", "")

@@ -165,7 +165,8 @@ def test_installed_vit_lens_dashboard_serves_with_the_project_settings_from_anyw
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("STREAMLIT_")}
-    env.update(HF_HUB_OFFLINE="1", VIT_LENS_MODEL="vit-lens/shapes-vit")
+    # huge pages asked for (off by default): where this machine has them, the server starts itself again
+    env.update(HF_HUB_OFFLINE="1", VIT_LENS_MODEL="vit-lens/shapes-vit", VIT_LENS_HUGE_PAGES="on")
     log = (tmp_path / "server.log").open("w")
     # A user flag for one setting the package also sets: the flag must win, the other settings stay.
     server = subprocess.Popen([str(installed / "vit-lens"), "dashboard", "--server.port", str(port),

@@ -311,18 +311,20 @@ def test_a_run_waits_for_its_turn_only_so_long_and_a_run_that_raises_gives_the_t
 
 
 THP_MADVISE = "always [madvise] never\n"
+ON = {settings.HUGE_PAGES.name: "on"}  # asked for: huge pages are off by default
 
 
 @pytest.mark.parametrize("env, thp_mode, libc, tunables", [
-    ({}, THP_MADVISE, "glibc", serve.HUGE_PAGES_TUNABLE),
-    ({}, "[always] madvise never\n", "glibc", serve.HUGE_PAGES_TUNABLE),
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, THP_MADVISE, "glibc",
+    (ON, THP_MADVISE, "glibc", serve.HUGE_PAGES_TUNABLE),
+    (ON, "[always] madvise never\n", "glibc", serve.HUGE_PAGES_TUNABLE),
+    ({**ON, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, THP_MADVISE, "glibc",
      f"glibc.malloc.arena_max=2:{serve.HUGE_PAGES_TUNABLE}"),
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, THP_MADVISE, "glibc", None),  # someone's own choice: kept
+    ({**ON, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, THP_MADVISE, "glibc", None),  # someone's own choice: kept
     ({settings.HUGE_PAGES.name: "off"}, THP_MADVISE, "glibc", None),
-    ({}, "always madvise [never]\n", "glibc", None),  # the kernel gives none
-    ({}, "", "glibc", None),  # no transparent huge pages in this kernel
-    ({}, THP_MADVISE, "", None),  # not glibc (musl, say): the tunable means nothing
+    ({}, THP_MADVISE, "glibc", None),  # not asked for: glibc's default
+    (ON, "always madvise [never]\n", "glibc", None),  # the kernel gives none
+    (ON, "", "glibc", None),  # no transparent huge pages in this kernel
+    (ON, THP_MADVISE, "", None),  # not glibc (musl, say): the tunable means nothing
 ])
 def test_the_server_restarts_with_huge_pages_only_where_malloc_can_get_them(env, thp_mode, libc, tunables):
     got = serve.huge_pages_environment({"PATH": "/bin", **env}, thp_mode, libc)

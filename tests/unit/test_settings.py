@@ -46,7 +46,7 @@ def test_text_settings_are_stripped_and_fall_back_to_the_default(monkeypatch):
     monkeypatch.setenv("VIT_LENS_DEVICE", "   ")
     assert settings.DEVICE.text() == "auto"
     assert settings.MODEL.text({}) == "vit_base_patch16_224"
-    assert settings.HUGE_PAGES.on({"VIT_LENS_HUGE_PAGES": "off"}) is False  # an environment given, not this process's
+    assert settings.HUGE_PAGES.on({"VIT_LENS_HUGE_PAGES": "on"}) is True  # an environment given, not this process's
 
 
 def test_every_default_is_a_value_its_own_parser_takes_and_check_all_finds_a_bad_one():
