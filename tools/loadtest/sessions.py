@@ -160,30 +160,44 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _status_kb(pid: int, field_name: str) -> int:
+def _status_kb(pid: int, *field_names: str) -> list[int]:
+    """The fields of /proc/PID/status named (kB values, such as VmRSS), read at once; 0 for each once it has ended."""
+    found = dict.fromkeys(field_names, 0)
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
+            name, _, value = line.partition(":")
+            if name in found:
+                found[name] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return list(found.values())
 
 
-def _memfd_kb(pid: int) -> int:
-    """What the process's in-memory files (memfd: the `.npz` exports' scratch files, vit_core/export.py) hold: memory
-    that VmRSS leaves out, since they are written, not mapped."""
-    total = 0
+def _memfd_paths(pid: int) -> list[str]:
+    """/proc paths of the process's in-memory files (memfd: the `.npz` exports' scratch files, vit_core/serving/npz.py):
+    memory that VmRSS leaves out, since they are written, not mapped."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return 0
+        return []
+    found = []
     for fd in fds:
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
-                total += os.stat(f"/proc/{pid}/fd/{fd}").st_blocks // 2  # 512-byte blocks
+                found.append(f"/proc/{pid}/fd/{fd}")
         except OSError:
             pass  # closed meanwhile
+    return found
+
+
+def _file_kb(paths: list[str]) -> int:
+    """What the files at `paths` hold in memory, in kB (those closed meanwhile: nothing)."""
+    total = 0
+    for path in paths:
+        try:
+            total += os.stat(path).st_blocks // 2  # 512-byte blocks
+        except OSError:
+            pass
     return total
 
 
@@ -292,12 +306,18 @@ class CpuMeter:
 
 class RssSampler:
     """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak);
-    `memfd_peak_mb` is the most their in-memory files held at once (not in VmRSS)."""
+    `memfd_peak_mb` is the most their in-memory files held at once (not in VmRSS). The processes and their in-memory
+    files are looked up again every `refresh` seconds, not at every sample: a server's exports keep their scratch files
+    (vit_core/serving/npz.py), and walking every thread's children and 170 file descriptors at each sample took 1.4 ms of
+    the test's CPU against 0.14 (docs/performance.md, "The load test's RSS sampler")."""
 
-    def __init__(self, pid: int, every: float = 0.1):
-        self.pid, self.every, self.peak_kb, self.hwm_kb, self.memfd_peak_kb = pid, every, 0, 0, 0
+    def __init__(self, pid: int, every: float = 0.1, refresh: float = 1.0):
+        self.pid, self.every, self.refresh, self.peak_kb, self.hwm_kb, self.memfd_peak_kb = pid, every, refresh, 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._pids: list[int] = []
+        self._memfds: list[str] = []
+        self._refresh_at = 0.0
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -305,10 +325,14 @@ class RssSampler:
             self._stop.wait(self.every)
 
     def sample(self) -> None:
-        pids = [self.pid] + _children(self.pid)
-        self.peak_kb = max(self.peak_kb, sum(_status_kb(p, "VmRSS") for p in pids))
-        self.hwm_kb = max(self.hwm_kb, sum(_status_kb(p, "VmHWM") for p in pids))
-        self.memfd_peak_kb = max(self.memfd_peak_kb, sum(_memfd_kb(p) for p in pids))
+        if time.monotonic() >= self._refresh_at:
+            self._pids = [self.pid] + _children(self.pid)
+            self._memfds = [path for pid in self._pids for path in _memfd_paths(pid)]
+            self._refresh_at = time.monotonic() + self.refresh
+        rss_hwm = [_status_kb(p, "VmRSS", "VmHWM") for p in self._pids]
+        self.peak_kb = max(self.peak_kb, sum(rss for rss, _ in rss_hwm))
+        self.hwm_kb = max(self.hwm_kb, sum(hwm for _, hwm in rss_hwm))
+        self.memfd_peak_kb = max(self.memfd_peak_kb, _file_kb(self._memfds))
 
     def __enter__(self) -> "RssSampler":
         self._thread.start()
