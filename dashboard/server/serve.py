@@ -98,13 +98,11 @@ def upload_cap_flags(argv: list[str]) -> list[str]:
     return [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
 
 
-# Transparent huge pages for the server's large buffers, on request ($VIT_LENS_HUGE_PAGES=on). A class's server makes
-# and drops buffers of tens of MB all the time (a ViT-B/16 capture is 31 MB, its `.npz` export 29 MB). On one VM huge
-# pages made a 29 MB copy into fresh memory 2.7x cheaper; on the Zen 3 VM CI runs on, they made a student's image
-# cost the server 40-110 ms more, and what a fresh buffer costs with them there depends on what the machine freed
-# before (20 or 270 ms for the same 128 MB), so no short measurement at start can choose for the server; glibc's own
-# default is kept (docs/performance.md, "Huge pages, measured per step"). glibc (2.35+) reads the setting only when a
-# process starts, so with it on the server starts itself again (same process id) with it in the environment.
+# Transparent huge pages for the server's large buffers, on request ($VIT_LENS_HUGE_PAGES=on): they made fresh memory
+# 2.7x cheaper on one VM and a student's image 40-110 ms of CPU dearer on the Zen 3 VM CI runs on, where their cost
+# depends on what the machine freed before, so no short measurement at start can choose (docs/performance.md, "Huge
+# pages, measured per step"). glibc (2.35+) reads the setting only when a process starts: with it on, the server
+# starts itself again (same process id) with it in the environment.
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode
 

@@ -86,18 +86,21 @@ class StepMeter:
         self.server_pid = server_pid
         self.costs: dict[str, StepCost] = defaultdict(StepCost)
 
-    def _read(self) -> tuple[dict, float, float, float]:
+    def _server(self) -> tuple[dict, float, float]:
+        """(the server's threads' CPU, the server's with its children, the children's), in seconds."""
         children = sum(sum(_cpu_seconds(pid)) for pid in _children(self.server_pid))
         server = sum(_cpu_seconds(self.server_pid)) + children
-        return _threads_cpu_seconds(self.server_pid), server, children, time.process_time()
+        return _threads_cpu_seconds(self.server_pid), server, children
 
     def step(self, kind: str, action: Callable[[], T]) -> T:
-        threads0, server0, children0, client0 = self._read()
+        threads0, server0, children0 = self._server()
+        client0 = time.process_time()  # read after the server, and before it at the end: the reads are no step's
         started = time.perf_counter()
         result = action()
         wall = time.perf_counter() - started
         time.sleep(SETTLE_S)
-        threads1, server1, children1, client1 = self._read()
+        client1 = time.process_time()
+        threads1, server1, children1 = self._server()
         parts = server_parts(self.server_pid, threads0, threads1, server1 - server0, children1 - children0)
         self.costs[kind].add(parts, client1 - client0, wall)
         return result
