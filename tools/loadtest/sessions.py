@@ -281,20 +281,24 @@ class CpuMeter:
     def __init__(self, server_pid: int | None):
         self.server_pid = server_pid
 
-    def _read(self) -> tuple[tuple[float, ...], dict[int, tuple[str, float]]]:
+    def _read(self, clients_s: float | None = None) -> tuple[tuple[float, ...], dict[int, tuple[str, float]]]:
+        """The readings; this process's CPU read last, unless read already (`clients_s`)."""
         server, children = [0.0, 0.0], [0.0, 0.0]  # (user, system)
         for pid in _children(self.server_pid) if self.server_pid else []:
             children = [a + b for a, b in zip(children, _cpu_seconds(pid), strict=True)]
         if self.server_pid:
             server = [a + b for a, b in zip(children, _cpu_seconds(self.server_pid), strict=True)]
         threads = _threads_cpu_seconds(self.server_pid) if self.server_pid else {}
-        return (*_machine_seconds(), *server, sum(children), sum(_cpu_seconds(os.getpid()))), threads
+        clients = sum(_cpu_seconds(os.getpid())) if clients_s is None else clients_s
+        return (*_machine_seconds(), *server, sum(children), clients), threads
 
+    # This process's CPU is read after the other readings at the start and before them at the end: the meter's own
+    # reads of /proc are no client's (a storm's meter reads them once; tools/loadtest/steps.py, at every step).
     def start(self) -> None:
         self._begin, self._begin_threads = self._read()
 
     def stop(self) -> dict:
-        end, end_threads = self._read()
+        end, end_threads = self._read(clients_s=sum(_cpu_seconds(os.getpid())))
         total, busy, server_user, server_system, children, clients = (b - a for a, b in zip(self._begin, end, strict=True))
         server = server_user + server_system  # 0 without a server pid: "other" then holds the server
         parts = (server_parts(self.server_pid, self._begin_threads, end_threads, server, children)

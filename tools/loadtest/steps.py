@@ -36,14 +36,12 @@ from . import floor as floors
 from .sessions import (
     SERVER_PARTS,
     STEP_KINDS,
+    CpuMeter,
     DownloadStore,
-    _children,
     _cpu_seconds,
-    _threads_cpu_seconds,
     prepare_images,
     run_protocol_session,
     server_linears,
-    server_parts,
     start_server,
     stop_server,
 )
@@ -79,30 +77,22 @@ class StepCost:
 
 
 class StepMeter:
-    """`step(kind, action)` for `run_protocol_session`: runs the action between two readings of the server's threads
-    and children and this process's CPU, and adds the difference to `costs[kind]`."""
+    """`step(kind, action)` for `run_protocol_session`: runs the action inside the load test's CpuMeter (the server's
+    CPU by part, this process's) and adds what it read to `costs[kind]`."""
 
     def __init__(self, server_pid: int):
         self.server_pid = server_pid
         self.costs: dict[str, StepCost] = defaultdict(StepCost)
 
-    def _server(self) -> tuple[dict, float, float]:
-        """(the server's threads' CPU, the server's with its children, the children's), in seconds."""
-        children = sum(sum(_cpu_seconds(pid)) for pid in _children(self.server_pid))
-        server = sum(_cpu_seconds(self.server_pid)) + children
-        return _threads_cpu_seconds(self.server_pid), server, children
-
     def step(self, kind: str, action: Callable[[], T]) -> T:
-        threads0, server0, children0 = self._server()
-        client0 = time.process_time()  # read after the server, and before it at the end: the reads are no step's
+        meter = CpuMeter(self.server_pid)
+        meter.start()
         started = time.perf_counter()
         result = action()
         wall = time.perf_counter() - started
         time.sleep(SETTLE_S)
-        client1 = time.process_time()
-        threads1, server1, children1 = self._server()
-        parts = server_parts(self.server_pid, threads0, threads1, server1 - server0, children1 - children0)
-        self.costs[kind].add(parts, client1 - client0, wall)
+        used = meter.stop()
+        self.costs[kind].add(used["server_parts_cpu_s"], used["clients_cpu_s"], wall)
         return result
 
 
