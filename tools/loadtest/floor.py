@@ -146,6 +146,11 @@ def share_needed(floor: Floor, images: int, stagger_s: float, goal: float = GOAL
     return needed
 
 
+def other_work_allowed(share: float) -> float:
+    """All other work's CPU a storm may hold when the forwards get `share` of the machine, as a multiple of theirs."""
+    return (1 - share) / share
+
+
 @dataclass(frozen=True)
 class Share:
     """The forwards' share of a storm's machine: what it allowed a first-come-first-served server, and what the goals need."""
@@ -166,7 +171,7 @@ class Share:
         if self.needed is None:
             return lines + ["  even all of the machine would not bring a first-come-first-served server within the goals"]
         other_now = (self.machine_cpu_s - self.forwards_cpu_s) / self.forwards_cpu_s
-        other_allowed = (1 - self.needed) / self.needed
+        other_allowed = other_work_allowed(self.needed)
         return lines + [f"  the goals need the forwards to get at least {self.needed:.0%} of it: all other work (pages,"
                         f" downloads, the event loop, decodes, this script's clients, idle time) within"
                         f" {other_allowed:.2f} x the forwards' CPU, where this run took {other_now:.2f} x"]

@@ -139,7 +139,7 @@ def budget_per_image(capture_s: float, cores: int) -> tuple[float | None, float 
     image may take then, as a multiple of the forward's): None, None where no share would do."""
     storm = LOAD_TEST
     needed = floors.share_needed(floors.Floor(capture_s, storm["sessions"], cores), storm["images"], storm["stagger_s"])
-    return (needed, (1 - needed) / needed) if needed else (None, None)
+    return (needed, floors.other_work_allowed(needed)) if needed else (None, None)
 
 
 def report_lines(costs: dict[str, StepCost], sessions: int, images: int, capture_s: float, cores: int,
