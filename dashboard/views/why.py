@@ -221,23 +221,47 @@ def trust_table(judged: explain.Judgement, methods: list[str]) -> str:
     return "\n".join([head, "| --- |" + " --- |" * len(tests), *rows, random_row])
 
 
+def _and_list(names: list[str]) -> str:
+    """"A", "A and B", "A, B and C"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _which_tests(passed: tuple[str, ...], tests: list[str]) -> str:
+    """The tests one group of methods beat random on, in the table's column order: named directly when they are at
+    most half the tests, else as every test but those missed (the shorter list either way)."""
+    titles = {t: text.TEST_TITLES[t][0] for t in tests}
+    count = f"{len(passed)} of {len(tests)} tests"
+    if not passed:
+        return "no test"
+    if len(passed) == len(tests):
+        return f"every test ({count})"
+    if len(passed) <= len(tests) - len(passed):
+        return f"{_and_list([titles[t] for t in passed])} only ({count})"
+    return f"every test but {_and_list([titles[t] for t in tests if t not in passed])} ({count})"
+
+
 def agreement_sentence(judged: explain.Judgement, methods: list[str]) -> str:
-    """Which methods the tests agree on: those that beat random on every test, or the most; and the tests where the
-    best of them does not."""
+    """What the table says, method by method: the methods that beat random on every test if any do (or that no map
+    beats random anywhere), then each method's own tests, those with the same tests named together. Methods are merged only where their ✓ cells are
+    the same: a summary never names a test for a method whose row does not show it."""
     shown = [m for m in methods if m in judged.methods]
-    passed = {m: [t for t in judged.results if judged.results[t].verdict(m).beats] for m in shown}
+    tests = list(judged.results)
+    passed = {m: tuple(t for t in tests if judged.results[t].verdict(m).beats) for m in shown}
     best = max((len(v) for v in passed.values()), default=0)
     if best == 0:
         return ("**On this image no map is distinguishable from random on any test**: the model's decision may rest on "
                 "something none of them captures, or the image has too little to find.")
-    leaders = [m for m in shown if len(passed[m]) == best]
-    names = ", ".join(_method_title(m) for m in leaders)
-    total = len(judged.results)
-    if best == total:
-        return f"**All {total} tests agree on {names}**: beyond the random orders' spread on every one."
-    missed = sorted({text.TEST_TITLES[t][0] for m in leaders for t in judged.results if t not in passed[m]})
-    return (f"**The tests disagree.** {names} beat{'s' if len(leaders) == 1 else ''} random on {best} of {total} tests; "
-            f"not on {', '.join(missed)}.")
+    groups: dict[tuple[str, ...], list[str]] = {}  # the tests passed -> the methods that passed exactly those
+    for m in sorted(shown, key=lambda m: -len(passed[m])):  # stable: the table's order among equals
+        groups.setdefault(passed[m], []).append(m)
+    clauses = [f"{_and_list([_method_title(m) for m in group])} "
+               f"{'beats' if len(group) == 1 else 'beat'} random on {_which_tests(tests_passed, tests)}"
+               for tests_passed, group in groups.items()]
+    if best == len(tests):  # the first group passed every test
+        leaders = _and_list([_method_title(m) for m in next(iter(groups.values()))])
+        head = f"**All {len(tests)} tests agree on {leaders}**: beyond the random orders' spread on every one."
+        return head if len(groups) == 1 else f"{head} {'; '.join(clauses[1:])}."
+    return f"**The tests disagree.** {'; '.join(clauses)}."
 
 
 def _trust_table(ctx: ViewContext, judged: explain.Judgement, target: int, steps: int, objects: np.ndarray | None,

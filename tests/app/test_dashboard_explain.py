@@ -412,3 +412,66 @@ def test_another_image_brings_the_target_back_to_its_top_1(tiny_env, reference):
     scene = vit_core.decode_image(examples.example_bytes(examples.SYNTHETIC_SCENE)).image
     top1 = int(np.argmax(vit_core.run_with_capture(loaded, scene).logits))
     assert at.selectbox(key="target").value == top1 and top1 != chosen
+
+
+def judgement_over(beaten: dict[str, set[str]], tests: tuple[str, ...] = explain.FAITHFULNESS_TESTS) -> explain.Judgement:
+    """Every method of `beaten` under every test of `tests`: a clear win (random at 0.5 ± 0.02, the map at 0.9 or,
+    lower being better, 0.1) on the tests it names, random's own mean on the others."""
+    randoms = np.array([0.50, 0.52, 0.48, 0.51, 0.49, 0.50, 0.53, 0.47])
+    results = {}
+    for t in tests:
+        better = 0.9 if explain.CONVENTIONS[t][1] else 0.1
+        values = {m: better if t in wins else 0.5 for m, wins in beaten.items()}
+        results[t] = explain.TestResult(t, values, float(randoms.mean()), float(randoms.std(ddof=1)), randoms)
+    return explain.Judgement(target=0, steps=10, methods=tuple(beaten), results=results)
+
+
+def tests_said_for(sentence: str, method: str, tests: list[str]) -> set[str]:
+    """The tests the sentence says `method` beat random on: its clause (clauses are split by ';', the head by '.'),
+    read as written: 'A only', 'every test', 'every test but A and B', 'no test'."""
+    title = text.METHOD_TITLES[method]
+    clauses = [c for part in sentence.split(";") for c in part.split("**: ")]  # the all-agree head apart
+    clause = next(c for c in clauses if title in c)
+    said = clause.split(" random on ", 1)[1] if " random on " in clause else "every test"
+    named = {t for t in tests if text.TEST_TITLES[t][0] in said}
+    if said.startswith("every test but"):
+        return set(tests) - named
+    if said.startswith("every test"):
+        return set(tests)
+    return named
+
+
+@pytest.mark.parametrize("beaten", [
+    # the case a user met: two methods on one pixel test, a third on SRG, the rest on nothing
+    {"raw_attention": {"pixel_deletion_auc"}, "rollout": set(), "chefer": {"srg"}, "gradcam": {"pixel_deletion_auc"}},
+    # equal counts, different tests; most tests; every test beside fewer
+    {"raw_attention": {"deletion_auc", "saco"}, "chefer": {"srg", "insertion_auc"}, "gradcam": {"deletion_auc", "saco"}},
+    {"rollout": set(explain.FAITHFULNESS_TESTS) - {"saco"}, "attnlrp": {"saco"}, "cplrp": set()},
+    {"rollout": set(explain.FAITHFULNESS_TESTS), "chefer": {"srg", "saco", "deletion_auc", "insertion_auc"},
+     "gradcam": set()},
+], ids=["one-test-each", "equal-counts", "all-but-one", "all-agree"])
+def test_the_verdict_sentence_names_each_methods_own_tests_from_the_table(beaten):
+    """Each method's summary in the sentence names exactly the tests its row of the table marks ✓, where the methods
+    beat random on different tests."""
+    judged = judgement_over(beaten)
+    methods = list(beaten)
+    table = why.trust_table(judged, methods)
+    sentence = why.agreement_sentence(judged, methods)
+    head, *rows = table.splitlines()
+    columns = [t for title in head.split("|")[2:-1] for t in explain.FAITHFULNESS_TESTS
+               if title.strip()[:-2] == text.TEST_TITLES[t][0]]
+    assert columns == list(explain.FAITHFULNESS_TESTS)
+    for m in methods:
+        row = next(r for r in rows if r.startswith(f"| {text.METHOD_TITLES[m]} |"))
+        ticked = {t for t, cell in zip(columns, row.split("|")[2:-1], strict=True) if cell.strip().endswith("✓")}
+        assert ticked == beaten[m]  # the table itself, as built
+        assert tests_said_for(sentence, m, columns) == ticked, (m, sentence)
+    assert ("**All 6 tests agree on" in sentence) == any(len(v) == 6 for v in beaten.values())
+
+
+def test_the_verdict_sentence_of_the_case_a_user_met_reads_as_the_table():
+    judged = judgement_over({"raw_attention": {"pixel_deletion_auc"}, "chefer": {"srg"},
+                             "gradcam": {"pixel_deletion_auc"}})
+    assert why.agreement_sentence(judged, ["raw_attention", "chefer", "gradcam"]) == (
+        "**The tests disagree.** Raw attention and Grad-CAM beat random on Deletion (mask) only (1 of 6 tests); "
+        "Gradient x attention (Chefer) beats random on SRG only (1 of 6 tests).")
