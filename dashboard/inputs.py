@@ -6,6 +6,7 @@ which input is shown is said in words (`SOURCES`), and an empty canvas says that
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import streamlit as st
@@ -20,7 +21,8 @@ SOURCE_WORDS = {"example": "example", "upload": "your upload", "camera": "camera
 
 
 def image_and_source_ui(model_name: str, canvas_area=None) -> tuple[ImageChoice, str]:
-    """Example, upload, camera or drawing: the input touched last wins. A bad file: an error and the previous image.
+    """Example, upload, camera or drawing: the input touched last wins. A bad file: the previous image, and the refusal
+    kept for the page to say in its main area (`refusal_ui`).
     With Draw on, the canvas goes in `canvas_area` (a container of the main area), else where this is called.
     Returns the image and which input it came from (a key of SOURCE_WORDS)."""
     names = examples.example_names()
@@ -55,20 +57,43 @@ def image_and_source_ui(model_name: str, canvas_area=None) -> tuple[ImageChoice,
         shown_example = example
         if source == "draw" and drawing_on:  # cleared, or nothing drawn yet: say so, don't switch silently
             canvas_area.info(text.CANVAS_EMPTY.format(example=markdown_literal(example)), icon=":material/undo:")
+    session.keep_input_refusal(None)
     try:
         image = caches.decode(name, draw.canvas_png(drawing) if from_canvas else data)
     except vit_core.ImageError as e:
-        st.error(f"{markdown_literal(name)}: {markdown_literal(str(e))}")
         previous = session.last_good_image()
-        if previous is not None:
-            st.caption(f"Still showing {markdown_literal(previous.name)}.")
-            return previous, _source_of(previous, names)
-        return caches.decode(example, caches.example_bytes(example)), "example"
+        if previous is None:
+            image, shown = caches.decode(example, caches.example_bytes(example)), "example"
+        else:
+            image, shown = previous, _source_of(previous, names)
+        session.keep_input_refusal(Refusal(name, str(e), image.name))  # said in the main area: refusal_ui
+        return image, shown
     session.remember_good_image(image)
     _remember_object(image, shown_example, from_canvas)
     for note in () if from_canvas else image.notes:  # a drawing's only note would be its RGBA -> RGB on white
         st.caption(note)
     return image, shown
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An input the page refused to show (a file that is no image, a drawing that can't be read), and what it shows
+    instead."""
+
+    name: str  # the input's name as the user gave it
+    reason: str  # why, in a sentence for the user
+    still_shown: str  # the name of the image shown instead: the session's previous one, or the example
+
+
+def refusal_ui() -> None:
+    """Where a page calls it in its main area, above its figures: the input the sidebar refused in this script run
+    (if any), and the image still shown. Said there, not beside the uploader, because the sidebar is closed on a
+    phone and its lower half is below the fold on a laptop: the user would see the old image and no reason."""
+    refusal = session.input_refusal()
+    if refusal is None:
+        return
+    st.error(f"{markdown_literal(refusal.name)}: {markdown_literal(refusal.reason)}", icon=":material/block:")
+    st.caption(f"Still showing {markdown_literal(refusal.still_shown)}.")
 
 
 def _source_of(image: ImageChoice, example_names: list[str]) -> str:

@@ -66,6 +66,7 @@ _TARGET_OWNER = "_target_owner"  # (model key, image sha) the chosen target clas
 _INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
 _DECODE_LOCK = "_decode_lock"  # see decode_lock
 _MANY_LATEST_RUN = "_many_latest_run"  # ManyRun: the last finished run of the Many images page
+_INPUT_REFUSAL = "_input_refusal"  # the input this script run refused, for the main area: see keep_input_refusal
 _OBJECTS = "_objects"  # image sha -> KnownObject: where the object is, for a drawing or a shape example
 MAX_KNOWN_OBJECTS = 4  # per session: the latest images whose object it knows (a mask of the image's size each)
 
@@ -219,6 +220,17 @@ def last_good_image() -> ImageChoice | None:
 
 def remember_good_image(image: ImageChoice) -> None:
     st.session_state[_LAST_GOOD] = image
+
+
+def keep_input_refusal(refusal) -> None:
+    """The input the sidebar refused in this script run (an `inputs.Refusal`), or None: set on every run by the
+    image choice, read by the page where it says so in the main area."""
+    st.session_state[_INPUT_REFUSAL] = refusal
+
+
+def input_refusal():
+    """The input refused in this script run (`inputs.Refusal`), or None."""
+    return st.session_state.get(_INPUT_REFUSAL)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ if session.drawing_on():  # the canvas beside what the model makes of it, above 
 with st.sidebar:
     image, source = inputs.image_and_source_ui(loaded.name, canvas_area=canvas_col)
     inputs.shown_caption(image, source)
+with top:  # a refused file or drawing is said first in the main area, where the user looks
+    inputs.refusal_ui()
 
 with st.spinner("Running the model on this image..."):
     cap = caches.held_capture(request, loaded, image, session.holder())

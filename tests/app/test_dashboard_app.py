@@ -221,3 +221,45 @@ def test_each_prefix_token_gets_its_share_on_a_distilled_model(monkeypatch):
     assert [part.split(":")[0] for part in line.split(" · ")] == ["CLS", "DIST"]
     total = float(next(m.value for m in at.metric if m.label.startswith("Share of this row")).rstrip("%"))
     assert sum(shares) == pytest.approx(total, abs=0.11)  # each rounded to 0.1 %
+
+
+def main_area_order(at: AppTest) -> list[tuple[str, str]]:
+    """The main area's elements in page order: (type, text) for alerts and captions, (type, "") for the rest."""
+    order = []
+    for node in at.main:
+        kind = getattr(node, "type", "")
+        value = getattr(node, "value", "") if kind in ("error", "caption", "markdown") else ""
+        order.append((kind, value if isinstance(value, str) else ""))
+    return order
+
+
+@pytest.mark.parametrize("page", [None, "page_scripts/lesson.py"], ids=["one-image", "lesson"])
+def test_a_refused_upload_is_said_in_the_main_area_above_the_figures(tiny_env, page):
+    """A text file named .png: the refusal and the image still shown come first in the main area, before the page's
+    first figure and its header; nothing of it in the sidebar, which a phone keeps closed."""
+    at = run_app(view="Pipeline")
+    if page is not None:
+        at.switch_page(page).run()
+        assert_healthy(at)
+    still = shown(at)[0]
+    at.file_uploader(key="upload").set_value(("fake.png", b"this is not an image", "image/png")).run()
+    assert_healthy(at)
+    assert not at.sidebar.error  # said once, where the user looks
+    order = main_area_order(at)
+    kinds = [kind for kind, _ in order]
+    error = next(i for i, (kind, value) in enumerate(order) if kind == "error" and value.startswith("fake.png: "))
+    assert "not an image" in order[error][1]
+    assert order[error + 1] == ("caption", f"Still showing {examples_shown(at)}.")
+    header = next(i for i, (kind, value) in enumerate(order) if kind == "markdown" and value.startswith("Model **")) \
+        if page is None else len(order)  # the lesson has no header line
+    assert error < kinds.index("image") and error < header  # above the first figure, and the header
+    assert shown(at)[0] == still  # the previous image's figures
+    at.file_uploader(key="upload").set_value(("noise.png", encoded(np.zeros((64, 64, 3), np.uint8)), "image/png")).run()
+    assert_healthy(at)
+    assert not at.error  # a good file: the refusal is gone
+
+
+def examples_shown(at: AppTest) -> str:
+    """The name of the image the sidebar says is shown ("Shown: **name** (source)")."""
+    line = next(c.value for c in at.sidebar.caption if c.value.startswith("Shown: **"))
+    return line.split("**")[1]
