@@ -46,7 +46,7 @@ def explained_variance_png(ratio: np.ndarray, width_px: int = 360, height_px: in
     ax.plot(k, np.cumsum(ratio) * 100, "o-", ms=3, color="#dd8452", label="cumulative")
     ax.set_xlabel("principal component", fontsize=TEXT_PT)
     ax.set_ylabel("% of variance", fontsize=TEXT_PT)
-    ax.legend(fontsize=TEXT_PT)
+    ax.legend(fontsize=TEXT_PT, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.1, frameon=False)  # off the bars
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=TEXT_PT)
     return figure_png(fig, width_px=width_px)

@@ -46,8 +46,10 @@ def prediction_change_png(labels: Sequence[str], before: Sequence[float], after:
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("probability (%)", fontsize=TEXT_PT)
     ax.tick_params(labelsize=TEXT_PT)
-    ax.legend(fontsize=TEXT_PT, loc="lower right")
+    # above the axes: inside, it covered the lowest classes' bars and their numbers
+    ax.legend(fontsize=TEXT_PT, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, borderaxespad=0.1, frameon=False,
+              handlelength=1.2, columnspacing=1.0)
     ax.grid(axis="x", alpha=0.3)
     if title:
-        ax.set_title(mathtext_literal(title), fontsize=TITLE_PT)
+        ax.set_title(mathtext_literal(title), fontsize=TITLE_PT, pad=2.2 * TEXT_PT)  # above the legend
     return figure_png(fig, width_px=width_px)

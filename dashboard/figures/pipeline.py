@@ -70,12 +70,13 @@ def vector_png(vector: np.ndarray, title: str, channels: int | None = 3, width_p
     if channels == 3:
         for ch, colour in enumerate(("#d62728", "#2ca02c", "#1f77b4")):
             ax.plot(idx[ch::3], vector[ch::3], ".", ms=2.5, color=colour, label="RGB"[ch])
-        ax.legend(loc="upper right", fontsize=TEXT_PT, ncols=3, markerscale=3, handletextpad=0.1, columnspacing=0.6,
-                  borderpad=0.2)
+        # above the axes, right: inside them it hid the points under it (a colour's values span the whole height)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=TEXT_PT, ncols=3, markerscale=3,
+                  handletextpad=0.1, columnspacing=0.6, borderpad=0.2, borderaxespad=0.1, frameon=False)
     else:
         ax.plot(idx, vector, lw=0.8, color="#444")
     if title:
-        ax.set_title(title, fontsize=TITLE_PT)
+        ax.set_title(title, fontsize=TITLE_PT, loc="left" if channels == 3 else "center")  # left: clear of the legend
     ax.set_xlim(0, len(vector))
     ax.tick_params(labelsize=TEXT_PT)
     ax.grid(alpha=0.3)

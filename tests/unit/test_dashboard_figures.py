@@ -8,10 +8,12 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io
 import pytest
+from matplotlib.transforms import Bbox
 
 from dashboard.figures import attention as attention_figures
 from dashboard.figures import base as figures
 from dashboard.figures import embeddings as embedding_figures
+from dashboard.figures import interventions as intervention_figures
 from dashboard.figures import pipeline as pipeline_figures
 from dashboard.figures import prediction as prediction_figures
 from vit_core import analyses, plots
@@ -438,3 +440,47 @@ def test_tiles_fill_the_box_without_leaving_it():
         rows = -(-n // cols)
         assert cols * (tile + 6) + 6 <= box[0] and rows * (tile + figures.TEXT_PX + 5 + 6) + 6 <= box[1]
         assert not any(figures.fit_tiles(n, box, max_cols=c)[1] > tile for c in range(1, n + 1))
+
+
+def drawn_figures(monkeypatch, module) -> list:
+    """The matplotlib figures `module`'s builders draw (through its figure_png), recorded once drawn."""
+    drawn = []
+    real = module.figure_png
+
+    def recording(fig, *args, **kwargs):
+        data = real(fig, *args, **kwargs)  # draws the figure: legends and axes are where the PNG shows them
+        drawn.append(fig)
+        return data
+
+    monkeypatch.setattr(module, "figure_png", recording)
+    return drawn
+
+
+@pytest.mark.parametrize("build", [
+    lambda: (pipeline_figures, lambda: pipeline_figures.vector_png(np.random.default_rng(0).normal(size=192), "")),
+    lambda: (pipeline_figures, lambda: pipeline_figures.vector_png(np.random.default_rng(0).normal(size=192), "v")),
+    lambda: (embedding_figures, lambda: embedding_figures.explained_variance_png(np.array([0.5, 0.3, 0.15, 0.05]))),
+    lambda: (intervention_figures, lambda: intervention_figures.prediction_change_png(
+        ["circle", "heart", "cross", "triangle", "star", "square"], [0.91, 0.02, 0.02, 0.02, 0.02, 0.01],
+        [0.02, 0.02, 0.02, 0.02, 0.02, 0.90])),
+    lambda: (intervention_figures, lambda: intervention_figures.prediction_change_png(["a", "b"], [0.6, 0.3],
+                                                                                      [0.2, 0.7], title="t")),
+], ids=["rgb-vector", "rgb-vector-titled", "explained-variance", "intervention", "intervention-titled"])
+def test_legends_sit_outside_the_data_area_and_clear_of_the_title(monkeypatch, build):
+    """A legend inside the axes hides the points or bars under it (the R/G/B legend covered a patch's values; the
+    intervention's covered the last classes' bars): each legend is drawn outside its axes, and not over the title."""
+    module, make = build()
+    drawn = drawn_figures(monkeypatch, module)
+    make()
+    (fig,) = drawn
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box, data = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+        overlap = Bbox.intersection(box, data)
+        assert overlap is None or overlap.width * overlap.height < 1, (box, data)  # touching at most
+        title = ax.title
+        if title.get_text():
+            assert Bbox.intersection(box, title.get_window_extent(renderer)) is None, "legend over the title"
