@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import streamlit as st
 
 from dashboard import caches, inputs
-from dashboard.figures.base import image_size, is_jpeg
-from dashboard.lesson import quiz, steps
+from dashboard.figures import base as figures
+from dashboard.figures.base import image_size, is_jpeg, recorded_text_px
+from dashboard.lesson import ahead, quiz, steps
 from dashboard.lesson.facts import top_layer_from
 from dashboard.lesson.quiz import Question
 from dashboard.lesson.steps import COUNT, STEPS, StepText
@@ -26,19 +28,21 @@ from dashboard.text import METHOD_TITLES
 from dashboard.views import attention, embeddings, lens, pipeline, prediction, why
 from dashboard.views.context import ViewContext
 from dashboard.views.header import outside_its_world
-from vit_core import analyses, explain
+from vit_core import analyses, explain, serving
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
 from vit_core.model import pos_embed_rows
 
 STEP_PARAM = "step"
 EXPLORER = "page_scripts/one_image.py"
 # The figure's largest size on screen, CSS pixels: beside the text, or (figures much wider than tall) across the
-# page with the text below. At 1280 x 720 with the sidebar open the page is about 930 px wide (820 without the
-# explorer's compact page CSS) and the figure starts about 115 px down (150), below the step bar: either way it ends
-# inside the first 720 px.
-SIDE_MAX = (540, 550)  # (width, height)
-WIDE_MAX = (900, 340)  # lower, so that the text below starts on the first screen too
+# page with the text below. The lesson opens with the sidebar collapsed, so at 1280 x 720 the page is about 1230 px
+# wide and the figure starts about 115 px down, below the step bar: either way it ends inside the first 720 px.
+SIDE_MAX = (720, 580)  # (width, height)
+WIDE_MAX = (1100, 380)  # lower, so that the text below starts on the first screen too
 WIDE_ASPECT = 1.6  # width / height from which a figure goes across the page
+# The smallest figure text a projector's back row reads, in CSS pixels on the screen: a figure is shown at least as
+# wide as its smallest text (recorded in the picture by dashboard/figures) needs for that, within the sizes above.
+MIN_TEXT_PX = 18
 DELETION_TESTS = ("deletion_auc",)  # the Why? tab's quickest test: one token-dropping curve per map
 DELETION_STEPS = 10  # points per curve, the spec's default
 VERDICT_INDEX = {BEATS: 0, TIED: 1, WORSE: 2}  # explain's verdict -> steps.VERDICT_ANSWERS
@@ -58,17 +62,21 @@ def is_wide(size: tuple[int, int]) -> bool:
     return size[0] >= WIDE_ASPECT * size[1]
 
 
-def figure_width(size: tuple[int, int], largest: tuple[int, int]) -> int:
-    """The width in CSS pixels at which a picture of `size` (width, height) fits inside `largest` (width, height)."""
+def figure_width(size: tuple[int, int], largest: tuple[int, int], text_px: float | None = None) -> int:
+    """The width in CSS pixels at which a picture of `size` (width, height) fits inside `largest` (width, height),
+    and no narrower than its smallest text (`text_px` in the picture's own pixels; None: it has none) needs to be
+    MIN_TEXT_PX on the screen, as long as that fits `largest`'s width."""
     (w, h), (max_w, max_h) = size, largest
-    return int(max(120, min(max_w, max_h * w / max(h, 1))))
+    fit = max_h * w / max(h, 1)
+    legible = w * MIN_TEXT_PX / text_px if text_px else 0.0
+    return int(max(120, min(max_w, max(fit, legible))))
 
 
 @dataclass(frozen=True)
 class Layout:
     """Where a step puts things: its figure, its controls, its words (sentences, Notice, Try this), its question."""
 
-    wide: bool
+    largest: tuple[int, int]  # the figure's largest size on screen (width, height), CSS pixels
     figure: Any  # st.empty(): the figure's box, sized once the figure is known
     controls: Any
     words: Any
@@ -81,17 +89,29 @@ def layout(wide: bool) -> Layout:
     if wide:
         figure = st.empty()
         left, right = st.columns([3, 2], gap="medium")
-        return Layout(True, figure, right.container(), left.container(), right.container())
+        return Layout(WIDE_MAX, figure, right.container(), left.container(), right.container())
     with st.container(horizontal=True, gap="medium"):
         figure = st.empty()
         column = st.container(width="stretch")
-    return Layout(False, figure, column.container(), column.container(), column.container())
+    return Layout(SIDE_MAX, figure, column.container(), column.container(), column.container())
 
 
-def arrange(ctx: ViewContext, probe: bytes | None) -> Layout:
+# The last step: the figure with its words below on the left, and on the right, from the top of the first screen,
+# the links and the concept check (below everything else it was out of the first screen).
+LAST_COLUMNS = (7, 3)
+LAST_MAX = (840, 420)  # the left column's width at 1280 px: the logit lens's text at MIN_TEXT_PX
+
+
+def last_step_layout() -> Layout:
+    left, right = st.columns(list(LAST_COLUMNS), gap="medium")
+    return Layout(LAST_MAX, left.empty(), right.container(), left.container(), right.container())
+
+
+def arrange(ctx: ViewContext, probe: bytes | None, place: Layout | None = None) -> Layout:
     """A step's layout, chosen by the shape of its figure: `probe` is the figure at the step's first settings (a
-    control changes what a figure shows, not its shape), None where the step has none for this model."""
-    place = layout(probe is not None and is_wide(image_size(probe)))
+    control changes what a figure shows, not its shape), None where the step has none for this model. `place`: a
+    layout the step chose itself."""
+    place = place or layout(probe is not None and is_wide(image_size(probe)))
     with place.words:
         inputs.untrained_warning(ctx.loaded)
     return place
@@ -104,36 +124,44 @@ def lesson(ctx: ViewContext) -> None:
     if step == 1:
         with st.expander("Before you start: a short check (what do you know already?)", expanded=True):
             concept_check("start")
-    if step == COUNT:
-        with st.expander("Check what you learned", expanded=True):
-            end = concept_check("end")
-        with st.expander("Your answers at the start"):
-            start = concept_check("start")
-        line = quiz.progress_line(start, end)
-        if line:
-            st.markdown(line)
+
+
+def end_checks() -> None:
+    """The last step's concept check, the start's answers beside it, and how the two compare."""
+    with st.expander("Check what you learned", expanded=True):
+        end = concept_check("end")
+    with st.expander("Your answers at the start"):
+        start = concept_check("start")
+    line = quiz.progress_line(start, end)
+    if line:
+        st.markdown(line)
 
 
 def step_bar(step: int) -> None:
     """One compact row: Back, the step and its title (pick another to go there), Next."""
+    # Page Up and Page Down are what a presenter's clicker sends; the buttons show them. No tooltips: after a click
+    # the pointer stays on the button, and its tooltip stayed over the page's top right.
     with st.container(horizontal=True, vertical_alignment="center", key="lesson_bar"):
         st.button("Back", key="lesson_back", icon=":material/arrow_back:", disabled=step == 1, on_click=go_to,
-                  args=(step - 1,), shortcut="PageUp", help="The previous step (Page Up, as a presenter's clicker sends)")
+                  args=(step - 1,), shortcut="PageUp")
         picked = st.selectbox("Step", list(range(1, COUNT + 1)), index=step - 1, key=f"lesson_steps_{step}",
                               format_func=lambda n: f"Step {n} of {COUNT}: {STEPS[n - 1].title}",
                               label_visibility="collapsed", width=420)
         st.button("Next", key="lesson_next", icon=":material/arrow_forward:", icon_position="right", type="primary",
-                  disabled=step == COUNT, on_click=go_to, args=(step + 1,), shortcut="PageDown",
-                  help="The next step (Page Down, as a presenter's clicker sends)")
+                  disabled=step == COUNT, on_click=go_to, args=(step + 1,), shortcut="PageDown")
     if picked != step:
         go_to(picked)
         st.rerun()
 
 
-def show_figure(place: Layout, data: bytes, caption: str | None = None) -> None:
-    """A step's main figure: the explorer's bytes as they are, shown at a width that fits the first screen."""
-    width = figure_width(image_size(data), WIDE_MAX if place.wide else SIDE_MAX)
-    with place.figure.container(width=width, key="lesson_figure"):
+FIGURE_KEY = "lesson_figure"  # the figure's box; a page's CSS and the browser tests find it by this key's class
+
+
+def show_figure(place: Layout, data: bytes, caption: str | None = None, key: str = FIGURE_KEY) -> None:
+    """A step's main figure: the explorer's bytes as they are, shown at a width that fits the first screen. A step
+    that shows a first figure and then its final one gives the first another `key` (a key is once per run)."""
+    width = figure_width(image_size(data), place.largest, recorded_text_px(data))
+    with place.figure.container(width=width, key=key):
         st.image(data, caption=caption, width="stretch", output_format="JPEG" if is_jpeg(data) else "PNG")
 
 
@@ -287,6 +315,63 @@ def _prediction(ctx: ViewContext) -> None:
     place = arrange(ctx, figure)
     show_figure(place, figure)
     say(place, steps.prediction(g, preds, outside_its_world(ctx.loaded.name, ctx.loaded.labels, preds[0])), "8")
+    relevance_ahead(ctx)
+
+
+def _relevance_key(ctx: ViewContext, target: int) -> tuple:
+    return ctx.request.key, ctx.image.sha, target
+
+
+def relevance_ahead(ctx: ViewContext) -> None:
+    """Step 9's relevance maps, started while step 8 shows (they took seconds after Next). Only for a light model
+    (`serving.light_pass`: the Shapes ViT), whose maps go to a cache without Streamlit (`caches.relevance`); a
+    larger model's are made by step 9, behind its progress line."""
+    if not serving.light_pass(ctx.loaded):
+        return
+    target = int(np.argmax(ctx.cap.logits))
+    ahead.start(_relevance_key(ctx, target),
+                partial(caches.relevance, ctx.request, ctx.loaded, ctx.image, ctx.cap, target))
+
+
+def quick_map_figure(ctx: ViewContext, target: int, method: str) -> tuple[bytes, np.ndarray] | None:
+    """One method's relevance map alone (Chefer's: one forward and backward, tens of milliseconds on the Shapes ViT)
+    and its picture, drawn as the Why? tab draws it: what step 9 shows first while the other maps are still being
+    made. None for a method the model can't run this way (the LRP methods need their rule chosen first)."""
+    if method in explain.LRP_METHODS:
+        return None
+    quick = explain.relevance_maps(ctx.loaded, ctx.cap, target=target, cap=ctx.cap, methods=(method,))
+    if method not in quick.maps:
+        return None
+    amap = quick.maps[method]  # (gh, gw)
+    crop = ctx.cap.input_image  # (H, W, 3)
+    scale = figures.display_scale(crop.shape[1], 256)
+    return figures.encode(figures.enlarge(figures.overlay(crop, amap, ctx.loaded.geometry.patch_size), scale),
+                          "jpeg"), amap
+
+
+WHY_METHOD_KEY = "lesson_method_9"
+FIRST_METHOD = "chefer"
+
+
+def figure_first(ctx: ViewContext, target: int, job) -> Layout | None:
+    """While step 8's job (`ahead`) still makes every method's map: the shown method's map alone and the step's
+    first sentences at once, a progress line where the Method list will be, until the job is done. The layout,
+    or None where no map could be drawn alone (then only the progress line, in the main area)."""
+    shown = st.session_state.get(WHY_METHOD_KEY, FIRST_METHOD)
+    quick = quick_map_figure(ctx, target, shown)
+    if quick is None:
+        with st.spinner("Making the relevance maps..."):
+            ahead.wait(job)
+        return None
+    figure, amap = quick
+    place = arrange(ctx, figure)
+    show_figure(place, figure, key=f"{FIGURE_KEY}_first")  # replaced by the final one, the same map
+    early = place.words.empty()
+    early.markdown(steps.why(ctx.loaded.geometry, ctx.loaded.label(target), METHOD_TITLES.get(shown, shown), amap).body)
+    with place.controls, st.spinner("Making the other methods' maps (for the Method list)..."):
+        ahead.wait(job)
+    early.empty()  # the step's words follow in full
+    return place
 
 
 def _why(ctx: ViewContext) -> None:
@@ -295,11 +380,14 @@ def _why(ctx: ViewContext) -> None:
         arrange(ctx, None).words.info(NO_HEAD)
         return
     target = int(np.argmax(ctx.cap.logits))
+    job = ahead.running(_relevance_key(ctx, target))  # step 8 started the maps: still being made?
+    place = figure_first(ctx, target, job) if job is not None else None
     relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)
     methods = [m for m in explain.METHODS if m in relevance.maps]
-    first = methods.index("chefer") if "chefer" in methods else 0
-    place = arrange(ctx, why.relevance_figure(ctx, relevance, methods[first]))
-    method = place.controls.selectbox("Method", methods, index=first, key="lesson_method_9",
+    first = methods.index(FIRST_METHOD) if FIRST_METHOD in methods else 0
+    if place is None:
+        place = arrange(ctx, why.relevance_figure(ctx, relevance, methods[first]))
+    method = place.controls.selectbox("Method", methods, index=first, key=WHY_METHOD_KEY,
                                       format_func=lambda m: METHOD_TITLES.get(m, m))
     text = steps.why(g, ctx.loaded.label(target), METHOD_TITLES.get(method, method), relevance.maps[method])
 
@@ -333,7 +421,7 @@ FURTHER = (("Interventions", ":material/content_cut:"), ("Logit lens", ":materia
 def _further(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
     figure = lens.lens_figure(ctx) if g.num_classes else None
-    place = arrange(ctx, figure)
+    place = arrange(ctx, figure, last_step_layout())
     if figure is not None:
         tops = caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap).argmax(axis=1)  # (L+1,)
         show_figure(place, figure)
@@ -341,7 +429,7 @@ def _further(ctx: ViewContext) -> None:
     with place.question:
         for view, icon in FURTHER:
             st.page_link(EXPLORER, label=f"{view} in the explorer", query_params={"view": view}, icon=icon)
-        st.caption("Finish with the check below.")
+        end_checks()
 
 
 DRAW = (_image, _filters, _positions, _one_head, _all_heads, _layers, _distance, _prediction, _why, _further)

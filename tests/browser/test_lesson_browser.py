@@ -50,7 +50,7 @@ def bar_text(page) -> str:
 
 
 def assert_figure_above_the_fold(page, step: int) -> None:
-    figure = page.locator(".st-key-lesson_figure img")
+    figure = page.locator('[class*="st-key-lesson_figure"] img')
     assert figure.count() == 1, f"step {step}: {figure.count()} main figures"
     assert figure.evaluate("img => img.complete && img.naturalWidth > 0"), f"step {step}: the figure did not load"
     box = figure.bounding_box()
