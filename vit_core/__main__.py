@@ -37,7 +37,9 @@ import argparse
 import hashlib
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -54,10 +56,12 @@ if TYPE_CHECKING:
     from .model import LoadedModel
 
 EXIT_FAILURES = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 ENGINES = ("local", "ray")
 RAY_EXTRA = 'pip install "vit-lens[ray]"'
 TABLE_FORMATS = ("csv", "parquet")  # vit_core.dataset.TABLE_FORMATS, without importing the dataset package here
 DEFAULT_MODEL = "vit_base_patch16_224"  # vit_core.loading.DEFAULT_MODEL
+TEACHING_MODEL = "vit-lens/shapes-vit"  # vit_core.hub.TEACHING_MODEL: the model that works offline
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"  # vit_core.devices.DEVICE_CHOICES
 DEFAULT_STEPS = 10  # vit_core.explain.DEFAULT_STEPS
 FAITHFULNESS_TESTS = ("deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg",
@@ -73,6 +77,7 @@ def default_workers() -> int:
 def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """The command-line parser and its subcommands (returned so that `vit-lens` can add `dashboard`)."""
     parser = argparse.ArgumentParser(prog=prog, description="ViT Lens: analyse images with a timm ViT.")
+    parser.set_defaults(program=prog.split()[-1])  # what the one-line failures start with: vit-lens, vit_core
     commands = parser.add_subparsers(dest="command", required=True)
 
     analyze = commands.add_parser("analyze", help="capture and analyse images; write .npz + .json per image")
@@ -232,16 +237,42 @@ def output_names(paths: list[Path]) -> list[str]:
     raise AssertionError("SHA-256 prefixes of 64 digits collided")  # pragma: no cover
 
 
+_program = "vit_core"  # the command's name, set by `run` from the parser that read the arguments
+
+
 def _fail(message: str) -> None:
-    print(f"vit_core: {message}", file=sys.stderr)
+    print(f"{_program}: {message}", file=sys.stderr)
+
+
+def _unreachable(path: Path) -> str | None:
+    """Why `path` can't be opened ("No such file or directory"), or None. Checked before any model is loaded: a
+    mistyped name is answered at once, not after seconds of importing torch and loading weights."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return f"{e.strerror or e}."
+    return None
+
+
+def _inputs_missing(args: argparse.Namespace) -> bool:
+    """Says in one line each whether --weights or --labels names a file that isn't there (True: the command stops)."""
+    missing = False
+    for option, path in (("--weights", args.weights), ("--labels", args.labels)):
+        why = path is not None and _unreachable(path)
+        if why:
+            _fail(f"{option} {path}: {why}")
+            missing = True
+    return missing
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
     symlink: results land only in the folder named); None after saying why not."""
     from .devices import resolve_device
+    from .errors import OfflineError
     from .loading import load_model
 
+    configure_threads()  # imports torch: only once the arguments are known to be usable
     try:
         device = resolve_device(args.device)  # before the model: a bad device costs no load
     except ViTLensError as e:
@@ -250,6 +281,9 @@ def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     try:
         loaded = load_model(args.model, weights=args.weights, pretrained=not args.random_init, labels=args.labels,
                             device=device)
+    except OfflineError as e:  # its advice names the bundled model; here that takes the option that picks it
+        _fail(f"{args.model}: {e} Add --model {TEACHING_MODEL} to use it.")
+        return None
     except (ViTLensError, OSError) as e:
         _fail(f"{args.model}: {e}")
         return None
@@ -282,7 +316,32 @@ def analyze(args: argparse.Namespace) -> int:
     if args.mask and len(args.mask) != len(args.images):
         _fail(f"--mask: {len(args.mask)} mask(s) for {len(args.images)} image(s); give one per image, in the same order")
         return EXIT_FAILURES
-    return _with_model(args, _analyze_each)
+    if _inputs_missing(args):
+        return EXIT_FAILURES
+    given = len(args.images)
+    args.images, args.mask = _present(args.images, args.mask)
+    if not args.images:
+        return EXIT_FAILURES
+    status = _with_model(args, _analyze_each)
+    return EXIT_FAILURES if len(args.images) < given else status
+
+
+def _present(images: list[Path], masks: list[Path] | None) -> tuple[list[Path], list[Path] | None]:
+    """The images (and their masks) that are there, the others said in one line each: before the model loads, so a
+    mistyped name is answered at once, and the images that are there are still analysed."""
+    kept, kept_masks = [], []
+    for image, mask in zip(images, masks or [None] * len(images), strict=True):
+        why = _unreachable(image)
+        if why:
+            _fail(f"{image}: {why}")
+            continue
+        why = mask is not None and _unreachable(mask)
+        if why:
+            _fail(f"{image}: --mask {mask}: {why}")
+            continue
+        kept.append(image)
+        kept_masks.append(mask)
+    return kept, kept_masks if masks else None
 
 
 def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
@@ -312,12 +371,14 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
             out.write(f"{name}.json", json_bytes(described))
             print(result_line(path, prediction_text(loaded, cap), [args.out / f"{name}.npz", args.out / f"{name}.json"]),
                   flush=True)
+            if args.explain:
+                print(f"  {trust_line(described['verdicts'])}", flush=True)
         except ViTLensError as e:
             failures += 1
             _fail(f"{path}: {e}")
         except OSError as e:  # an output that can't be written, a file gone since: this image only
             failures += 1
-            _fail(f"{path}: {_os_reason(e)}")
+            _fail(f"{path}: {_os_reason(e, path)}")
     return EXIT_FAILURES if failures else 0
 
 
@@ -337,6 +398,45 @@ def result_line(image: Path, prediction: str, written: list[Path]) -> str:
     return f"{image}: {prediction} -> {', '.join(map(str, written))}"
 
 
+def trust_line(verdicts: dict[str, dict[str, dict]]) -> str:
+    """`analyze --explain`'s line under an image's: from the .json's "verdicts" (test -> method -> {"verdict", ...}),
+    each method with the number of tests under which its map beats the random baseline, most first, and the tests
+    under which it is worse than random."""
+    from .explain.perturbation import BEATS, WORSE
+
+    tests = list(verdicts)
+    methods = list(dict.fromkeys(m for by_method in verdicts.values() for m in by_method))
+    beaten = {m: sum(verdicts[t].get(m, {}).get("verdict") == BEATS for t in tests) for m in methods}
+    parts = []
+    for m in sorted(methods, key=lambda m: -beaten[m]):
+        worse = [t for t in tests if verdicts[t].get(m, {}).get("verdict") == WORSE]
+        parts.append(f"{m} {beaten[m]}" + (f" (worse than random: {', '.join(worse)})" if worse else ""))
+    return f"which to trust, tests where the map beats random of {len(tests)} ({', '.join(tests)}): {', '.join(parts)}"
+
+
+def folder_lines(result) -> list[str]:
+    """What `dataset` and `merge` say after the count of images: with labels, the top-1 accuracy and the logit lens's
+    best layer; with explanations, each method's share of images where its map beats random (dataset.json has all)."""
+    lines = []
+    if result.accuracy is not None:
+        correct = round(result.accuracy * result.num_labelled)
+        line = f"top-1 accuracy {result.accuracy:.1%} ({correct:,} of {result.num_labelled:,} labelled images)"
+        lens = result.logit_lens_accuracy
+        if lens is not None and len(lens):
+            row = int(lens.argmax())  # row 0: the embeddings; row b + 1: the tokens after block b
+            where = "on the embeddings" if row == 0 else f"after block {row - 1}"
+            line += f"; logit lens best {where} ({float(lens[row]):.1%})"
+        lines.append(line)
+    judged = result.which_to_trust()
+    if judged is not None and judged.tests:
+        share = {m: sum(judged.beats_share[t].get(m, 0.0) for t in judged.tests) / len(judged.tests)
+                 for m in judged.methods}
+        best_first = ", ".join(f"{m} {share[m]:.0%}" for m in sorted(judged.methods, key=lambda m: -share[m]))
+        lines.append(f"which to trust, images where the map beats random (mean over {', '.join(judged.tests)}): "
+                     f"{best_first}")
+    return lines
+
+
 def _read_mask(path: Path):
     """The object mask (H, W) bool of `path`; an unusable one raises ImageError naming the mask, not the image."""
     from .explain import mask_from_file
@@ -348,9 +448,12 @@ def _read_mask(path: Path):
         raise type(e)(f"--mask {path}: {e}") from e
 
 
-def _os_reason(error: OSError) -> str:
-    """One line for an OSError: the file it concerns, and what the system said."""
-    return f"{error.filename}: {error.strerror or error}." if error.filename else f"{error.strerror or error}."
+def _os_reason(error: OSError, named: Path | None = None) -> str:
+    """One line for an OSError: the file it concerns (unless that is `named`, which the line names already), and
+    what the system said."""
+    if error.filename and str(error.filename) != str(named):
+        return f"{error.filename}: {error.strerror or error}."
+    return f"{error.strerror or error}."
 
 
 def dataset(args: argparse.Namespace) -> int:
@@ -362,6 +465,8 @@ def dataset(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if not args.folder.is_dir():
         _fail(f"{args.folder}: not a folder")
+        return EXIT_FAILURES
+    if _inputs_missing(args):
         return EXIT_FAILURES
     ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
                                              ("--model-workers", args.model_workers)) if value is not None]
@@ -411,6 +516,10 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
         print(f"{len(asked) - len(todo)} of {len(asked)} shards already done in {store.path}: skipped", flush=True)
     try:
         _run_shards(args, loaded, plan, store, todo, manifest["files_sha256"])
+    except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
+        kept = len(store.done(plan.shards))
+        _fail(f"interrupted; {kept} of {len(plan.shards)} shards kept in {store.path}, rerun to finish")
+        return EXIT_INTERRUPTED
     except ViTLensError as e:
         _fail(f"{args.folder}: {e}")
         return EXIT_FAILURES
@@ -495,6 +604,8 @@ def _write_merged(args: argparse.Namespace, stores: list[PartStore], out: Output
             _fail(_os_reason(e))
     skipped = f", {len(result.skipped)} files skipped (listed in dataset.json)" if result.skipped else ""
     print(f"{result.num_images:,} images analysed{skipped} -> {args.out}", flush=True)
+    for line in folder_lines(result):
+        print(line, flush=True)
     logging.getLogger(__name__).info("%d images -> %s", result.num_images, args.out)
     return EXIT_FAILURES if failures else 0
 
@@ -521,16 +632,33 @@ def merge(args: argparse.Namespace) -> int:
 COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge}
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C: a KeyboardInterrupt, which the command turns into one line and exit status 130. A second one while
+    the command winds down (worker processes stopping, Ray shutting down) ends the process at once, also quietly."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed subcommand; returns the exit status."""
+    global _program
+    _program = getattr(args, "program", _program)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings.check_all()
     except settings.SettingError as e:
         _fail(str(e))
         return EXIT_FAILURES
-    configure_threads()
-    return COMMANDS[args.command](args)
+    own_signals = threading.current_thread() is threading.main_thread()  # signal.signal works there only
+    before = signal.signal(signal.SIGINT, _interrupted) if own_signals else None
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return EXIT_INTERRUPTED
+    finally:
+        if own_signals:  # None: a handler set outside Python, which can't be put back; Python's own then
+            signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)
 
 
 def main(argv: list[str] | None = None) -> int:

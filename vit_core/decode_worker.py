@@ -4,14 +4,20 @@ and answers each with a small JSON header and the raw RGB bytes (never a pickle)
 
 from __future__ import annotations
 
-import json
-import logging
-import resource
-import sys
+import signal
 
-from .decoding import DECODE_MEMORY_BYTES, REPLY, REQUEST, cpu_limits
-from .errors import ImageError
-from .images import decode_here
+# Ctrl-C reaches every process of the terminal's group: a worker ends when its parent closes the pipe (the parent's
+# exit does), not with a KeyboardInterrupt's traceback of its own. Ignored before the imports, which take a while.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+
+from .decoding import DECODE_MEMORY_BYTES, REPLY, REQUEST, cpu_limits  # noqa: E402
+from .errors import ImageError  # noqa: E402
+from .images import decode_here  # noqa: E402
 
 
 def _cpu_seconds_used() -> float:

@@ -30,7 +30,9 @@ def test_analyze_writes_the_interface_format_and_reports_failures(tmp_path):
 
     assert result.returncode == 2
     errors = result.stderr.strip().splitlines()
-    assert len(errors) == 2 and "notes.jpg" in errors[0] and "missing.png" in errors[1]
+    # the missing file is said first, before the model loads, naming it once; the unreadable one when its turn comes
+    assert errors[0] == f"vit_core: {tmp_path / 'missing.png'}: No such file or directory."
+    assert len(errors) == 2 and "notes.jpg" in errors[1]
     assert "Traceback" not in result.stderr
 
     arrays = np.load(tmp_path / "out" / "scene.npz")
