@@ -58,14 +58,16 @@ MAX_MODEL_NAME = 200  # a typed model name longer than this is refused before ti
 # telling them apart means building each one (about 80 s for all), so load_model says so when picked.
 ANY_MODEL_MODULES = ("vision_transformer", "deit")
 
+# The labels are what the sidebar's picker shows: each fits its 190 px at 1280 px and on a phone (longer ones were cut
+# mid-word, "works offlir"), measured in the browser by tests/browser/test_browser.py.
 MODEL_CHOICES: dict[str, str] = {
     "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
     "vit_small_patch16_224": "ViT-S/16, small",
-    "deit_small_distilled_patch16_224": "DeiT-S distilled (class + distillation token)",
+    "deit_small_distilled_patch16_224": "DeiT-S (distillation token)",
     "vit_base_patch32_224": "ViT-B/32 (32-pixel patches)",
     "vit_base_patch16_384": "ViT-B/16 at 384 x 384",
-    "vit_base_patch16_siglip_224": "SigLIP ViT-B/16 (no class token)",
-    TEACHING_MODEL: "Shapes ViT, bundled, works offline",
+    "vit_base_patch16_siglip_224": "SigLIP B/16 (no class token)",
+    TEACHING_MODEL: "Shapes ViT, works offline",
     UPLOAD_WEIGHTS: "Your own weights file...",
 }
 

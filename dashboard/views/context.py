@@ -77,14 +77,18 @@ def shape(array_or_shape, batch: bool = True) -> str:
 
 
 def show_picture(shown: bytes, key: str, file_name: str | None = None, caption: str | None = None,
-                 width: int | str = "content", png: Callable[[], bytes] | None = None) -> None:
+                 width: int | str = "content", png: Callable[[], bytes] | None = None, title: str = "") -> None:
     """Show PNG or JPEG bytes and offer a PNG for download: the shown bytes, or, for a photo-like
     picture shown as JPEG (a fraction of the bytes and encoding time on every control change), the
     lossless PNG that ``png`` makes only when the button is clicked. At its natural width by default ("content":
-    never enlarged, shrunk only where the column is narrower), so the figure's text shows at the size it was drawn."""
+    never enlarged, shrunk only where the column is narrower), so the figure's text shows at the size it was drawn.
+    `title`: bold Markdown under the picture, above the button (for pictures in a row of columns: a name above them
+    that wraps in a narrow column would push its picture below the others')."""
     if isinstance(width, int):  # st.image re-encodes (slowly) any picture wider than an int width: never shrink
         width = max(width, image_size(shown)[0])
     st.image(shown, caption=caption, width=width, output_format="JPEG" if is_jpeg(shown) else "PNG")
+    if title:
+        st.markdown(f"**{title}**")
     st.download_button("PNG", png if png is not None else shown, file_name=f"{file_name}.png", mime="image/png",
                        key=f"dl_{key}", icon=":material/download:", on_click="ignore", type="tertiary")
 

@@ -74,7 +74,7 @@ def _head_name(head: tuple[int, int]) -> str:
     return f"L{head[0]}H{head[1]}"
 
 
-INTERVENTION_COLUMNS = [2, 3]  # the clickable crop, then the prediction's change and the controls
+INTERVENTION_COLUMNS = [2, 3]  # the clickable crop, then the controls and the prediction's change
 
 
 @st.fragment
@@ -85,25 +85,26 @@ def interventions_view(ctx: ViewContext) -> None:
         return
     session.keep_interventions_for(ctx.request.key, ctx.image.sha)  # another image: no patches; another model: no heads
     left, right = st.columns(INTERVENTION_COLUMNS)
-    with right:
-        result_area = st.container()  # the prediction's change above the controls that make it
-        c1, c2 = st.columns([3, 2])
+    with right:  # the controls first, in two rows, then what they change: both in the first screen at 1280 x 720
+        c1, c2, c3 = st.columns([3, 2, 2])
         target = target_ui(ctx, c1)
         mode = c2.radio("Chosen patches are", ["drop", "mask"], key=session.K_INT_MODE, bind="query-params",
                         horizontal=True,
                         help="drop: the token is removed from the sequence; mask: its pixels become the normalisation mean")
-        patches = st.multiselect("Patches to drop or mask (or click them on the image)", list(range(g.num_patches)),
-                                 key=session.K_INT_PATCHES, format_func=lambda k: f"patch {k}", persist_state="session")
-        c3, c4 = st.columns([3, 2])
-        heads = c3.multiselect("Heads to ablate",
+        ablation = c3.radio("Ablation", ["zero", "mean"], key=session.K_INT_ABLATION, bind="query-params", horizontal=True,
+                            help="the ablated heads' output set to 0, or to its mean over this image's tokens")
+        c4, c5, c6 = st.columns([3, 2.6, 1.4], vertical_alignment="bottom")
+        patches = c4.multiselect("Patches (or click the image)", list(range(g.num_patches)),
+                                 key=session.K_INT_PATCHES, format_func=lambda k: f"patch {k}", persist_state="session",
+                                 help="dropped or masked, as chosen above")
+        heads = c5.multiselect("Heads to ablate",
                                [(layer, head) for layer in range(g.num_layers) for head in range(g.num_heads)],
                                key=session.K_INT_HEADS, format_func=_head_name, persist_state="session",
                                help="L = layer (0 = first block), H = head")
-        ablation = c4.radio("Ablation", ["zero", "mean"], key=session.K_INT_ABLATION, bind="query-params", horizontal=True,
-                            help="the head's output set to 0, or to its mean over this image's tokens")
         patches, heads = tuple(sorted(patches)), tuple(sorted(heads))
-        st.button("Reset", key="int_reset", on_click=session.reset_intervention, icon=":material/restart_alt:",
+        c6.button("Reset", key="int_reset", on_click=session.reset_intervention, icon=":material/restart_alt:",
                   disabled=not patches and not heads)
+        result_area = st.container()
     logits = _intervened_logits(ctx, patches, mode, heads, ablation)  # (C,)
     with left:
         shown = cached_figure(_removed_patches_image, ctx, patches, mode, "jpeg")
@@ -131,10 +132,10 @@ def _prediction_change(ctx: ViewContext, logits: np.ndarray, target: int, patche
         logits, ctx.loaded.labels, TARGET_CHOICES)
     p_before, p_after = float(ctx.cap.probs[target]), float(analyses.softmax(logits)[target])
     change = (p_after - p_before) * 100  # percentage points
-    st.metric(f"p(target) for {md(ctx.loaded.label(target))}", percent(p_after),
-              delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
-              help="the target class's probability after the intervention; the change is against the original image")
-    a, b = st.columns(2)
+    m, a, b = st.columns([1.1, 1, 1])  # side by side: the figure below them still starts in the first screen
+    m.metric(f"p(target) for {md(ctx.loaded.label(target))}", percent(p_after),
+             delta=f"{change:+.3g} points" if change else "no change", delta_arrow="auto" if change else "off",
+             help="the target class's probability after the intervention; the change is against the original image")
     a.markdown("**Original**\n\n" + _ranked(before))
     b.markdown(f"**After: {_intervention_name(patches, mode, heads, ablation)}**\n\n" + _ranked(after))
     show_picture(cached_figure(_prediction_change_png, ctx, patches, mode, heads, ablation, target), "int_change",

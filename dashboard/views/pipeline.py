@@ -80,7 +80,9 @@ def _tokens_png(ctx: ViewContext, block: int) -> bytes:
 def _pipeline_figures(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
     cols = st.columns(PIPELINE_COLUMNS)
-    with cols[0]:
+    # The image no wider than the crop beside it: on a phone the columns stack, and a full-width image sat above a
+    # crop of half its width, as if the model saw a smaller picture.
+    with cols[0], st.container(width=CROP_GRID_PX, key="pipe_image_box"):
         w, h = ctx.image.size
         photo = figures.is_jpeg(ctx.image.data)
         show_picture(cached_figure(_image_picture, ctx, "jpeg" if photo else "png"), "pipe_image", f"{ctx.stem}_image",

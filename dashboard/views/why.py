@@ -141,27 +141,27 @@ def _rule(relevance: explain.Relevance, method: str) -> str:
 
 def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: explain.Judgement | None,
                     methods: list[str], objects: np.ndarray | None) -> None:
-    """One column per method: its map over the crop (or why it has none), how many tests it passed, what it computes;
-    first the object's patches where the app knows them."""
+    """One column per method: its map over the crop (or why it has none), its name, how many tests it passed, what it
+    computes; first the object's patches where the app knows them. The maps come first in every column, their names
+    under them: a long name wraps to more lines in a narrow column, and above the maps it would push its map down."""
     g, target = ctx.loaded.geometry, relevance.target
     columns = st.columns(len(methods) + (objects is not None))
     if objects is not None:
         with columns[0]:
             known = session.known_object(ctx.image.sha)
-            st.markdown("**Object (ground truth)**")
             digest = caches.object_digest(objects)
             show_picture(cached_figure(_object_overlay, ctx, digest, "jpeg"), "why_object", f"{ctx.stem}_object",
-                         png=partial(_object_overlay, ctx, digest, "png"))
+                         png=partial(_object_overlay, ctx, digest, "png"), title="Object (ground truth)")
             st.caption(f"{int(objects.sum())} of {g.num_patches} patches: {md(known.source)}, through the model's "
                        "resize and crop; a patch is the object's when half its pixels are.")
     for method, col in zip(methods, columns[objects is not None:], strict=True):
         with col:
-            st.markdown(f"**{_method_title(method)}**")
             if method in relevance.maps:
                 choice, rule = relevance.gamma_choice.get(method), _rule(relevance, method)
                 show_picture(cached_figure(_relevance_overlay, ctx, target, method, rule, "jpeg"), f"why_{method}",
                              f"{ctx.stem}_{method}_class{target}",
-                             png=partial(_relevance_overlay, ctx, target, method, rule, "png"))
+                             png=partial(_relevance_overlay, ctx, target, method, rule, "png"),
+                             title=_method_title(method))
                 if judged is not None and method in judged.methods:
                     labels = [judged.results[t].verdict(method).label for t in judged.results]
                     st.markdown(f"beats random on **{labels.count(BEATS)} of {len(labels)}** tests")
@@ -170,6 +170,7 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: expl
                                "rule: epsilon everywhere; judging the maps chooses the rule that scores best here")
             else:
                 st.info(relevance.unsupported.get(method, "Not computed for this model."))
+                st.markdown(f"**{_method_title(method)}**")
             st.caption(text.METHOD_TEXTS.get(method, ""))
     st.caption(f"maps `{shape(g.grid, batch=False)}` over the {g.num_patches} patches, for class "
                f"**{md(ctx.loaded.label(target))}** ({target}); each min-max scaled for display, exported unscaled.")

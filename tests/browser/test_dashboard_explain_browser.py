@@ -8,7 +8,7 @@ from support.browser import ARTIFACTS, no_exception, settle
 
 
 def chosen_patches(browser_page) -> list[str]:
-    box = browser_page.locator('[data-testid="stMultiSelect"]').filter(has_text="Patches to drop or mask")
+    box = browser_page.locator('[data-testid="stMultiSelect"]').filter(has_text="Patches (or click the image)")
     return [line for line in box.inner_text().split("\n") if line.startswith("patch ")]
 
 
