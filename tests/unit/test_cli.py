@@ -121,9 +121,10 @@ print(",".join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
 def test_the_parsers_defaults_are_the_defining_modules_values():
     """The parser spells its defaults out (so that --help imports nothing heavy): they must stay the modules' own."""
     from vit_core import __main__ as core_cli
-    from vit_core import dataset, devices, explain, export, loading
+    from vit_core import dataset, devices, explain, export, hub, loading
 
     assert core_cli.DEFAULT_MODEL == loading.DEFAULT_MODEL
+    assert core_cli.TEACHING_MODEL == hub.TEACHING_MODEL
     assert core_cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
     assert core_cli.DEFAULT_STEPS == explain.DEFAULT_STEPS
     assert core_cli.FAITHFULNESS_TESTS == explain.FAITHFULNESS_TESTS
@@ -391,3 +392,142 @@ def test_a_bad_pretrained_tag_is_one_line(tmp_path):
     assert result.stderr.startswith("vit_core: vit_tiny_patch16_224.x: timm has no pretrained tag 'x' for "
                                     "vit_tiny_patch16_224 (its tags are ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------- the command's manners
+
+
+def test_a_missing_image_is_answered_without_loading_a_model_named_once_under_the_commands_name(tmp_path):
+    """`vit-lens analyze nope.jpg` loaded the model (9 s) to say "vit_core: nope.jpg: nope.jpg: No such file ...".
+    Here the answer comes before torch, timm or numpy are even imported."""
+    script = f"""
+import sys
+from dashboard import cli
+status = cli.main(['analyze', 'nope.jpg', '--weights', 'ft.safetensors'])
+print(status, ",".join(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.stdout.split() == ["2"], f"imported {result.stdout}"  # exit status 2, nothing heavy imported
+    assert result.stderr == "vit-lens: --weights ft.safetensors: No such file or directory.\n"
+    (tmp_path / "ft.safetensors").write_bytes(b"")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.stdout.split() == ["2"], f"imported {result.stdout}"
+    assert result.stderr == "vit-lens: nope.jpg: No such file or directory.\n"
+
+
+def test_missing_images_and_masks_are_said_first_and_the_others_analysed(tmp_path, capsys, monkeypatch):
+    from vit_core import __main__ as core_cli
+
+    loads = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k, depth=1))
+    assert core_cli.main(["analyze", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model",
+                          "vit_tiny_patch16_224", "--random-init"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"vit_core: {tmp_path / n}.png: No such file or directory." for n in "ab"]
+    assert loads == []  # nothing to analyse: no model loaded
+
+    drawn_image(1).save(tmp_path / "b.png")
+    drawn_image(2).save(tmp_path / "c.png")
+    mask = Image.new("L", drawn_image(1).size, 0)
+    mask.paste(255, (10, 10, 60, 60))  # the object: a white square
+    mask.save(tmp_path / "b-mask.png")
+    status = core_cli.main(["analyze", *(str(tmp_path / f"{n}.png") for n in "abc"), "--model", "vit_tiny_patch16_224",
+                            "--random-init", "--out", str(tmp_path / "out"), "--explain", "--steps", "2",
+                            "--mask", str(tmp_path / "a.png"), str(tmp_path / "b-mask.png"), str(tmp_path / "no-mask.png")])
+    captured = capsys.readouterr()
+    assert status == 2 and len(loads) == 1
+    assert captured.err.splitlines() == [f"vit_core: {tmp_path / 'a.png'}: No such file or directory.",
+                                         f"vit_core: {tmp_path / 'c.png'}: --mask {tmp_path / 'no-mask.png'}: "
+                                         "No such file or directory."]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b.json", "b.npz"]  # b, with its mask
+    assert "relevance_mass_chefer" in np.load(tmp_path / "out" / "b.npz").files
+
+
+def test_offline_the_message_names_the_option_that_picks_the_bundled_model(tmp_path, capsys, monkeypatch):
+    from vit_core import OfflineError
+    from vit_core import __main__ as core_cli
+    from vit_core.hub import _offline_message
+
+    def offline(name, **kwargs):
+        raise OfflineError(_offline_message(name))
+
+    monkeypatch.setattr(loading, "load_model", offline)
+    drawn_image(0).save(tmp_path / "a.png")
+    assert core_cli.main(["analyze", str(tmp_path / "a.png"), "--out", str(tmp_path / "out")]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("vit_core: vit_base_patch16_224: Pretrained weights for")
+    assert errors[0].endswith("Add --model vit-lens/shapes-vit to use it.")
+
+
+def test_the_readmes_command_line_examples_work_offline():
+    """The README's first examples name the bundled model: without it the default ViT-B/16 needs the network."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Python and the command line", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line.startswith("vit-lens ")]
+    assert commands and all("--model vit-lens/shapes-vit" in line for line in commands), commands
+
+
+def test_trust_line_counts_the_tests_each_map_beats_random_under_best_first():
+    from vit_core.__main__ import trust_line
+    from vit_core.explain.perturbation import BEATS, TIED, WORSE
+
+    verdicts = {"deletion_auc": {"rollout": {"verdict": TIED}, "chefer": {"verdict": BEATS}, "gradcam": {"verdict": WORSE}},
+                "insertion_auc": {"rollout": {"verdict": BEATS}, "chefer": {"verdict": BEATS}, "gradcam": {"verdict": TIED}}}
+    assert trust_line(verdicts) == ("which to trust, tests where the map beats random of 2 (deletion_auc, insertion_auc): "
+                                    "chefer 2, rollout 1, gradcam 0 (worse than random: deletion_auc)")
+
+
+def test_analyze_explain_prints_the_which_to_trust_line_of_its_verdicts(tmp_path, capsys):
+    from vit_core import __main__ as core_cli
+
+    drawn_image(5).save(tmp_path / "scene.png")
+    assert core_cli.main(["analyze", str(tmp_path / "scene.png"), "--model", "vit-lens/shapes-vit", "--out",
+                          str(tmp_path / "out"), "--explain", "--steps", "3", "--tests", "all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdicts = json.loads((tmp_path / "out" / "scene.json").read_text())["verdicts"]
+    assert set(verdicts) == {"deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg", "saco"}
+    assert len(lines) == 2 and lines[0].startswith(f"{tmp_path / 'scene.png'}: ")
+    assert lines[1] == "  " + core_cli.trust_line(verdicts)
+
+
+def test_ctrl_c_during_analyze_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    from vit_core import __main__ as core_cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "load_model", interrupted)
+    drawn_image(0).save(tmp_path / "a.png")
+    assert core_cli.main(["analyze", str(tmp_path / "a.png"), "--model", "vit-lens/shapes-vit"]) == 130
+    assert capsys.readouterr().err == "vit_core: interrupted\n"
+
+
+def _fake_venv_repository(root: Path) -> Path:
+    """tools/setup and tools/dashboard copied into `root` beside this pyproject.toml, with a .venv whose python and
+    vit-lens only write down how they were called: what the scripts would install or start, without doing it."""
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    (root / "tools").mkdir()
+    for name in ("setup", "dashboard"):
+        (root / "tools" / name).write_text((tools / name).read_text())
+    (root / "pyproject.toml").write_text((tools.parent / "pyproject.toml").read_text())
+    (root / ".venv" / "bin").mkdir(parents=True)
+    for name in ("python", "vit-lens"):
+        (root / ".venv" / "bin" / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{root}/calls"\n')
+        (root / ".venv" / "bin" / name).chmod(0o755)
+    return root
+
+
+@pytest.mark.parametrize("stamp, installs", [("test", False), ("runtime", False), (None, True)])
+def test_tools_dashboard_installs_only_when_no_set_up_of_this_pyproject_is_done(tmp_path, stamp, installs):
+    """tools/test's set-up (the test extra, which includes the runtime) is enough for tools/dashboard."""
+    root = _fake_venv_repository(tmp_path)
+    digest = subprocess.run(["sha256sum", "pyproject.toml"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout[:12]
+    if stamp:
+        (root / ".venv" / f".installed-{digest}-{stamp}").touch()
+    result = subprocess.run(["bash", "tools/dashboard", "--server.port", "8502"], cwd=root, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = (root / "calls").read_text().splitlines()
+    assert calls[-1] == "vit-lens dashboard --server.port 8502"
+    assert any("pip install --quiet -e ." in call for call in calls) == installs, calls
