@@ -15,19 +15,28 @@ import base64
 import binascii
 import importlib.metadata
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
 import streamlit as st
 
 from dashboard import session
+from vit_core import TEACHING_MODEL
 from vit_core.errors import ImageError
 
 CANVAS_PX = 232  # fits the sidebar's default width (240 px of content); the model resizes what it gets anyway
 PAPER = "#ffffff"
 DEFAULT_INK = "#000000"
-DEFAULT_STROKE_PX = 12  # about 5 px at the teaching model's 96 px input (12 x 96 / 232): a felt pen, not a hairline
+# The bundled Shapes ViT tells a circle from a ring by the stroke alone (vit_core/teaching/data.py, its model card):
+# a circle is a disc or a thin outline, the pen at most 8 % of the radius; a ring is a thick band, 18-45 % of the
+# radius. The default pen keeps a circle thin down to a third of the canvas across (a radius of CANVAS_PX / 6): with
+# the former 12 px felt pen a student's circle read "ring". 3 px here are 1.2 px at the model's 96 px input, above
+# the thinnest pen it was trained on (0.9 px).
+CIRCLE_MAX_STROKE = 0.08  # a circle's outline, as a fraction of its radius
+RING_BAND = (0.18, 0.45)  # a ring's band, as fractions of its radius
+SMALLEST_CIRCLE_RADIUS = CANVAS_PX / 6
+DEFAULT_STROKE_PX = int(CIRCLE_MAX_STROKE * SMALLEST_CIRCLE_RADIUS)  # 3
 DRAWING_NAME = "drawing.png"
 
 # The frontend sends `canvas.toDataURL({format: "png", multiplier: 1})`: Fabric.js renders it at multiplier x
@@ -41,6 +50,21 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_CANVAS_BYTES = 2 * CANVAS_PX * (1 + 4 * CANVAS_PX) + 4096
 _MAX_URL_CHARS = len(PNG_DATA_URL) + 4 * -(-MAX_CANVAS_BYTES // 3)  # base64: 4 characters per 3 bytes
 SUPPORTED_CANVAS = "0.13."  # the package versions whose CanvasResult keeps the data URL in `_image_data_url`
+
+
+RING, CIRCLE = "ring", "circle"
+RING_OR_CIRCLE = (f"The stroke's thickness decides between ring and circle: this model calls a thin outline (at most "
+                  f"{100 * CIRCLE_MAX_STROKE:.0f} % of the radius) a circle and a thick band ({100 * RING_BAND[0]:.0f}-"
+                  f"{100 * RING_BAND[1]:.0f} % of the radius) a ring, so a thinner pen (**Stroke width**) or a larger "
+                  "circle reads as a circle.")
+
+
+def thickness_note(model_name: str, top_labels: Sequence[str]) -> str | None:
+    """The one sentence for an image the bundled Shapes ViT calls "ring" with "circle" second (`top_labels`: its
+    classes, most likely first): what tells the two apart. None for anything else."""
+    if model_name != TEACHING_MODEL or tuple(top_labels[:2]) != (RING, CIRCLE):
+        return None
+    return RING_OR_CIRCLE
 
 
 def has_strokes(json_data: dict | None) -> bool:

@@ -58,7 +58,10 @@ def attention_distance_figure(mad: np.ndarray, uniform: float, *, spread: np.nda
                    alpha=0.6, label=f"average of {num_images} images", zorder=3)
         top = max(top, float(np.nanmax(average)))
     ax.axhline(uniform, color="grey", ls="--", lw=1)
-    ax.text(num_layers - 0.5, uniform, " uniform attention", va="bottom", ha="right", fontsize=8, color="grey")
+    # at the axes' right edge (x in axes fractions): placed in data units it started outside the x range of a few
+    # layers and ran over the border into the legend
+    ax.text(0.99, uniform, "uniform attention", va="bottom", ha="right", fontsize=8, color="grey",
+            transform=ax.get_yaxis_transform())
     ax.set_xlabel("block (network depth; 0 = the first)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(layers)

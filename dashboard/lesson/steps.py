@@ -61,6 +61,10 @@ class StepText:
     explore: dict[str, str] = field(default_factory=dict)  # the explorer's query parameters for this view
 
 
+# Where the inputs are: the lesson opens with the sidebar collapsed, its button at the page's top left.
+SIDEBAR = "the sidebar (open it with **»** at the top left)"
+
+
 def pct(p: float) -> str:
     return f"{100 * p:.0f}%" if p >= 0.1 else f"{100 * p:.1f}%"
 
@@ -87,7 +91,7 @@ def image_and_patches(g: Geometry, image_name: str, image_size: tuple[int, int])
         notice=(f"Your image **{md(image_name)}** ({image_size[0]} x {image_size[1]} pixels) is now {g.num_patches} "
                 f"patches of {ph * pw * 3} numbers each ({ph} x {pw} pixels x 3 colours). The framed one, "
                 f"{where(k, g.grid)}, is the centre."),
-        try_this=(f"Turn on **Draw** in the sidebar and draw a shape: count how many of the {g.num_patches} patches "
+        try_this=(f"Turn on **Draw** in {SIDEBAR} and draw a shape: count how many of the {g.num_patches} patches "
                   "your strokes cross."),
         question=question("How many tokens does the model read for this image"
                           + (" (its prefix tokens too)?" if g.prefix_names else "?"),
@@ -216,10 +220,16 @@ def through_layers(g: Geometry, last: int, rollout: np.ndarray, first: np.ndarra
 # 7-10: distance, prediction, why, further
 
 
-def how_far(g: Geometry, distances: np.ndarray, uniform: float) -> StepText:
-    """distances: (L, H) this image's mean attention distance per head, in pixels."""
+def how_far(g: Geometry, distances: np.ndarray, uniform: float, images: int = 1) -> StepText:
+    """distances: (L, H) this image's mean attention distance per head, in pixels; images: how many images of this
+    model the figure averages (its crosses, drawn from 2 images on)."""
     best = facts.most_global_layer(distances)
     means = distances.mean(axis=1)  # (L,)
+    if images > 1:
+        average = f"The crosses average the {images} images you analysed with this model; add another"
+    else:
+        average = "With one image there is nothing to average yet: add another"
+    other = 0 if best else len(means) - 1  # the reveal compares the answer with another layer, never with itself
     return StepText(
         body=("For each head, average the distance in pixels between a patch and the patches it attends to, weighted "
               "by attention: its **mean attention distance** (paper Fig. 7, right). A CNN's first layers only see "
@@ -227,11 +237,12 @@ def how_far(g: Geometry, distances: np.ndarray, uniform: float) -> StepText:
         notice=(f"In layer 0 the heads range from **{distances[0].min():.0f} to {distances[0].max():.0f} px**; in the "
                 f"last layer from {distances[-1].min():.0f} to {distances[-1].max():.0f} px. Attention spread evenly "
                 f"would give {uniform:.0f} px (the dashed line)."),
-        try_this=("Draw another shape, or pick another example: the crosses average every image you analysed; does "
+        try_this=(f"{average} (draw a shape or pick an example in {SIDEBAR}) and the figure adds its crosses: does "
                   f"layer {best} stay the most global?"),
         question=question("Which layer has the most global heads (the largest mean distance)?",
                           list(range(g.num_layers)), best),
-        reveal=f"Layer {best}: {means[best]:.0f} px on average over its heads (layer 0: {means[0]:.0f} px).",
+        reveal=(f"Layer {best}: {means[best]:.0f} px on average over its heads (layer {other}: "
+                f"{means[other]:.0f} px)."),
         explore={"view": "Distance"},
     )
 
@@ -239,8 +250,9 @@ def how_far(g: Geometry, distances: np.ndarray, uniform: float) -> StepText:
 SHIFT_YES, SHIFT_NO = "Yes, it rises", "No, it stays the same"
 
 
-def prediction(g: Geometry, preds: Sequence[Prediction], outside: str | None) -> StepText:
-    """preds: the top classes, best first (at least one)."""
+def prediction(g: Geometry, preds: Sequence[Prediction], outside: str | None, thickness: str | None = None) -> StepText:
+    """preds: the top classes, best first (at least one); outside, thickness: a sentence on an image outside the
+    model's world, and on a ring with circle second (dashboard.draw.thickness_note), or None."""
     top = preds[0]
     runner = (f"; the runner-up, **{md(preds[1].label)}**, gets {pct(preds[1].prob)}" if len(preds) > 1 else "")
     gap = top.logit - preds[1].logit if len(preds) > 1 else 0.0
@@ -248,9 +260,10 @@ def prediction(g: Geometry, preds: Sequence[Prediction], outside: str | None) ->
         body=(f"After the last block, the {'class token' if g.has_class_token else 'pooled token'} goes through a final "
               f"norm and one linear layer, the **head**: {g.num_classes} scores (logits), one per class. Softmax turns "
               "them into probabilities that sum to 1."),
-        notice=f"The model says **{md(top.label)}** with **{pct(top.prob)}**{runner}." + (f" {outside}" if outside else ""),
-        try_this=("Turn on **Draw** and change your shape a little at a time: how far can you go before the answer "
-                  "changes?"),
+        notice=(f"The model says **{md(top.label)}** with **{pct(top.prob)}**{runner}."
+                + "".join(f" {extra}" for extra in (outside, thickness) if extra)),
+        try_this=(f"Turn on **Draw** in {SIDEBAR} and change your shape a little at a time: how far can you go "
+                  "before the answer changes?"),
         question=Question(f"If every logit rose by 5, would {md(top.label)}'s probability change?",
                           (SHIFT_YES, SHIFT_NO), 1),
         reveal=(f"No: softmax depends only on differences between logits. {md(top.label)} leads by {gap:.2f}, and "
@@ -291,13 +304,19 @@ def judged(text: StepText, verdict: int, auc: float, random_mean: float, random_
 
 
 def going_further(g: Geometry, label: str, settled: int) -> StepText:
-    """settled: the first logit-lens row from which on the top-1 class is the final one (0: the embeddings)."""
-    when = "already at the embeddings" if settled == 0 else f"after block {settled - 1}"
+    """settled: the first logit-lens row from which on the top-1 class is the final one (0: the embeddings, l: after
+    block l - 1; the last row, g.num_layers: only after the last block)."""
+    last = g.num_layers - 1
+    if settled == 0:
+        when = f"is **{md(label)}** already at the embeddings and stays so through every block"
+    elif settled > last:
+        when = f"becomes **{md(label)}** only after the last block (block {last}); before it, another class led"
+    else:
+        when = f"becomes **{md(label)}** after block {settled - 1} and stays so through the last (block {last})"
     return StepText(
         body=("Three tools researchers use next: **interventions** (drop patches or switch heads off and see the "
               "prediction change), the **logit lens** (the model's head read after every block, as in the figure), "
               "and **registers & norms** (tokens with huge norms that store global information)."),
-        notice=(f"Read after each of the {g.num_layers} blocks, the top class becomes **{md(label)}** {when} and "
-                "stays there."),
+        notice=f"Read after each of the {g.num_layers} blocks, the top class {when}.",
         try_this="Open **Interventions** and drop the patches your relevance map ranked highest: does the answer hold?",
     )

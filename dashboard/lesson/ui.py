@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from dashboard import caches, inputs
+from dashboard import caches, draw, inputs, session
 from dashboard.figures import base as figures
 from dashboard.figures.base import image_size, is_jpeg, recorded_text_px
 from dashboard.lesson import ahead, quiz, steps
@@ -297,7 +297,8 @@ def _distance(ctx: ViewContext) -> None:
     figure = attention.distance_figure(ctx)
     place = arrange(ctx, figure)
     show_figure(place, figure)
-    say(place, steps.how_far(g, distances, analyses.uniform_attention_distance(g.grid, g.patch_size)), "7")
+    images = len(session.distance_history(ctx.request.key))  # the figure's crosses average these (from 2 on)
+    say(place, steps.how_far(g, distances, analyses.uniform_attention_distance(g.grid, g.patch_size), images), "7")
 
 
 NO_HEAD = ("This model has no classifier head: its output is a feature vector, not classes. Load weights with a head "
@@ -314,7 +315,8 @@ def _prediction(ctx: ViewContext) -> None:
     figure = prediction.top_classes_figure(ctx, k)
     place = arrange(ctx, figure)
     show_figure(place, figure)
-    say(place, steps.prediction(g, preds, outside_its_world(ctx.loaded.name, ctx.loaded.labels, preds[0])), "8")
+    say(place, steps.prediction(g, preds, outside_its_world(ctx.loaded.name, ctx.loaded.labels, preds[0]),
+                                draw.thickness_note(ctx.loaded.name, [p.label for p in preds])), "8")
     relevance_ahead(ctx)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import text
+from dashboard import draw, text
 from dashboard.figures import pipeline as pipeline_figures
 from dashboard.image_choice import markdown_literal
 from dashboard.inputs import SOURCE_WORDS
@@ -99,6 +99,9 @@ def drawing_result(ctx: ViewContext, area) -> None:
         st.markdown(f"**Prediction: {markdown_literal(preds[0].label)}** ({preds[0].prob:.0%})")
         for p in preds:
             st.progress(min(1.0, max(0.0, p.prob)), text=f"{markdown_literal(p.label)} {p.prob:.1%}")
+        note = draw.thickness_note(ctx.loaded.name, [p.label for p in preds])  # "ring", "circle" second: why
+        if note:
+            st.info(note, icon=":material/line_weight:")
 
 
 def outside_its_world(model_name: str, labels: tuple[str, ...] | None, top: analyses.Prediction) -> str | None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from dashboard.lesson import facts, quiz, steps
-from dashboard.lesson.ui import WIDE_MAX, figure_width
+from dashboard import draw
+from dashboard.lesson.ui import MIN_TEXT_PX, WIDE_MAX, figure_width
 from vit_core import Geometry
 from vit_core.analyses import AttentionMap, Prediction
 
@@ -142,6 +143,59 @@ def test_rollout_question_compares_the_first_layer_with_all_layers():
     assert steps.through_layers(g, 2, focused, even, focused).question.right_option == steps.MORE_FOCUSED
 
 
+def test_the_distance_step_speaks_of_crosses_only_once_there_are_some():
+    """The figure draws its crosses (the session's average) from 2 images on: with one image the step says there is
+    nothing to average yet, not "the crosses average every image"."""
+    g = geometry(layers=3)
+    distances = np.array([[5.0, 30.0, 8.0, 9.0], [20.0, 22.0, 25.0, 21.0], [10.0, 12.0, 11.0, 9.0]])
+    one = steps.how_far(g, distances, uniform=14.0, images=1)
+    assert "crosses average" not in one.try_this and "nothing to average yet" in one.try_this
+    three = steps.how_far(g, distances, uniform=14.0, images=3)
+    assert "The crosses average the 3 images" in three.try_this
+
+
+def test_the_distance_reveal_compares_the_answer_with_another_layer():
+    g = geometry(layers=3)
+    first_most_global = np.array([[40.0, 50.0, 45.0, 47.0], [20.0, 22.0, 25.0, 21.0], [10.0, 12.0, 11.0, 9.0]])
+    text = steps.how_far(g, first_most_global, uniform=14.0)
+    assert text.question.right_option == "0"
+    assert text.reveal == "Layer 0: 46 px on average over its heads (layer 2: 10 px)."  # not "(layer 0: 46 px)"
+    later = steps.how_far(g, first_most_global[::-1].copy(), uniform=14.0)
+    assert later.reveal == "Layer 2: 46 px on average over its heads (layer 0: 10 px)."
+
+
+def test_the_last_step_says_when_the_top_class_settles_in_the_logit_lens():
+    g = geometry(layers=4)  # rows: the embeddings, after blocks 0-3
+    only_last = steps.going_further(g, "circle", facts.top_layer_from(np.array([1, 1, 2, 1, 0])))
+    assert "only after the last block (block 3)" in only_last.notice and "stays" not in only_last.notice
+    settled = steps.going_further(g, "circle", facts.top_layer_from(np.array([1, 0, 0, 0, 0])))
+    assert "after block 0 and stays so through the last (block 3)" in settled.notice
+    at_once = steps.going_further(g, "circle", facts.top_layer_from(np.array([0, 0, 0, 0, 0])))
+    assert "already at the embeddings" in at_once.notice
+
+
+def test_a_ring_with_circle_second_is_told_that_the_stroke_decides():
+    """Only for the bundled Shapes ViT, only ring first and circle second; said in step 8's Notice."""
+    assert draw.thickness_note(draw.TEACHING_MODEL, ["ring", "circle", "other"]) == draw.RING_OR_CIRCLE
+    assert "thickness decides" in draw.RING_OR_CIRCLE and draw.RING_OR_CIRCLE.count(". ") == 0  # one sentence
+    for labels in (["circle", "ring"], ["ring", "square"], ["ring"]):
+        assert draw.thickness_note(draw.TEACHING_MODEL, labels) is None
+    assert draw.thickness_note("vit_base_patch16_224", ["ring", "circle"]) is None
+    preds = [Prediction(5, "ring", 0.908, 6.0), Prediction(0, "circle", 0.017, 2.0)]
+    text = steps.prediction(geometry(), preds, None, draw.thickness_note(draw.TEACHING_MODEL, ["ring", "circle"]))
+    assert text.notice.endswith(draw.RING_OR_CIRCLE)
+
+
+def test_the_default_pen_draws_a_circle_thin_by_the_model_cards_rule():
+    """The Shapes ViT's circle is an outline at most 8 % of its radius (vit_core/teaching/data.py): the default pen
+    stays inside that for a circle a third of the canvas across, and is thicker than the thinnest pen it was
+    trained on once scaled to its 96 px input."""
+    from vit_core.teaching.data import MIN_STROKE_PX
+
+    assert draw.DEFAULT_STROKE_PX <= draw.CIRCLE_MAX_STROKE * draw.CANVAS_PX / 6
+    assert draw.DEFAULT_STROKE_PX * 96 / draw.CANVAS_PX >= MIN_STROKE_PX
+
+
 def test_prediction_step_names_the_top_class_and_its_probability():
     preds = [Prediction(4, "star", 0.931, 6.0), Prediction(0, "circle", 0.05, 3.1)]
     text = steps.prediction(geometry(), preds, None)
@@ -210,6 +264,13 @@ def test_figure_width_fits_the_box():
     assert figure_width((1000, 100), (820, 340)) == 820  # width-bound
     assert figure_width((400, 400), (520, 540)) == 520
     assert figure_width((10, 1000), WIDE_MAX) == 120  # never a sliver
+
+
+def test_figure_width_makes_the_smallest_text_legible_where_the_box_allows():
+    # a short, wide figure whose 15 px text would show at 15 px at its height-bound width: widened to MIN_TEXT_PX
+    assert figure_width((600, 300), (900, 300), text_px=15) == int(600 * MIN_TEXT_PX / 15)
+    assert figure_width((600, 300), (700, 300), text_px=15) == 700  # as far as the box's width allows
+    assert figure_width((600, 300), (900, 300), text_px=None) == 600  # no text: the box decides
 
 
 def test_the_page_scripts_are_not_in_a_folder_streamlit_takes_for_its_file_based_pages():
