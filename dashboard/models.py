@@ -59,7 +59,7 @@ MAX_MODEL_NAME = 200  # a typed model name longer than this is refused before ti
 ANY_MODEL_MODULES = ("vision_transformer", "deit")
 
 # The labels are what the sidebar's picker shows: each fits its 190 px at 1280 px and on a phone (longer ones were cut
-# mid-word, "works offlir"), measured in the browser by tests/browser/test_browser.py.
+# mid-word, "works offlir"), measured in the browser by tests/browser/test_explorer_layout_browser.py.
 MODEL_CHOICES: dict[str, str] = {
     "vit_base_patch16_224": "ViT-B/16, ImageNet (default)",
     "vit_small_patch16_224": "ViT-S/16, small",
