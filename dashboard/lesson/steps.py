@@ -226,9 +226,11 @@ def how_far(g: Geometry, distances: np.ndarray, uniform: float, images: int = 1)
     best = facts.most_global_layer(distances)
     means = distances.mean(axis=1)  # (L,)
     if images > 1:
-        average = f"The crosses average the {images} images you analysed with this model; add another"
+        average = (f"The crosses average the {images} images you analysed with this model: draw another shape or pick "
+                   f"another example in {SIDEBAR}, and they move.")
     else:
-        average = "With one image there is nothing to average yet: add another"
+        average = (f"With one image there is nothing to average yet: draw a shape or pick another example in {SIDEBAR}, "
+                   "and the figure adds crosses, the average of your images.")
     other = 0 if best else len(means) - 1  # the reveal compares the answer with another layer, never with itself
     return StepText(
         body=("For each head, average the distance in pixels between a patch and the patches it attends to, weighted "
@@ -237,8 +239,7 @@ def how_far(g: Geometry, distances: np.ndarray, uniform: float, images: int = 1)
         notice=(f"In layer 0 the heads range from **{distances[0].min():.0f} to {distances[0].max():.0f} px**; in the "
                 f"last layer from {distances[-1].min():.0f} to {distances[-1].max():.0f} px. Attention spread evenly "
                 f"would give {uniform:.0f} px (the dashed line)."),
-        try_this=(f"{average} (draw a shape or pick an example in {SIDEBAR}) and the figure adds its crosses: does "
-                  f"layer {best} stay the most global?"),
+        try_this=f"{average} Does layer {best} stay the most global?",
         question=question("Which layer has the most global heads (the largest mean distance)?",
                           list(range(g.num_layers)), best),
         reveal=(f"Layer {best}: {means[best]:.0f} px on average over its heads (layer {other}: "

@@ -117,7 +117,17 @@ def arrange(ctx: ViewContext, probe: bytes | None, place: Layout | None = None) 
     return place
 
 
+# The main area's words for the back row: the sentences, the questions and their options at BODY_PX (Streamlit's
+# 16 px body and 14 px widget labels read small on a projector). The sidebar keeps its own sizes.
+BODY_PX = 18
+LESSON_CSS = f"""
+[data-testid="stMain"] [data-testid="stMarkdownContainer"] :is(p, li),
+[data-testid="stMain"] [data-testid="stWidgetLabel"] p {{ font-size: {BODY_PX}px; }}
+"""
+
+
 def lesson(ctx: ViewContext) -> None:
+    st.html(f"<style>{LESSON_CSS}</style>")
     step = requested_step()
     step_bar(step)
     DRAW[step - 1](ctx)

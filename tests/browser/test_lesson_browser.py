@@ -1,8 +1,11 @@
 """The lesson (/lesson?step=N) in a real browser at a projector's 1280 x 720, on the bundled Shapes ViT (offline):
-every step opened by its URL shows its main figure whole inside the first 720 px, Next leads to the following
-step, nothing on the page is an exception; a predict-then-reveal question and the concept check answered as a
-student would. Screenshots: tests/artifacts/lesson_step<N>.png. Skipped like the other browser tests where no
-chromium is installed."""
+the page opens with the sidebar collapsed (the inputs one click away); every step opened by its URL shows its main
+figure whole inside the first 720 px, with its text at least 18 px on the screen (measured as the presenter test
+measures 14 px: the smallest text each picture records, times its displayed over its natural width), and its
+controls, its "Reveal the answer" and its links inside the first 720 px too; Next leads to the following step and
+leaves no tooltip over the page; nothing on the page is an exception; a predict-then-reveal question and the concept
+check answered as a student would. Screenshots: tests/artifacts/lesson_step<N>.png. Skipped like the other browser
+tests where no chromium is installed."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ import re
 
 import pytest
 
+from browser.test_presenter_browser import FIGURES_JS, shown_text_px
 from dashboard.lesson import quiz
 from dashboard.lesson.steps import COUNT, STEPS
+from dashboard.lesson.ui import MIN_TEXT_PX
 from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, settle
 from tools import loadtest
 from vit_core.loading import teaching_model_available
@@ -41,7 +46,32 @@ def projector(page, server):
     settle(page)
     assert not any("Page not found" in text for text in seen)
     assert f"Step 4 of {COUNT}" in bar_text(page)
+    sidebar = page.locator('[data-testid="stSidebar"]').bounding_box()
+    assert sidebar is None or sidebar["x"] + sidebar["width"] <= 1, sidebar  # collapsed: the step has the 1280 px
+    assert page.locator('[data-testid="stExpandSidebarButton"]').count() == 1  # the inputs: one click away
     return page
+
+
+# The step's own controls and links in the main area (not the concept check's expanders): their boxes' bottoms.
+CONTROLS_JS = """() => {
+  const main = document.querySelector('[data-testid=stMain]');
+  const ids = ['stButton', 'stSlider', 'stSelectbox', 'stRadio', 'stCheckbox', 'stPageLink'];
+  return [...main.querySelectorAll(ids.map(id => `[data-testid=${id}]`).join(','))]
+    .filter(el => !el.closest('[data-testid=stExpander]') && el.offsetParent !== null)
+    .map(el => ({what: el.getAttribute('data-testid') + ' ' + el.innerText.trim().split('\\n')[0].slice(0, 40),
+                 bottom: el.getBoundingClientRect().bottom + scrollY}));
+}"""
+
+
+def assert_readable_first_screen(page, step: int) -> float | None:
+    """The step's figure text at least MIN_TEXT_PX, its controls and links inside the first screen; -> the smallest
+    figure text (None: its figure has no text)."""
+    page.evaluate("() => window.scrollTo(0, 0)")
+    sizes = [px for figure in page.evaluate(FIGURES_JS) for _, px in shown_text_px(page, figure)]
+    assert all(px >= MIN_TEXT_PX for px in sizes), f"step {step}: figure text {sizes} px"
+    low = [c for c in page.evaluate(CONTROLS_JS) if c["bottom"] > PROJECTOR["height"]]
+    assert not low, f"step {step}: below the first screen: {low}"
+    return min(sizes) if sizes else None
 
 
 def bar_text(page) -> str:
@@ -61,6 +91,7 @@ def assert_figure_above_the_fold(page, step: int) -> None:
 
 def test_every_step_by_its_url_shows_its_figure_above_the_fold_and_next_leads_on(projector, server):
     page = projector
+    smallest = {}
     for step in range(1, COUNT + 1):
         page.goto(f"{server}/lesson?step={step}")
         settle(page)
@@ -68,6 +99,7 @@ def test_every_step_by_its_url_shows_its_figure_above_the_fold_and_next_leads_on
         assert "Page not found" not in page.locator("body").inner_text()
         assert f"Step {step} of {COUNT}: {STEPS[step - 1].title}" in bar_text(page)
         assert_figure_above_the_fold(page, step)
+        smallest[step] = assert_readable_first_screen(page, step)
         page.screenshot(path=str(ARTIFACTS / f"lesson_step{step}.png"))
         next_button = page.locator(".st-key-lesson_next").get_by_role("button")
         if step == COUNT:
@@ -79,6 +111,37 @@ def test_every_step_by_its_url_shows_its_figure_above_the_fold_and_next_leads_on
         assert re.search(rf"[?&]step={step + 1}(&|$)", page.url), page.url
         assert f"Step {step + 1} of {COUNT}" in bar_text(page)
         assert_figure_above_the_fold(page, step + 1)
+        assert not page.locator('[data-testid="stTooltipContent"]').count(), f"step {step + 1}: a tooltip after Next"
+    assert any(px is not None for px in smallest.values())  # the measurement found text to measure
+    print("smallest figure text per step at 1280 x 720 (px):", {k: v and round(v, 1) for k, v in smallest.items()})
+
+
+def test_the_last_steps_check_starts_in_the_first_screen(projector, server):
+    page = projector
+    page.goto(f"{server}/lesson?step={COUNT}")
+    settle(page)
+    check = page.locator('[data-testid="stExpander"]').filter(has_text="Check what you learned")
+    first = check.locator('[data-testid="stRadio"]').first.bounding_box()
+    assert first is not None and first["y"] + 60 <= PROJECTOR["height"], first  # its first question's start at least
+
+
+def test_step_9_shows_its_figure_and_controls_in_the_first_screen_after_next(projector, server):
+    """Next from step 8 on a fresh image: step 9's relevance map, its Method list, its question's reveal and its
+    explorer link inside the first 720 px (the reveal sat at y = 717 and the link below, with the sidebar open)."""
+    page = projector
+    page.goto(f"{server}/lesson?step=8&example=Shape%3A%20heart")
+    settle(page)
+    page.locator(".st-key-lesson_next").get_by_role("button").click()
+    settle(page)
+    no_exception(page)
+    assert f"Step 9 of {COUNT}" in bar_text(page)
+    assert_figure_above_the_fold(page, 9)
+    assert_readable_first_screen(page, 9)
+    main = page.locator('[data-testid="stMain"]')
+    for element in (main.get_by_text("Reveal the answer"), main.get_by_text("Open the Why? view in the explorer"),
+                    main.locator('[data-testid="stSelectbox"]').filter(has_text="Method")):
+        box = element.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= PROJECTOR["height"], box
 
 
 def pick(page, question_label: str, option: str) -> None:
