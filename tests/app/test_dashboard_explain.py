@@ -426,7 +426,7 @@ def judgement_over(beaten: dict[str, set[str]], tests: tuple[str, ...] = explain
     return explain.Judgement(target=0, steps=10, methods=tuple(beaten), results=results)
 
 
-def tests_said_for(sentence: str, method: str, tests: list[str]) -> set[str]:
+def named_tests_of(sentence: str, method: str, tests: list[str]) -> set[str]:
     """The tests the sentence says `method` beat random on: its clause (clauses are split by ';', the head by '.'),
     read as written: 'A only', 'every test', 'every test but A and B', 'no test'."""
     title = text.METHOD_TITLES[method]
@@ -465,7 +465,7 @@ def test_the_verdict_sentence_names_each_methods_own_tests_from_the_table(beaten
         row = next(r for r in rows if r.startswith(f"| {text.METHOD_TITLES[m]} |"))
         ticked = {t for t, cell in zip(columns, row.split("|")[2:-1], strict=True) if cell.strip().endswith("✓")}
         assert ticked == beaten[m]  # the table itself, as built
-        assert tests_said_for(sentence, m, columns) == ticked, (m, sentence)
+        assert named_tests_of(sentence, m, columns) == ticked, (m, sentence)
     assert ("**All 6 tests agree on" in sentence) == any(len(v) == 6 for v in beaten.values())
 
 
