@@ -263,3 +263,30 @@ def examples_shown(at: AppTest) -> str:
     """The name of the image the sidebar says is shown ("Shown: **name** (source)")."""
     line = next(c.value for c in at.sidebar.caption if c.value.startswith("Shown: **"))
     return line.split("**")[1]
+
+
+def test_a_refused_drawing_is_said_in_the_main_area_above_the_canvas_and_figures(tiny_env, monkeypatch):
+    """A drawing the canvas check refuses: said first in the main area (above the canvas, its result and the tabs),
+    with the previous drawing still shown; nothing of it in the sidebar."""
+    import sys
+
+    from app.test_draw_canvas import FakeCanvas
+    from dashboard import session
+    from support.hostile_canvas import canvas_drawing, data_url, hostile_canvas_values
+
+    at = run_app(view="Attention")
+    at.toggle(key=session.K_DRAW_ON).set_value(True).run()
+    canvas = FakeCanvas()
+    monkeypatch.setattr(sys.modules["streamlit_drawable_canvas"], "st_canvas", canvas)
+    canvas.url = data_url(canvas_drawing())
+    at.run()
+    assert_healthy(at)
+    assert not at.error
+    canvas.url = hostile_canvas_values()["fits"]
+    at.run()
+    assert_healthy(at)
+    assert not at.sidebar.error
+    order = main_area_order(at)
+    error = next(i for i, (kind, value) in enumerate(order) if kind == "error" and value.startswith("drawing.png: "))
+    assert order[error + 1] == ("caption", "Still showing drawing.png.")
+    assert error < [kind for kind, _ in order].index("image")  # above the drawing's crop and every figure
