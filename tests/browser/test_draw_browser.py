@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 import vit_core
-from dashboard.draw import CANVAS_PX, canvas_png, has_strokes
+from dashboard.draw import CANVAS_PX, RING_OR_CIRCLE, canvas_png, has_strokes
 from dashboard.views import RENAMED, VIEWS
 from support.browser import ARTIFACTS, CHROMIUM, no_exception, open_tab, settle
 
@@ -186,3 +186,67 @@ def test_a_drawing_on_a_high_density_screen_is_accepted(page, server):
         assert found.group(1) in LABELS
     finally:
         dense.close()
+
+
+def circle_path(cx: float, cy: float, radius: float, corners: int = 48) -> list[tuple[float, float]]:
+    """A circle as a student draws it in one stroke, starting and ending at its lowest point (a stroke can't start
+    under the canvas's toolbar, over its top right corner)."""
+    angles = [math.pi / 2 + 2 * math.pi * k / corners for k in range(corners + 1)]
+    return [(cx + radius * math.cos(a), cy + radius * math.sin(a)) for a in angles]
+
+
+def draw_circle(page, pen_px: int | None = None) -> str:
+    """On a fresh page of the module's server: turn on Draw, set the pen to `pen_px` (None: the default), draw a circle
+    across most of the canvas; the main area's text once the prediction is shown."""
+    settle(page)
+    page.locator('[data-testid="stSidebar"]').get_by_text("Draw", exact=True).first.click()
+    settle(page)
+    if pen_px is not None:
+        slider = page.locator('[data-testid="stSlider"]').filter(has_text="Stroke width")
+        value = slider.locator('[data-testid="stSliderThumbValue"]')
+        slider.get_by_role("slider").focus()
+        for _ in range(pen_px - int(value.inner_text())):
+            page.keyboard.press("ArrowRight")
+        settle(page)
+        assert int(value.inner_text()) == pen_px
+    canvas = page.locator("canvas.upper-canvas").first
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    stroke(page, circle_path(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, 0.38 * box["width"]))
+    settle(page)
+    no_exception(page)
+    return main_text(page)
+
+
+THICKNESS = RING_OR_CIRCLE.split(":")[0]  # the sentence's start, as the page shows it (without its Markdown)
+
+
+@pytest.fixture
+def fresh_page(page, server):
+    """A page of its own on the module's server (a session of its own), at 1280 x 720."""
+    fresh = page.context.browser.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        fresh.goto(server)
+        yield fresh
+    finally:
+        fresh.close()
+
+
+@in_browser
+def test_a_circle_drawn_with_the_default_pen_reads_circle(fresh_page):
+    """The default pen is thin enough for the model card's circle (an outline at most 8 % of the radius): with the
+    former 12 px pen the same circle read "ring (90.8 %)"."""
+    text = draw_circle(fresh_page)
+    fresh_page.screenshot(path=str(ARTIFACTS / "draw_circle_default_pen.png"))
+    found = PREDICTION.search(text)
+    assert found is not None and found.group(1) == "circle", found and found.group(0)
+    assert THICKNESS not in text
+
+
+@in_browser
+def test_a_thick_circle_read_as_ring_says_that_the_stroke_decides(fresh_page):
+    text = draw_circle(fresh_page, pen_px=12)
+    fresh_page.screenshot(path=str(ARTIFACTS / "draw_circle_thick_pen.png"))
+    found = PREDICTION.search(text)
+    assert found is not None and found.group(1) == "ring", found and found.group(0)
+    assert THICKNESS in text
