@@ -5,13 +5,16 @@ check says what was right and remembers the start across steps."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import assert_healthy, run_app
 from dashboard import examples
-from dashboard.lesson import facts, quiz
+from dashboard.lesson import ahead, facts, quiz
 from dashboard.lesson.steps import COUNT, STEPS
 from vit_core import TEACHING_MODEL, export, load_model, run_with_capture
 from vit_core.images import load_image
@@ -177,3 +180,29 @@ def test_the_one_image_page_is_still_the_default(tiny_env):
     at = run_app()
     assert at.tabs  # the explorer's tabs, not the lesson
     assert not [s for s in at.selectbox if s.key and s.key.startswith("lesson_")]
+
+
+@needs_shapes
+def test_step_9_shows_its_map_first_while_step_8s_maps_are_still_being_made(shapes_env, monkeypatch):
+    """Next from step 8 while the relevance maps started there (dashboard.lesson.ahead) are still being made: step 9
+    draws the shown method's map and waits for the job behind a progress line; once done, the whole step with its
+    Method list, one figure (the first replaced by the final one in the same place)."""
+    at = lesson_at(8)
+    job = concurrent.futures.Future()
+    job.set_running_or_notify_cancel()
+    asked = []
+
+    def still_running(key):
+        asked.append(key)
+        threading.Timer(0.3, job.set_result, (None,)).start()  # the job ends while step 9 waits for it
+        return job
+
+    monkeypatch.setattr(ahead, "running", still_running)
+    at.button(key="lesson_next").click().run()
+    assert_healthy(at)
+    assert shown_step(at) == 9 and asked and job.done()
+    assert len(at.get("image")) == 1
+    assert at.selectbox(key="lesson_method_9").value == "chefer"
+    words = texts(at)
+    assert words.count("A **relevance map** scores each patch") == 1  # the first sentences, not twice
+    assert "**Notice.**" in words

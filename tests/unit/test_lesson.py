@@ -5,13 +5,14 @@ runs the page)."""
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dashboard.lesson import facts, quiz, steps
 from dashboard import draw
+from dashboard.lesson import ahead, facts, quiz, steps
 from dashboard.lesson.ui import MIN_TEXT_PX, WIDE_MAX, figure_width
 from vit_core import Geometry
 from vit_core.analyses import AttentionMap, Prediction
@@ -280,3 +281,31 @@ def test_the_page_scripts_are_not_in_a_folder_streamlit_takes_for_its_file_based
     assert not (DASHBOARD_APP.parent / "pages").exists()
     app = DASHBOARD_APP.read_text()
     assert re.search(r'st\.Page\("page_scripts/lesson\.py".*?url_path="lesson"', app)
+
+
+# ----------------------------------------------------------------------------------------------
+# ahead: step 9's maps made while step 8 shows
+
+
+def test_work_made_ahead_runs_once_per_key_and_a_queued_job_is_made_by_its_step():
+    release, calls = threading.Event(), []
+
+    def slow(name: str):
+        calls.append(name)
+        release.wait(10)
+
+    ahead.start("a", lambda: slow("a"))
+    ahead.start("a", lambda: slow("a again"))  # already under way: not started twice
+    ahead.start("b", lambda: slow("b"))  # queued behind "a" (one worker)
+    for _ in range(200):  # until the worker has picked "a"
+        if calls:
+            break
+        threading.Event().wait(0.01)
+    running = ahead.running("a")
+    assert running is not None and not running.done()
+    assert ahead.running("b") is None  # still queued: cancelled, its step makes it itself
+    release.set()
+    ahead.wait(running)
+    assert ahead.running("a") is None  # done: the result is in the caches, nothing left to wait for
+    ahead.wait(None)
+    assert calls == ["a"]
