@@ -4,7 +4,8 @@ with the sidebar open, and a phone's 390 x 844. Everything is measured from the 
 - the Why? tab's maps start on one line (a method's name wrapping above its map pushed that map down);
 - the Interventions tab's controls come before the prediction's change they make, both in the first screen;
 - the Model picker's labels fit its box (a cut label read "works offlir");
-- a refused upload is said in the main area, in the first screen and above the figures, with the image still shown;
+- a refused upload is said in the main area, in the first screen and above the figures, with the image still shown
+  (on One image and on the Lesson page);
 - on a phone, the Pipeline tab's image is no wider than the crop the model sees.
 
 Screenshots go to tests/artifacts/explorer_*.png (gitignored).
@@ -133,10 +134,12 @@ def test_the_model_pickers_labels_fit_its_box(browser, server, size):
     assert not too_wide, (picker["room"], too_wide)
 
 
-@pytest.mark.parametrize("size", [PROJECTOR, PHONE], ids=["1280", "390"])
-def test_a_refused_upload_is_said_in_the_first_screen_above_the_figures(browser, server, size):
+@pytest.mark.parametrize("size, path", [(PROJECTOR, f"?view={quote(RENAMED['Pipeline'])}"), (PHONE, ""),
+                                        (PHONE, "lesson")], ids=["1280", "390", "lesson-390"])
+def test_a_refused_upload_is_said_in_the_first_screen_above_the_figures(browser, server, size, path):
     with page_at(browser, size) as page:
-        open_view(page, server, RENAMED["Pipeline"])
+        page.goto(f"{server}/{path}")
+        settle(page)
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
             files=[{"name": "fake.png", "mimeType": "image/png", "buffer": b"this is a text file, not a picture\n"}])
         settle(page)
@@ -149,7 +152,7 @@ def test_a_refused_upload_is_said_in_the_first_screen_above_the_figures(browser,
         still = main.get_by_text("Still showing Shape: circle.", exact=True).bounding_box()
         figure = boxes(page, '[data-testid=stImage] img')[0]
         sidebar_errors = page.locator('[data-testid="stSidebar"] [data-testid="stAlertContentError"]').count()
-        page.screenshot(path=str(ARTIFACTS / f"explorer_{size[0]}x{size[1]}_refused_upload.png"))
+        page.screenshot(path=str(ARTIFACTS / f"explorer_{size[0]}x{size[1]}_refused_upload{'_lesson' * (path == 'lesson')}.png"))
     assert sidebar_errors == 0
     assert 0 <= said["y"] and said["y"] + said["height"] <= size[1], said  # in the first screen
     assert still is not None and still["y"] + still["height"] <= min(figure["top"], size[1]), (still, figure)
