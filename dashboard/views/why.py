@@ -243,8 +243,8 @@ def _which_tests(passed: tuple[str, ...], tests: list[str]) -> str:
 
 def agreement_sentence(judged: explain.Judgement, methods: list[str]) -> str:
     """What the table says, method by method: the methods that beat random on every test if any do (or that no map
-    beats random anywhere), then each method's own tests, those with the same tests named together. Methods are merged only where their ✓ cells are
-    the same: a summary never names a test for a method whose row does not show it."""
+    beats random anywhere), then each method's own tests, those with the same tests named together. Methods are
+    merged only where their ✓ cells are the same: a summary never names a test for a method whose row lacks it."""
     shown = [m for m in methods if m in judged.methods]
     tests = list(judged.results)
     passed = {m: tuple(t for t in tests if judged.results[t].verdict(m).beats) for m in shown}
