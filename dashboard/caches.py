@@ -261,6 +261,12 @@ def relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, ca
     return _relevance(request.key, image.sha, int(target), loaded, cap)
 
 
+def relevance_kept(request: ModelRequest, image: ImageChoice, target: int) -> bool:
+    """Whether `relevance` has the maps of this image and class with the rule chosen at hand (a light model's are
+    kept so from the start), so that asking for them costs nothing now."""
+    return _chosen_relevance.get((request.key, image.sha, int(target))) is not None
+
+
 def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
                      target: int) -> explain.Relevance:
     """`relevance` with the LRP rule chosen on this image (explain.relevance_maps with its gamma choice): computed now

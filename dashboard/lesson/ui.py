@@ -366,23 +366,25 @@ FIRST_METHOD = "chefer"
 
 
 def figure_first(ctx: ViewContext, target: int, job) -> Layout | None:
-    """While step 8's job (`ahead`) still makes every method's map: the shown method's map alone and the step's
-    first sentences at once, a progress line where the Method list will be, until the job is done. The layout,
-    or None where no map could be drawn alone (then only the progress line, in the main area)."""
+    """Step 9 before every method's map is made (by step 8's `job` from `ahead`, or None: here): the shown method's
+    map alone and the step's first sentences at once, a progress line where the Method list will be, until all the
+    maps are made. The layout, or None where no map could be drawn alone (then only the progress line)."""
     shown = st.session_state.get(WHY_METHOD_KEY, FIRST_METHOD)
     quick = quick_map_figure(ctx, target, shown)
-    if quick is None:
-        with st.spinner("Making the relevance maps..."):
-            ahead.wait(job)
-        return None
-    figure, amap = quick
-    place = arrange(ctx, figure)
-    show_figure(place, figure, key=f"{FIGURE_KEY}_first")  # replaced by the final one, the same map
-    early = place.words.empty()
-    early.markdown(steps.why(ctx.loaded.geometry, ctx.loaded.label(target), METHOD_TITLES.get(shown, shown), amap).body)
-    with place.controls, st.spinner("Making the other methods' maps (for the Method list)..."):
+    place = early = None
+    if quick is not None:
+        figure, amap = quick
+        place = arrange(ctx, figure)
+        show_figure(place, figure, key=f"{FIGURE_KEY}_first")  # replaced by the final one, the same map
+        early = place.words.empty()
+        early.markdown(steps.why(ctx.loaded.geometry, ctx.loaded.label(target), METHOD_TITLES.get(shown, shown),
+                                 amap).body)
+    with place.controls if place is not None else st.container(), \
+            st.spinner("Making the other methods' maps (for the Method list)..."):
         ahead.wait(job)
-    early.empty()  # the step's words follow in full
+        caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)  # unless the job made them
+    if early is not None:
+        early.empty()  # the step's words follow in full
     return place
 
 
@@ -393,8 +395,10 @@ def _why(ctx: ViewContext) -> None:
         return
     target = int(np.argmax(ctx.cap.logits))
     job = ahead.running(_relevance_key(ctx, target))  # step 8 started the maps: still being made?
-    place = figure_first(ctx, target, job) if job is not None else None
-    relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)
+    made_here = serving.light_pass(ctx.loaded) and not caches.relevance_kept(ctx.request, ctx.image, target)
+    place = figure_first(ctx, target, job) if job is not None or made_here else None
+    with st.spinner("Making the relevance maps..."):  # a larger model's, made here: seconds on a CPU
+        relevance = caches.relevance(ctx.request, ctx.loaded, ctx.image, ctx.cap, target)
     methods = [m for m in explain.METHODS if m in relevance.maps]
     first = methods.index(FIRST_METHOD) if FIRST_METHOD in methods else 0
     if place is None:

@@ -1,7 +1,7 @@
 """Time the lesson's Next from step 8 (the prediction) to step 9 (why this prediction?) in a real browser at a
 projector's 1280 x 720, on the bundled Shapes ViT, as a class sees it.
 
-    .venv/bin/python -m tools.benchmarks.lesson_browser [--rounds 3] [--shots DIR]
+    .venv/bin/python -m tools.benchmarks.lesson_browser [--rounds 3] [--shots DIR] [--at-once]
 
 Starts the dashboard with the bundled Shapes ViT as `tools/dashboard` does (offline), drives Debian's chromium with
 Playwright, and for each round opens a fresh session on another shape example at /lesson?step=8 (nothing of step 9
@@ -13,7 +13,9 @@ Three figures per press, on the page's own clock (MutationObservers and requestA
 - figure: step 9's main figure is painted (a loaded picture in the lesson's figure box, not the one step 8 showed, and
   not greyed as stale while the script still runs): what the student waits for;
 - done: the app's run state turned to finished (everything of the step drawn).
-With --shots, a screenshot of each round's step 9 once the run finished.
+With --shots, a screenshot of each round's step 9 once the run finished. Step 8 makes step 9's maps ahead
+(dashboard/lesson/ahead.py); --at-once presses Next before that can have finished (as soon as step 8's run ends), so
+step 9 shows its first map and the rest as it comes.
 """
 
 from __future__ import annotations
@@ -64,11 +66,16 @@ WATCH_NEXT = """() => {
 }"""
 
 
-def next_to_step_9(page, url: str, shot: Path | None) -> dict[str, float]:
+def next_to_step_9(page, url: str, shot: Path | None, at_once: bool = False) -> dict[str, float]:
     """Open step 8 at `url`, press Next, wait for step 9 to finish. -> seconds from the press to the title, the
-    figure painted and the run finished."""
+    figure painted and the run finished. `at_once`: Next is pressed as soon as step 8's run has finished (a presenter
+    paging through), not after the page has settled."""
     page.goto(url)
-    settle(page)
+    if at_once:
+        page.wait_for_selector('[class*="st-key-lesson_figure"] img', timeout=STEP_TIMEOUT_MS)
+        page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=STEP_TIMEOUT_MS)
+    else:
+        settle(page)
     page.evaluate(WATCH_NEXT)
     page.locator(".st-key-lesson_next").get_by_role("button").click()
     page.wait_for_function("window.__next.done !== null && window.__next.figure !== null", timeout=STEP_TIMEOUT_MS)
@@ -86,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="shape examples timed, each in a fresh session (<= 8)")
     parser.add_argument("--shots", type=Path, default=None, help="a folder for each round's screenshot of step 9")
+    parser.add_argument("--at-once", action="store_true",
+                        help="press Next as soon as step 8's run has finished, not once the page has settled")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     example = f"Shape: {shape}"
                     page = browser.new_page(viewport=PROJECTOR)  # a fresh session: nothing of its own cached
                     shot = None if args.shots is None else args.shots / f"lesson_step9_{shape}.png"
-                    seen = next_to_step_9(page, f"{url}/lesson?step=8&example={quote(example)}", shot)
+                    seen = next_to_step_9(page, f"{url}/lesson?step=8&example={quote(example)}", shot, args.at_once)
                     page.close()
                     times.append(seen)
                     print(f"{example:16s} Next -> step 9's title {seen['title']:.2f} s, its figure {seen['figure']:.2f}"
