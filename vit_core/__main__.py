@@ -34,6 +34,7 @@ from .runtime import one_blas_thread
 one_blas_thread()  # before numpy is imported, which the imports below do
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
@@ -41,7 +42,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from . import settings
 from .errors import ViTLensError
@@ -59,6 +60,7 @@ EXIT_FAILURES = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 ENGINES = ("local", "ray")
 RAY_EXTRA = 'pip install "vit-lens[ray]"'
+RAY_LOG = "ray.log"  # in DIR/parts: what Ray itself prints while it runs the shards, away from the command's lines
 TABLE_FORMATS = ("csv", "parquet")  # vit_core.dataset.TABLE_FORMATS, without importing the dataset package here
 DEFAULT_MODEL = "vit_base_patch16_224"  # vit_core.loading.DEFAULT_MODEL
 TEACHING_MODEL = "vit-lens/shapes-vit"  # vit_core.hub.TEACHING_MODEL: the model that works offline
@@ -521,7 +523,8 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
         _fail(f"interrupted; {kept} of {len(plan.shards)} shards kept in {store.path}, rerun to finish")
         return EXIT_INTERRUPTED
     except ViTLensError as e:
-        _fail(f"{args.folder}: {e}")
+        ray_log = f" (Ray's own lines: {store.path / RAY_LOG})" if args.engine == "ray" else ""
+        _fail(f"{args.folder}: {e}{ray_log}")
         return EXIT_FAILURES
     except OSError as e:  # a part that can't be written (a full disk): the shards written so far stay
         _fail(_os_reason(e))
@@ -545,28 +548,35 @@ def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, st
     masks = MaskFolder(args.folder.resolve(), args.masks.resolve()) if args.masks else None
     lines = ProgressLines(sys.stdout, "forward + explain" if args.explain else "images") if not sys.stdout.isatty() else None
     batch_size = args.batch_size or default_batch_size(loaded.device)
-    with tqdm(total=total, unit="image", desc="forward + explain" if args.explain else "images",
-              disable=not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True) as bar:
-        def progress(done: int, of: int) -> None:
-            bar.update(done - bar.n)
-            if lines:
-                lines.update(done, of)
 
-        if args.engine == "local":
-            workers = default_workers() if args.workers is None else args.workers
+    @contextlib.contextmanager
+    def progress_shown(console: TextIO) -> Iterator[Callable[[int, int], None]]:
+        with tqdm(total=total, unit="image", desc="forward + explain" if args.explain else "images",
+                  disable=not console.isatty(), file=console, dynamic_ncols=True) as bar:
+            def progress(done: int, of: int) -> None:
+                bar.update(done - bar.n)
+                if lines:
+                    lines.update(done, of)
+
+            yield progress
+
+    if args.engine == "local":
+        workers = default_workers() if args.workers is None else args.workers
+        with progress_shown(sys.stderr) as progress:
             run_shards(loaded, plan, store, todo, files_sha256, batch_size=batch_size, workers=workers,
                        explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, progress=progress)
-            return
-        from .dataset.ray_engine import ModelSpec, ray_plan, ray_session, run_shards_on_ray
+        return
+    from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session, run_shards_on_ray
 
-        spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
-                         pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
-        with ray_session(args.address) as ray:
-            workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
-            threads = None if args.address else max(1, cpu_quota() // workers.model_workers)  # one machine: share its CPUs
-            run_shards_on_ray(spec, loaded, plan, store, todo, files_sha256, workers=workers, batch_size=batch_size,
-                              explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, threads=threads,
-                              progress=progress)
+    spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
+                     pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
+    with ray_output_to(store.path / RAY_LOG) as console, ray_session(args.address) as ray, \
+            progress_shown(console) as progress:
+        workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
+        threads = None if args.address else max(1, cpu_quota() // workers.model_workers)  # one machine: share its CPUs
+        run_shards_on_ray(spec, loaded, plan, store, todo, files_sha256, workers=workers, batch_size=batch_size,
+                          explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, threads=threads,
+                          progress=progress)
 
 
 def _shards_written(store: PartStore, plan: RunPlan, todo: list[Shard], files_sha256: str) -> int:

@@ -323,3 +323,84 @@ def test_a_file_larger_than_any_input_is_one_line_and_the_other_images_are_analy
     assert errors[0].endswith(f"b.png: {MAX_FILE_BYTES + 1:,} bytes, more than the {MAX_FILE_BYTES:,} an input may "
                               "have, so it was skipped."), errors
     assert json.loads((tmp_path / "out" / "dataset.json").read_text())["num_images"] == 1
+
+
+# ---------------------------------------------------------------------------------- the command's manners
+
+
+def _after_the_count(stdout: str) -> list[str]:
+    """The lines after "N images analysed -> DIR" (the progress lines come before it)."""
+    lines = stdout.splitlines()
+    ends = [i for i, line in enumerate(lines) if " images analysed" in line]
+    assert len(ends) == 1, lines
+    return lines[ends[0] + 1:]
+
+
+def test_a_labelled_run_ends_with_its_accuracy_and_the_logit_lens_best_layer(folder, tmp_path, capsys):
+    status = core_cli.main(["dataset", str(folder), *MODEL, "--out", str(tmp_path), "--device", "cpu", "--workers", "0"])
+    assert status == 2  # notes.png
+    tail = _after_the_count(capsys.readouterr().out)
+    arrays = np.load(tmp_path / "dataset.npz")
+    with open(tmp_path / "images.csv", newline="") as f:
+        correct = sum(int(row["correct"]) for row in csv.DictReader(f) if row["label"] != "")
+    lens = arrays["logit_lens_accuracy"]  # row 0: the embeddings, row b + 1: after block b
+    best = int(np.argmax(lens))
+    where = "on the embeddings" if best == 0 else f"after block {best - 1}"
+    assert tail == [f"top-1 accuracy {float(arrays['accuracy']):.1%} ({correct} of {len(IMAGES)} labelled images); "
+                    f"logit lens best {where} ({float(lens[best]):.1%})"]
+
+
+def test_an_explained_run_ends_with_which_to_trust_and_an_unlabelled_one_without_accuracy(tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    for seed in range(2):
+        drawn_image(seed).save(tmp_path / "images" / f"{seed}.png")  # no class folders: no labels
+    status = core_cli.main(["dataset", str(tmp_path / "images"), *MODEL, "--out", str(tmp_path / "out"), "--device",
+                            "cpu", "--workers", "0", "--explain", "--steps", "2"])
+    assert status == 0
+    tail = _after_the_count(capsys.readouterr().out)
+    trust = json.loads((tmp_path / "out" / "dataset.json").read_text())["which_to_trust"]["methods"]
+    share = {m: np.mean([trust[m][t]["beats_random_share"] for t in ("deletion_auc", "insertion_auc")]) for m in trust}
+    assert len(tail) == 1 and tail[0].startswith("which to trust, images where the map beats random (mean over "
+                                                 "deletion_auc, insertion_auc): ")
+    printed = [item.rsplit(" ", 1) for item in tail[0].split(": ", 1)[1].split(", ")]
+    assert [m for m, _ in printed] == sorted(share, key=lambda m: -share[m])  # most often better than random first
+    assert all(text == f"{share[m]:.0%}" for m, text in printed)
+
+
+def test_ctrl_c_ends_a_run_in_one_line_with_exit_130_and_a_rerun_finishes_it(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group: the command, its DataLoader worker and their decode
+    workers. It printed 97 lines of tracebacks; now one line, exit status 130, and the parts done stay for a rerun."""
+    import signal
+    import time
+
+    images = tmp_path / "images"
+    for index in range(36):
+        (images / str(index % 3)).mkdir(parents=True, exist_ok=True)
+        drawn_image(index, (64, 64)).save(images / str(index % 3) / f"{index}.png")
+    out = tmp_path / "out"
+    command = [_installed_command(), "dataset", images, *MODEL, "--out", out, "--device", "cpu", "--shards", "18",
+               "--batch-size", "2", "--workers", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)  # its own process group, as a terminal's foreground job has
+    try:
+        deadline = time.monotonic() + 240
+        while not list((out / "parts").glob("shard-*.npz")) and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert run.poll() is None, "the run ended before a shard was done: nothing to interrupt"
+        os.killpg(run.pid, signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("shard-*.npz")}
+    assert run.returncode == 130, stderr
+    assert 1 <= len(kept) < 18, "interrupted after the first shard and before the last"
+    assert stderr == f"vit-lens: interrupted; {len(kept)} of 18 shards kept in {out / 'parts'}, rerun to finish\n"
+    assert not (out / "dataset.npz").exists()
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert f"{len(kept)} of 18 shards already done in {out / 'parts'}: skipped" in again.stdout
+    assert {name: (out / "parts" / name).stat().st_mtime_ns for name in kept} == kept  # not analysed again
+    assert int(np.load(out / "dataset.npz")["num_images"]) == 36

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -158,3 +159,40 @@ def test_explanations_on_ray_equal_the_one_process_ones(local_ray, folder, tmp_p
     for row, expected in zip(on_ray.totals.rows.explained, local.totals.rows.explained, strict=True):
         assert row.keys() == expected.keys() and all(row[k] == pytest.approx(expected[k], abs=1e-6) for k in row)
     assert on_ray.failures == local.failures
+
+
+def test_what_ray_prints_in_the_process_goes_to_the_log_and_the_commands_own_lines_to_the_terminal(tmp_path):
+    """ray_output_to: file descriptor 2 (where Ray's C++ core writes) and Ray's loggers into the log for the block;
+    the stream it yields, and the descriptor after the block, reach the former stderr."""
+    script = f"""
+import logging, os, sys
+from pathlib import Path
+from vit_core.dataset.ray_engine import ray_output_to
+
+with ray_output_to(Path({str(tmp_path / "parts" / "ray.log")!r})) as console:
+    os.write(2, b"core_worker.cc: a C++ error line\\n")
+    logging.getLogger("ray.some.module").warning("a Ray warning")  # no handler: logging's last resort, on stderr
+    print("the command's progress", file=console)
+print("the command's failure", file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "the command's progress\nthe command's failure\n"
+    assert (tmp_path / "parts" / "ray.log").read_text() == "core_worker.cc: a C++ error line\na Ray warning\n"
+
+
+def test_vit_lens_dataset_on_ray_prints_only_its_own_lines(folder, tmp_path):
+    """Ray's start-up lines ("Token authentication is enabled ...") and its C++ core's error lines ("core_worker.cc:
+    ... the actor restart will fail") printed among the command's: they go to DIR/parts/ray.log."""
+    command = [Path(sys.executable).parent / "vit-lens", "dataset", folder, "--model", "vit_tiny_patch16_224",
+               "--random-init", "--device", "cpu", "--limit", "4", "--batch-size", "2", "--engine", "ray", "--out", tmp_path]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 2  # 1/broken.png
+    failures = json.loads((tmp_path / "dataset.json").read_text())["failures"]
+    assert len(failures) == 1 and failures[0].startswith("1/broken.png: ")
+    assert result.stderr.splitlines() == [f"vit-lens: {failures[0]}"]  # that failure's line, and nothing of Ray's
+    assert (tmp_path / "parts" / "ray.log").is_file()
+    ends = result.stdout.splitlines()[-2:]
+    assert ends[0].startswith("3 images analysed") and ends[0].endswith(f" -> {tmp_path}")
+    assert ends[1].startswith("top-1 accuracy ")

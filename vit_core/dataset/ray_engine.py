@@ -21,9 +21,10 @@ import contextlib
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
@@ -182,6 +183,37 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_output_to(log: Path) -> Iterator[TextIO]:
+    """This process's stderr (file descriptor 2) appended to `log` for the block, which holds a `ray_session`: what
+    Ray prints in this process then lands there, not among the command's own lines. That is its loggers' lines (at
+    start-up "Token authentication is enabled ...") and those of its C++ core, which runs in this process and writes
+    its errors to the descriptor itself ("core_worker.cc: ... the actor restart will fail", about Ray Data's own
+    actors). Yields the stream for what the command shows meanwhile (its progress bar): sys.stderr where that is not
+    the descriptor (a test's capture, a notebook's), else a stream on the descriptor's former file (the terminal)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    try:
+        with open(log, "ab") as file:
+            os.dup2(file.fileno(), 2)
+        console = os.fdopen(os.dup(terminal), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                            errors="backslashreplace")
+        with console:
+            yield console if _writes_to_descriptor_2(sys.stderr) else sys.stderr
+    finally:
+        sys.stderr.flush()  # what Ray's loggers left in its buffer belongs in the log too
+        os.dup2(terminal, 2)
+        os.close(terminal)
+
+
+def _writes_to_descriptor_2(stream: Any) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a test's capture, a StringIO: no descriptor of its own
+        return False
 
 
 def _quiet_ray_data_console() -> None:
