@@ -531,3 +531,40 @@ def test_tools_dashboard_installs_only_when_no_set_up_of_this_pyproject_is_done(
     calls = (root / "calls").read_text().splitlines()
     assert calls[-1] == "vit-lens dashboard --server.port 8502"
     assert any("pip install --quiet -e ." in call for call in calls) == installs, calls
+
+
+@pytest.mark.live  # starts the real dashboard server
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_vit_lens_dashboard_stops_quietly_with_the_servers_status(tmp_path, stop):
+    """Ctrl-C (the terminal's whole process group) or SIGTERM: Streamlit's "Stopping...", exit status 0, and none of
+    the ~30 "nanobind: leaked ..." lines that triton's bindings printed at the interpreter's teardown."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VIT_LENS_MODEL": "vit-lens/shapes-vit"}
+    out, err = (tmp_path / "stdout").open("w"), (tmp_path / "stderr").open("w")
+    server = subprocess.Popen([Path(sys.executable).parent / "vit-lens", "dashboard", "--server.port", str(port),
+                               "--server.address", "127.0.0.1", "--server.headless", "true"], cwd=tmp_path, env=env,
+                              stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "warm-up done" not in (tmp_path / "stderr").read_text():  # the model loaded, its forward traced
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=10) as health:
+            assert health.status == 200
+        os.killpg(server.pid, getattr(signal, stop))
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        out.close()
+        err.close()
+    stderr = (tmp_path / "stderr").read_text()
+    assert "nanobind" not in stderr and "leaked" not in stderr and "Traceback" not in stderr, stderr
+    assert "Stopping..." in (tmp_path / "stdout").read_text()
