@@ -14,8 +14,16 @@ DIR/dataset.json, DIR/mean_attention_distance.png, DIR/images.csv (and DIR/class
 image under FOLDER, in shards whose parts it keeps in DIR/parts (a rerun skips the shards done; `--shard I/N`
 runs one shard, `merge` joins the parts of shards run elsewhere; formats: docs/spec/interface.md). Every file is
 written atomically (vit_core.files): a reader never finds half of one. A failure (an unreadable image, an output
-that can't be written) prints one line on stderr, the other images are still analysed, and the exit status is
-2. So is a bad `--device` (auto, cpu, cuda, cuda:N, mps; vit_core.devices), refused before any model is loaded.
+that can't be written) prints one line on stderr, starting with the command's name (`vit-lens:`, or `vit_core:`
+under `python -m`), the other images are still analysed, and the exit status is 2. So is a bad `--device` (auto,
+cpu, cuda, cuda:N, mps; vit_core.devices), and a path that isn't there (an IMAGE, a MASK, --weights, --labels,
+FOLDER): both are refused before torch is imported or any model loaded. Ctrl-C ends a command in one line on
+stderr with exit status 130; `dataset` says how many shards it kept in DIR/parts for a rerun to build on.
+
+`dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
+layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
+and `dataset` each map's share of images where it does. `--engine ray` keeps what Ray itself prints in this
+process (its start-up warnings, its C++ core's error lines) in DIR/parts/ray.log.
 
 Output names of `analyze`: <name> is the image's stem (`photo.jpg` -> `photo.npz`, `photo.json`). When
 different inputs share a stem, ignoring case (`a/photo.jpg` and `b/photo.png`, or `a/photo.jpg` and
