@@ -309,3 +309,20 @@ def test_work_made_ahead_runs_once_per_key_and_a_queued_job_is_made_by_its_step(
     assert ahead.running("a") is None  # done: the result is in the caches, nothing left to wait for
     ahead.wait(None)
     assert calls == ["a"]
+
+
+def test_the_uniform_attention_label_of_step_7s_figure_stays_inside_its_axes():
+    """The distance figure's "uniform attention" label, at the screen's text size, on a model of 4 layers (the Shapes
+    ViT): placed at the last layer plus half it started beyond the x range and ran over the axes' border."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dashboard.figures.base import legible
+    from vit_core import plots
+
+    distances = np.random.default_rng(0).uniform(15, 50, size=(4, 8))  # (L, H)
+    fig = legible(plots.attention_distance_figure(distances, 50.0), 540, 400)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    ax = fig.axes[0]
+    label = next(t for t in ax.texts if t.get_text().strip() == "uniform attention")
+    inside, box = ax.get_window_extent(renderer), label.get_window_extent(renderer)
+    assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (box, inside)
