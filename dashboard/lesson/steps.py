@@ -239,7 +239,7 @@ def how_far(g: Geometry, distances: np.ndarray, uniform: float, images: int = 1)
         notice=(f"In layer 0 the heads range from **{distances[0].min():.0f} to {distances[0].max():.0f} px**; in the "
                 f"last layer from {distances[-1].min():.0f} to {distances[-1].max():.0f} px. Attention spread evenly "
                 f"would give {uniform:.0f} px (the dashed line)."),
-        try_this=f"{average} Does layer {best} stay the most global?",
+        try_this=f"{average} Does the most global layer stay the same?",  # not named: the question below asks it
         question=question("Which layer has the most global heads (the largest mean distance)?",
                           list(range(g.num_layers)), best),
         reveal=(f"Layer {best}: {means[best]:.0f} px on average over its heads (layer {other}: "

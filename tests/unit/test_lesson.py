@@ -153,6 +153,7 @@ def test_the_distance_step_speaks_of_crosses_only_once_there_are_some():
     assert "crosses average" not in one.try_this and "nothing to average yet" in one.try_this
     three = steps.how_far(g, distances, uniform=14.0, images=3)
     assert "The crosses average the 3 images" in three.try_this
+    assert "layer 1" not in (one.try_this + three.try_this).lower()  # the question's answer is not given away above it
 
 
 def test_the_distance_reveal_compares_the_answer_with_another_layer():
