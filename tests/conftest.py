@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +13,6 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent  # vit_core and dashboard are imported as installed (pip install -e .)
 
 torch.set_num_threads(2)
-# Every linear on oneDNN, in this process and the servers and CLIs it starts: where the library is chosen by a
-# measurement (the default, vit_core.onednn), two processes may choose differently and differ within float32
-# tolerance, and the tests that compare processes bit for bit would depend on the machine's timing.
-# tests/unit/test_onednn.py tests the measured choice itself.
-os.environ.setdefault("VIT_LENS_ONEDNN_LINEAR", "on")
 
 
 def _compiles_take_turns() -> None:

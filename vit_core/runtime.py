@@ -62,3 +62,10 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def gradient_threads() -> int | None:
+    """torch threads for a gradient pass ($VIT_LENS_GRADIENT_THREADS, default 1; None: as the caller has them). A
+    backward's kernels may split their sums by thread count (torch's softmax backward does), so a fixed count keeps
+    explanations the same bits in the CLI, a Ray worker and the dashboard's server, whatever their threads."""
+    return settings.GRADIENT_THREADS.number() or None

@@ -91,16 +91,21 @@ PARALLEL_PASSES = Setting("VIT_LENS_PARALLEL_PASSES", "number", "0",
                           "Capture passes of one model at once on the server; 0 = the thread count, at most 4.", "server")
 TRACED_FORWARD = Setting("VIT_LENS_TRACED_FORWARD", "flag", "on",
                          "Run the server's CPU capture through a TorchScript trace that needs no GIL.", "server")
-ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "mode", "auto",
+ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "mode", "off",
                         "Float32 CPU linears without gradients on oneDNN instead of MKL (x86-64): auto = where a "
-                        "measurement on this machine finds oneDNN faster.", "library")
+                        "measurement at start finds oneDNN faster, on = always. Either changes the last bits of "
+                        "results from one process to the next; off keeps them reproducible.", "library")
+GRADIENT_THREADS = Setting("VIT_LENS_GRADIENT_THREADS", "number", "1",
+                           "torch threads of a gradient pass (relevance maps, LRP); 0 = as many as the forward. "
+                           "Above 1 a backward's sums can depend on the thread count, so results differ in the last "
+                           "bits from one machine set-up to the next; 1 keeps them reproducible.", "library")
 CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
                      "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
 HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "off",
                      "Restart the server once with glibc's malloc on transparent huge pages (Linux, glibc).", "server")
 
 ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
-                            TRACED_FORWARD, ONEDNN_LINEAR, CAPTURE_MB, HUGE_PAGES)
+                            TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES)
 
 
 def check_all(env: Mapping[str, str] | None = None) -> None:

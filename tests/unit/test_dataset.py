@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from conftest import drawn_image, encoded, hooks_on
 from vit_core import CaptureError, analyses, explain, load_model, recording_hooks_on, run_with_capture
 from vit_core.dataset import (
     DatasetError,
-    RunningMoments,
+    ExactMoments,
     analyze_dataset,
     attention_distances,
     dataset_files,
@@ -132,15 +134,31 @@ def test_device_reductions_equal_the_numpy_definitions():
     assert rates.max() > 0 and rates[0] == 0
 
 
-def test_running_moments_equal_numpy_over_uneven_batches():
+def test_exact_moments_are_the_exact_mean_and_std_rounded_once():
     values = np.random.default_rng(0).normal(100, 30, size=(11, 3, 4))
-    moments = RunningMoments()
+    values[0, 0, 0], values[1, 0, 1] = 1e150, -1e-300  # magnitudes a float64 running sum would round away
+    moments = ExactMoments()
     for chunk in np.split(values, [1, 5, 6]):
         moments.add(chunk)
     moments.add(values[:0])  # an empty batch changes nothing
     assert moments.count == 11
-    np.testing.assert_allclose(moments.mean, values.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(moments.std(), values.std(axis=0), rtol=1e-12)
+    for index in np.ndindex(values.shape[1:]):
+        column = [Fraction(float(v)) for v in values[(slice(None), *index)]]
+        mean = sum(column) / 11
+        variance = sum((v - mean) ** 2 for v in column) / 11
+        assert moments.mean[index] == float(mean), index
+        assert moments.std()[index] == math.sqrt(float(variance)), index
+
+
+def test_exact_moments_of_a_nan_or_infinity_are_nan_where_they_met_one():
+    moments = ExactMoments()
+    moments.add(np.array([[1.0, 2.0], [np.nan, 3.0]]))
+    moments.add(np.array([[1.0, np.inf]]))
+    mean, std = moments.mean, moments.std()
+    assert np.isnan(mean).all() and np.isnan(std).all()
+    moments = ExactMoments()
+    moments.add(np.array([[1.0, 2.0], [np.nan, 4.0]]))
+    assert np.isnan(moments.mean[0]) and moments.mean[1] == 3.0 and moments.std()[1] == 1.0
 
 
 def test_explained_aucs_equal_the_per_image_faithfulness():
@@ -355,12 +373,49 @@ def test_the_batch_forward_runs_in_full_float32_for_the_model_device(monkeypatch
 
     with full_float32_recorded(monkeypatch, tiny, vit_core.dataset.reductions) as (asked, heads_seen):
         analyze_dataset(tiny, drawn_sources(3), [0, 1, 2], batch_size=2)
-    assert asked == [tiny.device] * 2  # one pass per batch
+    assert asked == [tiny.device] * 3  # one pass per image on a CPU (dataset.forward_images)
     assert heads_seen and all(heads_seen)  # the model's head and every logit-lens row
 
 
 def test_default_batch_is_small_on_a_cpu_and_large_on_an_accelerator():
-    from vit_core.dataset import default_batch_size
+    from vit_core.dataset import default_batch_size, forward_images
 
-    assert default_batch_size(torch.device("cpu")) == 8  # un-fused attention of 32 images falls out of the CPU's caches
+    assert default_batch_size(torch.device("cpu")) == 8
     assert default_batch_size(torch.device("meta")) == 64
+    assert forward_images(torch.device("cpu")) == 1 and forward_images(torch.device("meta")) == 64
+
+
+def _values_of(batches):
+    return {key: np.concatenate([getattr(b, key) for b in batches])
+            for key in ("distance", "distance_renorm", "high_norm_rate", "top1", "probability", "lens_top1")}
+
+
+def test_an_images_values_are_the_same_bits_whatever_else_was_in_its_batch(tiny):
+    """A matrix product's library chooses its algorithm by shape: every forward has forward_images images, so
+    splitting the same images into other batches moves no bit."""
+    x = torch.randn(5, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    whole = _values_of([reduce_batch(tiny, x, logit_lens=True)])
+    for split in ([1, 1, 1, 1, 1], [2, 3], [4, 1]):
+        parts = torch.split(x, split)
+        got = _values_of([reduce_batch(tiny, part, logit_lens=True) for part in parts])
+        for key, value in whole.items():
+            assert value.tobytes() == got[key].tobytes(), (split, key)
+
+
+def test_on_an_accelerator_every_forward_has_the_same_images_padded_with_zeros(tiny, monkeypatch):
+    """Where forward_images is above one (an accelerator's 64; 4 here, on the CPU), a short batch is padded to it
+    with zero images and their values dropped: the same bits for an image alone as among others."""
+    from vit_core.dataset import reductions
+
+    monkeypatch.setattr(reductions, "forward_images", lambda device: 4)
+    shapes = []
+    original = reductions._reduce_forward
+    monkeypatch.setattr(reductions, "_reduce_forward",
+                        lambda loaded, x, *a: shapes.append(tuple(x.shape)) or original(loaded, x, *a))
+    x = torch.randn(5, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    whole = _values_of([reduce_batch(tiny, x, logit_lens=True)])
+    alone = _values_of([reduce_batch(tiny, x[i:i + 1], logit_lens=True) for i in range(5)])
+    assert {s[0] for s in shapes} == {4} and len(shapes) == 2 + 5
+    assert all(len(v) == 5 for v in whole.values())
+    for key, value in whole.items():
+        assert value.tobytes() == alone[key].tobytes(), key

@@ -521,6 +521,24 @@ def test_the_random_baseline_and_every_map_run_their_kept_sets_together(tiny):
         np.testing.assert_array_equal(curves[m].deletion, probs(rows)[:steps])
 
 
+@pytest.mark.parametrize("kind", ["drop", "mask"])
+def test_a_kept_sets_probability_is_the_same_bits_alone_or_among_others(tiny, image, monkeypatch, kind):
+    """Every perturbed forward has the batch's full size (padded with copies of its first set): what a judge had
+    already run, and so which sets share a forward, moves no bit of a set's probability."""
+    x, size = explain.model_input(tiny, image), {"drop": perturbation.DROP_BATCH, "mask": perturbation.MASK_BATCH}[kind]
+    n, rng = tiny.geometry.num_patches, np.random.default_rng(5)
+    sets = [rng.permutation(n)[:20] for _ in range(size + 3)]  # one length: a batch and a part
+    sets.insert(2, np.arange(n))  # every patch: a plain forward, alone
+    rows_run = []
+    original = perturbation.KeptSetProbs._forward
+    monkeypatch.setattr(perturbation.KeptSetProbs, "_forward",
+                        lambda self, kept: rows_run.append(len(kept)) or original(self, kept))
+    together = explain.KeptSetProbs(tiny, x, 0, kind)(sets)
+    alone = np.concatenate([explain.KeptSetProbs(tiny, x, 0, kind)([r]) for r in sets])
+    assert together.tobytes() == alone.tobytes()
+    assert set(rows_run) == {size, 1} and rows_run.count(1) == 2, "every patch alone, in both runs"
+
+
 def test_forwards_on_lanes_run_in_order_on_one_thread_each(tiny):
     """On a CPU with 2 torch threads: the items' results in order, each forward on a lane thread (not the caller's)
     with 1 torch thread, in inference mode, the model's lock held; `done` on the calling thread, in order; the lock
@@ -638,10 +656,9 @@ def test_each_kept_set_runs_once_and_the_random_baseline_shares_deletion_and_ins
     need R (S - 1) sets beside the full one; for 49 patches (odd) not where kN/S is a half-integer (S = 2 or 10)."""
     loaded = family[kind]
     n = loaded.geometry.num_patches
-    rows = []
-    forward = explain.run_from_embedded
-    monkeypatch.setattr(explain.perturbation, "run_from_embedded",
-                        lambda model, tokens: rows.append(tokens.shape[0]) or forward(model, tokens))
+    rows = []  # the kept sets each batch of new ones ran (a forward pads its batch with copies of a set in it)
+    run = perturbation.KeptSetProbs._run
+    monkeypatch.setattr(perturbation.KeptSetProbs, "_run", lambda self, new, *a: rows.append(len(new)) or run(self, new, *a))
     randoms = explain.random_patch_orders(n, explain.RANDOM_ORDERS, 0)
     probs = explain.KeptSetProbs(loaded, explain.model_input(loaded, drawn_image(3)), 0)
     next(perturbation.units(probs, {}, steps, randoms))  # the random baseline alone

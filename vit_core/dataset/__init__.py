@@ -6,7 +6,7 @@ values (and their spread), never values of a mean image. Formats: docs/spec/inte
 - `listing`: a folder's images, the files that are not images (with the reason), labels from class-named
   subfolders, shards (contiguous slices of the sorted images);
 - `reductions`: decoding, and one hooked forward per batch reduced on the device to per-image values;
-- `totals`: what a set of images adds up to (counts, sums, Chan's moments, the per-image rows), mergeable;
+- `totals`: what a set of images adds up to (counts, exact sums, the per-image rows), mergeable;
 - `analyze`: the loop in this process, `analyze_dataset`, and `explained_values`, the one function that says what
   `--explain` adds per image;
 - `result`: the dataset-level result and its files (dataset.npz, dataset.json, the figure, the tables);
@@ -48,6 +48,7 @@ from .reductions import (
     collate_decoded,
     decoded_crop,
     default_batch_size,
+    forward_images,
     high_norm_rates,
     image_loader,
     patch_distances_on,
@@ -67,15 +68,15 @@ from .result import (
     result_of,
 )
 from .runs import PartsError, PartStore, RunPlan, manifest_of, merged_result, plan_run, run_shards
-from .totals import NO_LABEL, ImageRows, RunningMoments, Totals
+from .totals import NO_LABEL, ExactMoments, ImageRows, Totals
 
 __all__ = [
     "LAYERS", "NO_LABEL", "TABLE_FORMATS", "BatchValues", "DatasetError", "DatasetResult", "DecodedImages", "ImageRows",
     "MaskFolder", "MasksByName",
-    "PartStore", "PartsError", "RunPlan", "RunningMoments", "Shard", "ShardError", "Source", "Totals",
+    "PartStore", "PartsError", "RunPlan", "ExactMoments", "Shard", "ShardError", "Source", "Totals",
     "analyze_dataset", "analyze_totals", "attention_distances", "check_labels", "class_names", "class_of_folder", "class_table",
     "collate_decoded", "consecutive_batches", "csv_bytes", "dataset_files", "dataset_result", "decoded_crop",
-    "default_batch_size", "explained_values", "folder_labels", "high_norm_rates", "image_loader", "image_table",
+    "default_batch_size", "explained_values", "forward_images", "folder_labels", "high_norm_rates", "image_loader", "image_table",
     "is_image_path", "list_images", "list_not_images", "manifest_of", "merge_results", "merged_result",
     "not_image_reason", "parse_shard", "patch_distances_on", "plan_run", "reduce_batch", "reduce_sources",
     "reductions_recorded", "result_of", "run_shards", "shards", "token_norms",

@@ -2,10 +2,11 @@
 
 Why here and not with a capture: one image's capture keeps every attention pattern (L, H, T, T) on the host, which
 is fine for one picture and ruinous for a folder (32 images of ViT-B/16: about 700 MB per batch, and copying it off
-a GPU costs more than the forward itself). Here each batch runs one hooked forward, and the hooks reduce on the
+a GPU costs more than the forward itself). Here each batch runs hooked forwards, and the hooks reduce on the
 device, layer by layer, as the pass goes: the pattern to mean attention distance (B, H) in both conventions, the
 tokens to their high-norm rate (B,) and their logit-lens top-1 (B,). Only those small arrays reach the host; the
-patterns are dropped as soon as their block is done.
+patterns are dropped as soon as their block is done. Every forward has the same number of images
+(`forward_images`), so an image's values don't depend on its batch.
 
 Images are decoded (in DataLoader worker processes, or a Ray stage) with vit_core.images (the same checks as one
 upload) and the model's own eval transform. Shapes: B images, L blocks, H heads, T = P + N tokens, C classes.
@@ -184,33 +185,58 @@ class BatchValues:
     lens_top1: np.ndarray | None  # int64 (B, L+1), None when the logit lens was not asked for
 
 
-def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None) -> BatchValues:
-    """One hooked forward of the batch x (B, 3, H, W) on the model's device, reduced there; only the
-    per-image values come back. Under `loaded.lock` and inference_mode, in full float32 on a GPU (as a capture:
-    results equal the CPU's within float32 tolerance; an autocast around the call still runs in bfloat16);
-    eval mode restored after."""
+def forward_images(device: torch.device) -> int:
+    """Images in every hooked forward on `device`, whatever the batch size: a matrix product's library picks its
+    algorithm (and so its order of summation) by the product's shape, so an image's last bits would depend on how
+    many images shared its forward (a batch of 8 and one of 1 gave ViT-B/16's head probabilities 3e-9 apart).
+    One shape for every forward makes them a function of the image alone, whichever batch, shard or engine it was
+    in. One image on a CPU, where one is as fast per image as eight; 64 on an accelerator, where a batch is most
+    of the speed (a shorter batch is padded with zero images, whose values are dropped)."""
+    return 1 if device.type == "cpu" else 64
+
+
+def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool,
+                    distance: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One hooked forward of x (F, 3, H, W) on the model's device, reduced there: the per-image values, on the
+    device, keyed as BatchValues' fields."""
     geometry, model = loaded.geometry, loaded.model
-    device = loaded.device
-    if distance is None:
-        distance = patch_distances_on(geometry, device)
     store = _BatchReductions()
-    with (loaded.lock, torch.inference_mode(), explain.eval_mode(model), full_float32(device),
+    with (torch.inference_mode(), explain.eval_mode(model), full_float32(loaded.device),
           reductions_recorded(loaded, store, distance, logit_lens)):
-        logits = model(x.to(device, non_blocking=True))  # (B, C)
+        logits = model(x.to(loaded.device, non_blocking=True))  # (F, C)
     if len(store.distance) != geometry.num_layers:
         raise CaptureError(f"expected one attention pattern per block ({geometry.num_layers}), got {len(store.distance)}: "
                            "this model's attention does not run through timm's standard path.")
     assert len(store.high_norm_rate) == geometry.num_layers + 1, f"{len(store.high_norm_rate)} token reductions"
-    on_device = {
-        "distance": torch.stack(store.distance, dim=1),  # L x (B, H) -> (B, L, H)
+    values = {
+        "distance": torch.stack(store.distance, dim=1),  # L x (F, H) -> (F, L, H)
         "distance_renorm": torch.stack(store.distance_renorm, dim=1),
-        "high_norm_rate": torch.stack(store.high_norm_rate, dim=1),  # (L+1) x (B,) -> (B, L+1)
-        "top1": logits.argmax(dim=-1),  # (B,): the first maximum, as np.argmax
-        "probability": logits.float().softmax(dim=-1).amax(dim=-1),  # (B,)
+        "high_norm_rate": torch.stack(store.high_norm_rate, dim=1),  # (L+1) x (F,) -> (F, L+1)
+        "top1": logits.argmax(dim=-1),  # (F,): the first maximum, as np.argmax
+        "probability": logits.float().softmax(dim=-1).amax(dim=-1),  # (F,)
     }
     if logit_lens:
-        on_device["lens_top1"] = torch.stack(store.lens_top1, dim=1)  # (B, L+1)
-    host = {key: value.cpu().numpy() for key, value in on_device.items()}  # the one copy back
+        values["lens_top1"] = torch.stack(store.lens_top1, dim=1)  # (F, L+1)
+    return values
+
+
+def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None) -> BatchValues:
+    """The batch x (B, 3, H, W) through hooked forwards of `forward_images` images each on the model's device,
+    reduced there; only the per-image values come back, and each image's are the same bits whatever else was in
+    its batch. Under `loaded.lock` and inference_mode, in full float32 on a GPU (as a capture: results equal the
+    CPU's within float32 tolerance; an autocast around the call still runs in bfloat16); eval mode restored after."""
+    device, count = loaded.device, len(x)
+    if distance is None:
+        distance = patch_distances_on(loaded.geometry, device)
+    size = forward_images(device)
+    parts: list[dict[str, torch.Tensor]] = []
+    with loaded.lock:
+        for first in range(0, count, size):
+            chunk = x[first:first + size]  # (<= F, 3, H, W)
+            if len(chunk) < size:  # the same shape as every other forward: zero images after the real ones
+                chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
+            parts.append(_reduce_forward(loaded, chunk, logit_lens, distance))
+    host = {key: torch.cat([part[key] for part in parts])[:count].cpu().numpy() for key in parts[0]}  # one copy each
     return BatchValues(
         distance=host["distance"].astype(np.float32), distance_renorm=host["distance_renorm"].astype(np.float32),
         high_norm_rate=host["high_norm_rate"].astype(np.float32), top1=host["top1"].astype(np.int64),
@@ -220,6 +246,6 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
 
 
 def default_batch_size(device: torch.device) -> int:
-    """Images per hooked forward: 8 on a CPU, where a large batch's un-fused attention (12 x 197 x 197 floats per
-    image and layer for ViT-B/16) falls out of the caches; 64 on an accelerator (docs/performance.md, "Many images")."""
+    """Images per decoded batch (how many are read, and whose values reach the host, at a time): 8 on a CPU, 64 on an
+    accelerator. The forwards inside a batch take `forward_images` each, so the batch size moves no result."""
     return 8 if device.type == "cpu" else 64

@@ -1,10 +1,10 @@
 """What a set of files adds up to, kept so that the totals of any split of the files merge into the totals of all.
 
-Every dataset value of analyses.md "Over many images" is a function of these totals: counts, sums, and per
-array the (count, mean, sum of squared deviations) of Chan et al.'s parallel algorithm, whose merge is exact up
-to float64 rounding (no sum of squares that loses digits). The per-image table and the skipped files are lists,
-merged by concatenation in the order of the parts. So a run cut into shards, on one machine or many, gives the
-one-process result within float tolerance, whatever the cut.
+Every dataset value of analyses.md "Over many images" is a function of these totals: counts, and per array the
+exact sums of the values and of their squares (`ExactMoments`: integers, so adding them in any order gives the
+same sums). The per-image table and the skipped files are lists, merged by concatenation in the order of the
+parts. So a run cut into shards, on one machine or many, gives the one-process result bit for bit, whatever the
+cut.
 
 Totals travel as flat numpy arrays (`arrays`, `from_arrays`): the part files of a sharded run, and Ray's
 results. Shapes: L blocks, H heads, C classes, n images.
@@ -12,6 +12,7 @@ results. Shapes: L blocks, H heads, C classes, n images.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -23,55 +24,116 @@ from .reductions import BatchValues
 NO_LABEL = -1  # an image without a known true class, in the table's integer columns
 
 
-class RunningMoments:
-    """Mean and population variance (ddof 0) over images of a per-image array, merged a batch at a time in
-    float64 (Chan et al.'s parallel update: no sum of squares that loses digits)."""
+# A float64 is an integer multiple of 2**-1074 (its smallest subnormal): times 2**EXACT_SCALE_BITS, every finite
+# float64 is an integer (m * 2**e with m < 2**53 and e >= -1074 - 53), so sums of such integers are exact.
+EXACT_SCALE_BITS = 1074 + 53
+
+
+def exact_units(values: np.ndarray) -> np.ndarray:
+    """Each finite value of `values` (any float dtype, read as float64) times 2**EXACT_SCALE_BITS, as a Python int:
+    an object array of the input's shape. Non-finite values give 0 (the caller counts them apart)."""
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    mantissa, exponent = np.frexp(np.where(finite, values, 0.0))  # values = mantissa * 2**exponent, |mantissa| in [0.5, 1)
+    integer = (mantissa * 2.0**53).astype(np.int64)  # exact: a float64's mantissa has 53 bits
+    shift = np.where(integer == 0, 0, exponent + 1074).astype(np.int64)  # >= 0 for every finite float64
+    return integer.astype(object) << shift.astype(object)
+
+
+def _nearest_float(numerator: int, denominator: int) -> float:
+    """numerator / denominator rounded once to the nearest float64 (Python's int division is correctly rounded)."""
+    return numerator / denominator
+
+
+def _sqrt_of_ratio(numerator: int, denominator: int) -> float:
+    """sqrt(numerator / denominator) for a ratio >= 0 that may be too large for a float64 (the variance of values
+    near 1e200): scaled by a power of four first where it must be."""
+    excess = max(0, numerator.bit_length() - denominator.bit_length() - 1000) // 2
+    return math.sqrt(_nearest_float(numerator, denominator << (2 * excess))) * 2.0**excess
+
+
+class ExactMoments:
+    """Mean and population standard deviation (ddof 0) over images of a per-image array, from exact sums: each value
+    and its square are added as integers (`exact_units`), so the result is the same bits whatever the order, batches
+    or shards the images came in, and is rounded once at the end. An element that met a NaN or infinity is NaN."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.mean: np.ndarray | None = None
-        self.m2: np.ndarray | None = None  # sum of squared deviations from the mean
+        self.total: np.ndarray | None = None  # object (...): sum of the values, in units of 2**-EXACT_SCALE_BITS
+        self.squares: np.ndarray | None = None  # object (...): sum of their squares, in units of 2**-(2 * that)
+        self.not_finite: np.ndarray | None = None  # int64 (...): values that were NaN or infinite
 
     def add(self, values: np.ndarray) -> None:
         """values: (B, ...) one row per image."""
         values = np.asarray(values, dtype=np.float64)
         if len(values) == 0:
             return
-        batch_mean = values.mean(axis=0)
-        self._merge(len(values), batch_mean, ((values - batch_mean) ** 2).sum(axis=0))
+        units = exact_units(values)  # (B, ...)
+        self._merge(len(values), units.sum(axis=0), (units * units).sum(axis=0),
+                    (~np.isfinite(values)).sum(axis=0).astype(np.int64))
 
-    def merge(self, other: RunningMoments) -> None:
+    def merge(self, other: ExactMoments) -> None:
         """Add the images `other` has seen: afterwards self is as if it had seen both sets."""
         if other.count:
-            self._merge(other.count, other.mean, other.m2)
+            self._merge(other.count, other.total, other.squares, other.not_finite)
 
-    def _merge(self, count: int, mean: np.ndarray, m2: np.ndarray) -> None:
+    def _merge(self, count: int, total: np.ndarray, squares: np.ndarray, not_finite: np.ndarray) -> None:
+        total, squares = np.asarray(total, dtype=object), np.asarray(squares, dtype=object)
         if self.count == 0:
-            self.count, self.mean, self.m2 = count, np.array(mean, dtype=np.float64), np.array(m2, dtype=np.float64)
+            self.count, self.total, self.squares = count, total.copy(), squares.copy()
+            self.not_finite = np.array(not_finite, dtype=np.int64)
             return
-        total = self.count + count
-        delta = mean - self.mean
-        self.mean = self.mean + delta * count / total
-        self.m2 = self.m2 + m2 + delta**2 * self.count * count / total
-        self.count = total
+        if total.shape != self.total.shape:
+            raise ValueError(f"per-image arrays of shape {total.shape} and {self.total.shape} can't be added")
+        self.count += count
+        self.total = np.asarray(self.total + total, dtype=object)  # a 0-d sum comes back as a plain int
+        self.squares = np.asarray(self.squares + squares, dtype=object)
+        self.not_finite = self.not_finite + not_finite
+
+    @property
+    def mean(self) -> np.ndarray:
+        """float64 (...): the exact mean, rounded once."""
+        scale = self.count << EXACT_SCALE_BITS
+        mean = np.array([_nearest_float(t, scale) for t in self.total.flat], dtype=np.float64).reshape(self.total.shape)
+        return np.where(self.not_finite > 0, np.nan, mean)
 
     def std(self) -> np.ndarray:
-        return np.sqrt(self.m2 / self.count)
+        """float64 (...): sqrt of the exact population variance (n * sum x^2 - (sum x)^2) / n^2, rounded once
+        before the square root."""
+        n, scale = self.count, 2 * EXACT_SCALE_BITS
+        std = np.array([_sqrt_of_ratio(n * q - t * t, (n * n) << scale)
+                        for t, q in zip(self.total.flat, self.squares.flat, strict=True)], dtype=np.float64)
+        return np.where(self.not_finite > 0, np.nan, std.reshape(self.total.shape))
 
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        """Its state as arrays named <prefix>_count, <prefix>_mean, <prefix>_m2 (no mean or m2 while empty)."""
+        """Its state as arrays named <prefix>_count, <prefix>_total, <prefix>_squares (hexadecimal strings: np.load
+        reads them without pickle) and <prefix>_not_finite; only the count while empty."""
         state = {f"{prefix}_count": np.asarray(self.count, dtype=np.int64)}
         if self.count:
-            state[f"{prefix}_mean"], state[f"{prefix}_m2"] = self.mean, self.m2
+            state[f"{prefix}_total"] = _hex_strings(self.total)
+            state[f"{prefix}_squares"] = _hex_strings(self.squares)
+            state[f"{prefix}_not_finite"] = self.not_finite
         return state
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str) -> RunningMoments:
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str) -> ExactMoments:
         moments = cls()
         count = int(arrays[f"{prefix}_count"])
         if count:
-            moments._merge(count, arrays[f"{prefix}_mean"], arrays[f"{prefix}_m2"])
+            moments._merge(count, _from_hex_strings(arrays[f"{prefix}_total"]),
+                           _from_hex_strings(arrays[f"{prefix}_squares"]),
+                           np.asarray(arrays[f"{prefix}_not_finite"], dtype=np.int64))
         return moments
+
+
+def _hex_strings(integers: np.ndarray) -> np.ndarray:
+    """An object array of Python ints as a unicode array of the same shape (hex, exact)."""
+    return np.array([hex(int(i)) for i in integers.flat], dtype=str).reshape(integers.shape)
+
+
+def _from_hex_strings(strings: np.ndarray) -> np.ndarray:
+    strings = np.asarray(strings)
+    return np.array([int(str(s), 16) for s in strings.flat] or [], dtype=object).reshape(strings.shape)
 
 
 @dataclass
@@ -104,14 +166,14 @@ class ImageRows:
 class Totals:
     """Everything a set of files adds up to. `add_batch` takes a reduced batch, `merge` another set's totals."""
 
-    distance: RunningMoments = field(default_factory=RunningMoments)  # per image (L, H): mean attention distance
-    distance_renorm: RunningMoments = field(default_factory=RunningMoments)  # (L, H): rows renormalised
-    high_norm_rate: RunningMoments = field(default_factory=RunningMoments)  # (L+1,)
+    distance: ExactMoments = field(default_factory=ExactMoments)  # per image (L, H): mean attention distance
+    distance_renorm: ExactMoments = field(default_factory=ExactMoments)  # (L, H): rows renormalised
+    high_norm_rate: ExactMoments = field(default_factory=ExactMoments)  # (L+1,)
     labelled: int = 0  # analysed images with a known true class
     correct: int = 0  # ... whose top-1 is it
     lens_correct: np.ndarray | None = None  # int64 (L+1,): ... whose logit-lens row's top-1 is it; None before one
     confusion: Counter[tuple[int, int]] = field(default_factory=Counter)  # (true, predicted) -> labelled images
-    explained: dict[str, RunningMoments] = field(default_factory=dict)  # key -> moments over images that have it
+    explained: dict[str, ExactMoments] = field(default_factory=dict)  # key -> moments over images that have it
     rows: ImageRows = field(default_factory=ImageRows)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (file, one sentence): images that couldn't be used
     not_images: list[tuple[str, str]] = field(default_factory=list)  # (file, one sentence): files that aren't images
@@ -137,7 +199,7 @@ class Totals:
             self.rows.probability.append(float(values.probability[row]))
             self.rows.explained.append(dict(scalars))
             for key, value in scalars.items():
-                self.explained.setdefault(key, RunningMoments()).add(np.array([value]))
+                self.explained.setdefault(key, ExactMoments()).add(np.array([value]))
             if label is not None:
                 self.labelled += 1
                 self.correct += int(predicted == label)
@@ -156,7 +218,7 @@ class Totals:
             self.lens_correct = other.lens_correct.copy() if self.lens_correct is None else self.lens_correct + other.lens_correct
         self.confusion.update(other.confusion)
         for key, moments in other.explained.items():
-            self.explained.setdefault(key, RunningMoments()).merge(moments)
+            self.explained.setdefault(key, ExactMoments()).merge(moments)
         self.rows.extend(other.rows)
         self.failures.extend(other.failures)
         self.not_images.extend(other.not_images)
@@ -201,13 +263,13 @@ class Totals:
             explained=[{k: float(v) for k, v in zip(keys, row, strict=True) if not np.isnan(v)} for row in table],
         )
         return cls(
-            distance=RunningMoments.from_arrays(arrays, "distance"),
-            distance_renorm=RunningMoments.from_arrays(arrays, "distance_renorm"),
-            high_norm_rate=RunningMoments.from_arrays(arrays, "high_norm_rate"),
+            distance=ExactMoments.from_arrays(arrays, "distance"),
+            distance_renorm=ExactMoments.from_arrays(arrays, "distance_renorm"),
+            high_norm_rate=ExactMoments.from_arrays(arrays, "high_norm_rate"),
             labelled=int(arrays["labelled"]), correct=int(arrays["correct"]),
             lens_correct=np.array(arrays["lens_correct"], dtype=np.int64) if "lens_correct" in arrays else None,
             confusion=Counter({(int(t), int(p)): int(n) for t, p, n in np.asarray(arrays["confusion"])}),
-            explained={str(key): RunningMoments.from_arrays(arrays, f"explained{i}")
+            explained={str(key): ExactMoments.from_arrays(arrays, f"explained{i}")
                        for i, key in enumerate(arrays["explained_keys"])},
             rows=rows,
             failures=list(zip(map(str, arrays["failure_file"]), map(str, arrays["failure_reason"]), strict=True)),

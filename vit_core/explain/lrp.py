@@ -57,6 +57,7 @@ from torch.autograd import Function
 from ..devices import to_host
 from ..errors import ViTLensError
 from ..onednn import linears_on_onednn
+from ..runtime import gradient_threads, torch_threads
 
 LRP_METHODS = ("attnlrp", "cplrp")
 EPSILON = 1e-6  # the eps-rule's stabiliser: lxt's `linear_epsilon` default and zennit's
@@ -621,7 +622,7 @@ def input_relevance(
         raise ValueError(f"unknown LRP method(s) {unknown}; known: {LRP_METHODS}")
     rules = _Rules(epsilon=epsilon, shares=defaultdict(float) if shares else None)
     pairs = [(m, choice) for m in methods for choice in choices]
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch_threads(gradient_threads()), torch.inference_mode(False), torch.enable_grad():
         leaf = x.detach().clone().requires_grad_(True)  # a normal tensor, even if x was made in inference mode
         logits = _Forward(model, rules).logits(leaf)[0]  # (C,)
         host_logits = to_host(logits)

@@ -108,7 +108,8 @@ def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], it
     the model's lock (`model_pass`); `done(i, result)` on the calling thread as each result arrives, in order.
     Returns the results in the items' order.
 
-    On a CPU with n torch threads the forwards run on n lanes of 1 thread each (`forward_lanes`), each lane taking
+    On a CPU with n torch threads the forwards run on n lanes of 1 thread each (`forward_lanes`; one thread also
+    when there is one lane, so that a result never depends on how many forwards there were), each lane taking
     the next item as it frees up, instead of one after another with n threads each: an n-thread operation waits at
     its barrier for the thread that lost its core to any other process (the browser drawing the page beside the
     server), while a lane that loses its core holds up only its own forward (docs/performance.md, "The judge's
@@ -117,13 +118,16 @@ def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], it
     results: list[Result] = []
     with model_pass(loaded):
         lanes = forward_lanes(loaded, len(items))
+        # One torch thread per forward on a CPU, however many lanes run: some kernels split a sum by thread count
+        # (torch's attention for a single query row does), so the count would decide the last bits.
+        threads = 1 if loaded.device.type == "cpu" else None
         if lanes == 1:
-            for i, item in enumerate(items):
-                results.append(forward(item))
-                if done is not None:
-                    done(i, results[-1])
+            with torch_threads(threads):
+                for i, item in enumerate(items):
+                    results.append(forward(item))
+                    if done is not None:
+                        done(i, results[-1])
             return results
-        threads = max(1, torch.get_num_threads() // lanes)
 
         def on_a_lane(item: Item) -> Result:  # inference mode and the float32 choice are per thread: set them here
             with torch_threads(threads), torch.inference_mode(), full_float32(loaded.device):

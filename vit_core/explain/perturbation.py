@@ -34,8 +34,13 @@ RANDOM_ORDERS = 8
 DEFAULT_STEPS = 10
 MARGIN_SDS = 2.0  # a map beats random by more than this many standard deviations of the random orders' scores
 MIN_MARGIN = 1e-6  # ... and by more than this (float32 noise), so that a spread of 0 does not make noise a verdict
-MASK_BATCH = 8  # pixel-masked inputs per forward: each is a whole image, so their batch is capped
-DROP_BATCH = 16  # token-dropped inputs of one length per forward, at most (SaCo's removals are many of one length)
+# Perturbed inputs per forward, exactly: a shorter batch is padded with copies of one of its sets. A matrix
+# product's library picks its algorithm by shape, so a set's probability would otherwise depend on how many new sets
+# shared its forward, and with that on what the judge (or the dashboard's earlier test) had already run. The set of
+# every patch runs alone (a plain forward, whatever ran before). Small, so that padding costs little: a judge's 8
+# random orders and 6 maps give 14 sets of each length, 16 rows.
+MASK_BATCH = 4  # pixel-masked inputs: each is a whole image
+DROP_BATCH = 8  # token-dropped inputs of one length
 
 Perturbation = Literal["drop", "mask"]
 PERTURBATIONS: tuple[Perturbation, ...] = ("drop", "mask")
@@ -241,9 +246,10 @@ class KeptSetProbs:
     """p_c of kept-patch sets under one perturbation of one image, each distinct set run once over the object's life.
 
     "drop": the prefix tokens and the kept patches' tokens (after the position embedding) run through the blocks,
-    the new sets batched by length (at most DROP_BATCH per forward). "mask": the normalised input with every other
-    patch's pixels set to 0, whole images, MASK_BATCH per forward. Every order keeps all patches at deletion step 0
-    and the last insertion step: that forward is shared by every curve of every map."""
+    the new sets batched by length (DROP_BATCH per forward, padded). "mask": the normalised input with every other
+    patch's pixels set to 0, whole images, MASK_BATCH per forward (padded). The set of every patch runs alone: every
+    order keeps all patches at deletion step 0 and the last insertion step, so that forward is shared by every curve
+    of every map."""
 
     def __init__(self, loaded: LoadedModel, x: torch.Tensor, target: int, perturbation: Perturbation = "drop"):
         if perturbation not in PERTURBATIONS:
@@ -287,13 +293,15 @@ class KeptSetProbs:
             self.known.setdefault(key, p)
 
     def _run(self, new: dict[bytes, np.ndarray], progress: Callable[[float], None] | None = None) -> None:
+        every_patch = self.loaded.geometry.num_patches
         if self.perturbation == "drop":
             by_length: dict[int, dict[bytes, np.ndarray]] = {}
             for key, r in new.items():
                 by_length.setdefault(len(r), {})[key] = r
             groups, size = [by_length[length] for length in sorted(by_length, reverse=True)], DROP_BATCH
         else:
-            groups, size = [new], MASK_BATCH
+            groups, size = [{k: r for k, r in new.items() if len(r) < every_patch},
+                            {k: r for k, r in new.items() if len(r) == every_patch}], MASK_BATCH
         batches = []
         for group in groups:
             keys = list(group)
@@ -303,7 +311,11 @@ class KeptSetProbs:
                 self.tokens = embedded_tokens(self.loaded.model, self.x)  # (1, T, D), computed once
 
         def forward(batch: dict[bytes, np.ndarray]) -> np.ndarray:
-            return analyses.softmax(to_host(self._forward(list(batch.values()))))[:, self.target]  # (U, C) -> (U,)
+            kept = list(batch.values())
+            rows = 1 if len(kept[0]) == every_patch else size  # see MASK_BATCH: one shape per kind of batch
+            padded = kept + kept[:1] * (rows - len(kept))
+            probs = analyses.softmax(to_host(self._forward(padded)))[:, self.target]  # (rows, C) -> (rows,)
+            return probs[:len(kept)]  # (U,)
 
         run = 0
 

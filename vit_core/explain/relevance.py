@@ -25,6 +25,7 @@ from ..devices import full_float32, on_model_device, to_host
 from ..errors import CaptureError
 from ..hooks import attention_recorded, register
 from ..model import Geometry, LoadedModel
+from ..runtime import gradient_threads, torch_threads
 from . import lrp
 from .passes import eval_mode, model_input, model_pass, parameters_frozen, resolve_target
 from .perturbation import KeptSetProbs, KnownSets, method_curves
@@ -121,10 +122,12 @@ class _Gradients:
 
 @contextlib.contextmanager
 def _gradient_pass_context(loaded: LoadedModel) -> Iterator[contextlib.ExitStack]:
-    """What both gradient passes run in: the model's lock, full float32, autograd on (also inside inference mode),
-    eval mode and every parameter frozen (restored on exit). Yields the stack, for the pass's own hooks."""
+    """What both gradient passes run in: the model's lock, the gradient passes' torch threads
+    (`runtime.gradient_threads`), full float32, autograd on (also inside inference mode), eval mode and every
+    parameter frozen (restored on exit). Yields the stack, for the pass's own hooks."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(loaded.lock)
+        stack.enter_context(torch_threads(gradient_threads()))
         stack.enter_context(full_float32(loaded.device))
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
