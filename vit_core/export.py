@@ -138,7 +138,8 @@ def judgement_arrays(judgement: explain.Judgement, objects: np.ndarray | None = 
 
 def judgement_summary(judgement: explain.Judgement) -> dict[str, Any]:
     """The `.json`'s "tests" (test -> its convention, direction, each method's score, the random mean and std),
-    "verdicts" (test -> method -> {"verdict", "gain", "threshold"}) and, with a mask, "localisation" (method or
+    "verdicts" (test -> method -> {"verdict", "gain", "threshold"}), "random_baseline" (how many seeded random
+    orders, and the seed) and, with a mask, "localisation" (method or
     "random" -> {"pointing_game", "relevance_mass", "relevance_rank"}). NaN is written as null."""
     tests = {t: {"convention": r.convention, "higher_is_better": r.higher_is_better,
                  "values": {m: json_number(v) for m, v in r.values.items()},
@@ -146,7 +147,8 @@ def judgement_summary(judgement: explain.Judgement) -> dict[str, Any]:
              for t, r in judgement.results.items()}
     verdicts = {t: {m: {"verdict": v.label, "gain": json_number(v.gain), "threshold": json_number(v.threshold)}
                     for m, v in by_method.items()} for t, by_method in judgement.verdicts().items()}
-    part: dict[str, Any] = {"tests": tests, "verdicts": verdicts}
+    part: dict[str, Any] = {"tests": tests, "verdicts": verdicts,
+                            "random_baseline": {"orders": judgement.random_orders, "seed": judgement.seed}}
     located = [t for t in explain.LOCALISATION_METRICS if t in judgement.results]
     if located:
         names = [*judgement.methods, explain.RANDOM]

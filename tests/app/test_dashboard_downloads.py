@@ -5,6 +5,9 @@ page's caches hold, with no second attention-distance or rollout computation."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ from conftest import assert_healthy, run_app
 from dashboard import caches, examples
 from dashboard.models import TEST_TINY, ModelRequest
 from support.shared_runtime import download, shared_runtime
-from vit_core import analyses, explain, export, serving
+from vit_core import TEACHING_MODEL, analyses, explain, export, serving
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +81,25 @@ def test_the_download_computes_the_rollout_once_when_no_tab_has(tiny_env, runtim
     assert len(rollouts) <= 1 and distances == []
     again = download(runtime, at, "All arrays of this image (.npz)")
     assert again == first and len(rollouts) <= 1 and distances == []
+
+
+def test_the_npz_a_student_downloads_is_the_same_bits_as_vit_lens_analyze_writes(monkeypatch, runtime, tmp_path):
+    """Same input, same numbers: the page's capture (the server's way: its passes, its trace, its threads) and the
+    command line's, in a process of its own, give the same arrays bit for bit. On the bundled Shapes ViT, a model
+    both know by name."""
+    monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)
+    at = run_app()
+    assert_healthy(at)
+    downloaded = download(runtime, at, "All arrays of this image (.npz)")
+    name = examples.default_example(caches.load(ModelRequest(TEACHING_MODEL)).name)
+    (tmp_path / "example.png").write_bytes(caches.example_bytes(name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_LENS_")}
+    result = subprocess.run([sys.executable, "-m", "vit_core", "analyze", "example.png", "--model", TEACHING_MODEL,
+                             "--device", "cpu", "--out", "out"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    with np.load(io.BytesIO(downloaded)) as page, np.load(tmp_path / "out" / "example.npz") as command:
+        assert page.files and set(page.files) == set(command.files)
+        different = [key for key in page.files if (page[key].dtype, page[key].shape, page[key].tobytes())
+                     != (command[key].dtype, command[key].shape, command[key].tobytes())]
+    assert not different, f"the page's and the command's arrays differ in {different}"

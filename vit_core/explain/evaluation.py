@@ -164,6 +164,8 @@ class Judgement:
     results: dict[str, TestResult]  # test -> result, in TESTS order, only the tests that ran
     curves: Faithfulness | None = None  # the token-dropping curves, where deletion, insertion or SRG ran
     pixel_curves: Faithfulness | None = None  # the pixel-masking curves, where a pixel test ran
+    random_orders: int = RANDOM_ORDERS  # the random baseline's patch orders ...
+    seed: int = 0  # ... drawn with this seed (random_patch_orders), the localisation's random maps too
 
     def verdicts(self) -> dict[str, dict[str, Verdict]]:
         """test -> method -> its verdict."""
@@ -254,11 +256,11 @@ def judge(loaded: LoadedModel, image: Image.Image | Capture, maps: Mapping[str, 
         finished("SaCo")
     if mask is not None:
         scores = localisation(maps, mask)
-        for metric, (mean, std) in random_localisation(mask).items():
+        for metric, (mean, std) in random_localisation(mask, seed=seed).items():
             results[metric] = TestResult(metric, {m: scores[m][metric] for m in maps}, mean, std)
     ordered = {t: results[t] for t in TESTS if t in results}
     return Judgement(target=int(target), steps=steps, methods=tuple(maps), results=ordered, curves=curves,
-                     pixel_curves=pixel_curves)
+                     pixel_curves=pixel_curves, random_orders=random_orders, seed=seed)
 
 
 def _curve_results(curves: Faithfulness, prefix: str, chosen: tuple[str, ...]) -> dict[str, TestResult]:
