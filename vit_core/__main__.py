@@ -61,7 +61,7 @@ from .runtime import configure_threads, cpu_quota
 # (importing timm costs seconds). The subcommands import what they run (`_core`); the parser's defaults are
 # spelled out below, and tests/unit/test_cli.py checks them against the modules that define them.
 if TYPE_CHECKING:
-    from .dataset import PartStore, RunPlan, Shard
+    from .dataset import DatasetResult, PartStore, RunPlan, Shard
     from .model import LoadedModel
 
 EXIT_FAILURES = 2
@@ -424,7 +424,7 @@ def trust_line(verdicts: dict[str, dict[str, dict]]) -> str:
     return f"which to trust, tests where the map beats random of {len(tests)} ({', '.join(tests)}): {', '.join(parts)}"
 
 
-def folder_lines(result) -> list[str]:
+def folder_lines(result: DatasetResult) -> list[str]:
     """What `dataset` and `merge` say after the count of images: with labels, the top-1 accuracy and the logit lens's
     best layer; with explanations, each method's share of images where its map beats random (dataset.json has all)."""
     lines = []
