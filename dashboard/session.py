@@ -182,6 +182,12 @@ def drawing_on() -> bool:
     return bool(st.session_state.get(K_DRAW_ON, False))
 
 
+def widget_value(key: str, default: Any) -> Any:
+    """The value a widget with `key` holds in this session, before it is drawn in this run (`default` before its
+    first run): a page that lays out what the widget will show, ahead of the widget."""
+    return st.session_state.get(key, default)
+
+
 def open_renamed_view(renamed: dict[str, str]) -> None:
     """A tab asked for by its former label (`?view=Attention` in a link, or set so by a script) opens under its label
     today (`5 Attention`). Called before the tabs exist: their bound query parameter can only be set through the

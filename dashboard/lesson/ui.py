@@ -369,7 +369,7 @@ def figure_first(ctx: ViewContext, target: int, job) -> Layout | None:
     """Step 9 before every method's map is made (by step 8's `job` from `ahead`, or None: here): the shown method's
     map alone and the step's first sentences at once, a progress line where the Method list will be, until all the
     maps are made. The layout, or None where no map could be drawn alone (then only the progress line)."""
-    shown = st.session_state.get(WHY_METHOD_KEY, FIRST_METHOD)
+    shown = session.widget_value(WHY_METHOD_KEY, FIRST_METHOD)
     quick = quick_map_figure(ctx, target, shown)
     place = early = None
     if quick is not None:
