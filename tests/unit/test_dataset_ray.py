@@ -164,16 +164,22 @@ import logging, os, sys
 from pathlib import Path
 from vit_core.dataset.ray_engine import ray_output_to
 
+lines = sys.stdout  # the command's progress lines: a stream taken before the block
 with ray_output_to(Path({str(tmp_path / "parts" / "ray.log")!r})) as console:
     os.write(2, b"core_worker.cc: a C++ error line\\n")
     logging.getLogger("ray.some.module").warning("a Ray warning")  # no handler: logging's last resort, on stderr
-    print("the command's progress", file=console)
+    print("(raylet) Task failed; it will be retried")  # Ray's error listener prints on sys.stdout
+    print("the command's bar", file=console)
+    print("the command's progress line", file=lines, flush=True)
 print("the command's failure", file=sys.stderr)
+print("the command's result")
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == "the command's progress\nthe command's failure\n"
-    assert (tmp_path / "parts" / "ray.log").read_text() == "core_worker.cc: a C++ error line\na Ray warning\n"
+    assert result.stderr == "the command's bar\nthe command's failure\n"
+    assert result.stdout == "the command's progress line\nthe command's result\n"
+    assert (tmp_path / "parts" / "ray.log").read_text().splitlines() == [
+        "core_worker.cc: a C++ error line", "a Ray warning", "(raylet) Task failed; it will be retried"]
 
 
 def test_vit_lens_dataset_on_ray_prints_only_its_own_lines(folder, tmp_path):

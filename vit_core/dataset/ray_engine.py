@@ -187,23 +187,28 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
 
 @contextlib.contextmanager
 def ray_output_to(log: Path) -> Iterator[TextIO]:
-    """This process's stderr (file descriptor 2) appended to `log` for the block, which holds a `ray_session`: what
-    Ray prints in this process then lands there, not among the command's own lines. That is its loggers' lines (at
-    start-up "Token authentication is enabled ...") and those of its C++ core, which runs in this process and writes
-    its errors to the descriptor itself ("core_worker.cc: ... the actor restart will fail", about Ray Data's own
-    actors). Yields the stream for what the command shows meanwhile (its progress bar): sys.stderr where that is not
-    the descriptor (a test's capture, a notebook's), else a stream on the descriptor's former file (the terminal)."""
+    """What Ray prints in this process appended to `log` for the block, which holds a `ray_session`, not mixed with
+    the command's own lines: its loggers' lines (at start-up "Token authentication is enabled ..."), its C++ core's,
+    which runs in this process and writes its errors to file descriptor 2 ("core_worker.cc: ... the actor restart
+    will fail", about Ray Data's own actors), and the raylet's task errors, which its listener prints on sys.stdout
+    ("(raylet) Task ... failed ... will be retried", when a worker dies or a run is stopped). So descriptor 2 and
+    sys.stdout are the log for the block; what the command writes meanwhile goes to streams it took before (its
+    progress lines) or to the one yielded (its progress bar): sys.stderr where that is not descriptor 2 (a test's
+    capture, a notebook's), else a stream on the descriptor's former file (the terminal)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
     terminal = os.dup(2)
+    stdout = sys.stdout
     try:
         with open(log, "ab") as file:
             os.dup2(file.fileno(), 2)
         console = os.fdopen(os.dup(terminal), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
                             errors="backslashreplace")
-        with console:
+        with console, open(log, "a", buffering=1, encoding="utf-8", errors="backslashreplace") as printed:
+            sys.stdout = printed
             yield console if _writes_to_descriptor_2(sys.stderr) else sys.stderr
     finally:
+        sys.stdout = stdout
         sys.stderr.flush()  # what Ray's loggers left in its buffer belongs in the log too
         os.dup2(terminal, 2)
         os.close(terminal)
