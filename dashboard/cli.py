@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as stop:  # how the server returns (Streamlit's own stop on Ctrl-C or SIGTERM included)
             status.append(stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1)
             raise
+        except KeyboardInterrupt:  # Ctrl-C before Streamlit's server has started (it takes Ctrl-C itself after)
+            print("vit-lens dashboard: interrupted", file=sys.stderr)
+            status.append(130)
+            return 130
         return 0
 
     from vit_core import __main__ as core_cli

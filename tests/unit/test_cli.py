@@ -568,3 +568,30 @@ def test_vit_lens_dashboard_stops_quietly_with_the_servers_status(tmp_path, stop
     stderr = (tmp_path / "stderr").read_text()
     assert "nanobind" not in stderr and "leaked" not in stderr and "Traceback" not in stderr, stderr
     assert "Stopping..." in (tmp_path / "stdout").read_text()
+
+
+@pytest.mark.parametrize("stops, status, stderr", [
+    ("raise SystemExit(0)", 0, ""),
+    ("raise SystemExit('vit-lens dashboard: unknown device')", 1, "vit-lens dashboard: unknown device\n"),
+    ("raise KeyboardInterrupt", 130, "vit-lens dashboard: interrupted\n"),  # Ctrl-C before Streamlit takes it
+])
+def test_the_dashboard_process_ends_with_the_servers_status_and_its_message(stops, status, stderr):
+    """The whole `vit-lens dashboard` process (the server replaced by a stand-in that stops as the real one can):
+    the quiet end after the exit handlers keeps the status and the one-line message."""
+    script = f"""
+import atexit, sys
+from dashboard import cli
+from dashboard.server import serve
+
+def stand_in(argv, whole_process):
+    assert whole_process and argv == ["--server.port", "8502"]
+    atexit.register(print, "an exit handler of the server's ran")  # registered later: runs before the quiet end
+    {stops}
+
+serve.main = stand_in
+sys.argv = ["vit-lens", "dashboard", "--server.port", "8502"]
+sys.exit(cli.main())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (status, stderr)
+    assert result.stdout == "an exit handler of the server's ran\n"
