@@ -242,7 +242,7 @@ def _relevance(model_key: str, image_sha: str, target: int, _loaded: LoadedModel
 
 
 # The LRP maps with their rule chosen on the image (explain.relevance_maps' gamma choice: a faithfulness test of each
-# candidate, about 60 perturbed inputs; docs/performance.md, "AttnLRP and CP-LRP"): made when someone judges the maps,
+# candidate, about 60 perturbed inputs; docs/performance/2026-11-25.md, "AttnLRP and CP-LRP"): made when someone judges the maps,
 # or with the maps for a light model.
 _chosen_relevance: ByteBudgetCache[explain.Relevance] = ByteBudgetCache(24, size_of=one_each)
 

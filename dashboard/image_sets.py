@@ -35,7 +35,7 @@ from vit_core.errors import ViTLensError
 from vit_core.model import LoadedModel
 from vit_core.teaching import data as shapes
 
-# Per run: 256 ViT-B/16 images take minutes on a small CPU (docs/performance.md, "Many images"); the CLI
+# Per run: 256 ViT-B/16 images take minutes on a small CPU (docs/performance/2026-11-23.md, "Many images"); the CLI
 # (`vit-lens dataset`) has no cap.
 MAX_IMAGES = 256
 MAX_SET_MB = 100  # all images of one set together: the uploads, or a zip's uncompressed members
@@ -45,7 +45,7 @@ MAX_ZIP_MEMBERS = 1000  # entries in a zip, folders and skipped files included
 # record says, whatever count it gives. An entry is 46 bytes and its name; 1 KiB each leaves room for long paths.
 MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_MEMBERS * 1024
 # One run's wall-clock budget: 256 ViT-B/16 images take about 80 s alone on the development VM and about 200 s on
-# the shared 2-core VM under a class's load (docs/performance.md, "Many images"); only costly files (each decode is
+# the shared 2-core VM under a class's load (docs/performance/2026-11-23.md, "Many images"); only costly files (each decode is
 # bounded on its own, not their sum) or a large model reach it. Wall time, not CPU time: a run's decodes and its
 # forward's threads are not all on the page's thread, and what the budget bounds is how long it holds the server.
 RUN_BUDGET_S = 300.0

@@ -203,7 +203,7 @@ def colorize(values: np.ndarray, cmap: str = ATTENTION_CMAP, vmin: float | None 
 def colorize_each(maps: np.ndarray, cmap: str = ATTENTION_CMAP) -> np.ndarray:
     """Float maps (n, ...) -> uint8 RGB (n, ..., 3), each min-max scaled on its own: `colorize` of every map, the
     same bytes, in one pass (a head sheet colours 13 maps on every control change; one by one, matplotlib's masked
-    normalisation was a third of the sheet's time: docs/performance.md, "A control change's figures")."""
+    normalisation was a third of the sheet's time: docs/performance.md, "The figures")."""
     maps = np.asarray(maps)
     if not np.issubdtype(maps.dtype, np.floating):
         maps = maps.astype(np.float32)  # as matplotlib's Normalize promotes integers
@@ -305,7 +305,7 @@ def clickable_image_figure(display: np.ndarray | bytes, grid: tuple[int, int], p
 
     `validate`: plotly's check of every property as it is set. Off by default: this function fixes every property,
     the check was 3.5 of the 5 ms the figure took to build, and it runs on every control change of the Attention
-    tab (docs/performance.md, "The clickable map without plotly's checks"); a test builds the figure both ways
+    tab (docs/performance.md, "The figures"); a test builds the figure both ways
     and compares what the browser gets.
     """
     checked = {} if validate else {"_validate": False}  # plotly's own switch (BaseFigure, BasePlotlyType)
@@ -390,7 +390,7 @@ def mosaic(tiles: Sequence[np.ndarray], titles: Sequence[str], cols: int, pad: i
 # ----------------------------------------------------------------------------------------------
 # Heat maps with their axes, drawn with PIL: the same title, ticks at cell centres, axis labels and colour
 # bar as matplotlib's imshow + colorbar, in a few milliseconds instead of savefig's tens to hundreds (docs/performance.md,
-# "A class: the first load test").
+# "The figures").
 
 INK = (0, 0, 0)
 

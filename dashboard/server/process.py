@@ -61,7 +61,7 @@ def freeze_long_lived_heap() -> None:
     """Once per process, after the first full page: hide everything alive from the cyclic garbage collector.
 
     With torch, timm, plotly and matplotlib imported a full collection walks about half a million objects, a
-    quarter of a second on a small machine (docs/performance.md, "Streamlit's collection after every run"), and
+    quarter of a second on a small machine (docs/performance.md, "The event loop"), and
     Python's own full collections (and Streamlit's ``runner.postScriptGC``, off in the shipped config) walk them
     all. Those objects live as long as the server; ``gc.freeze`` moves them to a generation the collector skips.
     Reference counting still frees them as usual; only reference cycles alive right now would never be collected.
@@ -90,9 +90,9 @@ def finish_this_run_below_the_pages() -> None:
     _this_thread.made_a_capture = True
 
 
-# Below the pages, 30 new images' figures still shared the cores among themselves, and each student waited for all
-# of them. Drawn one run at a time, the first student's page is done before the second's starts, and the students who
-# have theirs find the cores freer for their control changes (docs/performance.md, "New images' figures in turn").
+# New images' figures drawn at once share the cores among themselves, and each student waits for all of them. Drawn
+# one run at a time, the first student's page is done before the second's starts, and the students who have theirs
+# find the cores freer for their control changes (docs/performance.md, "New images' figures in turn").
 # A run waits at most NEW_IMAGE_TURN_WAIT_S for its turn, so a long one (the Why? tab's
 # relevance passes on a new image) delays the others by that much, not by all of it.
 NEW_IMAGE_TURN_WAIT_S = 2.0
@@ -118,7 +118,7 @@ def new_image_figures_in_turn() -> Iterator[None]:
 # A download made on click (the `.npz` exports: tens of MB of arrays) is on no one's way to a picture, yet Streamlit
 # makes it on a thread at the pages' priority, above the forward lanes that every new image waits for (vit_core.serving,
 # FORWARD_LANE_NICENESS = 10). Made on these lanes instead, below both, a class's downloads take the cores the pages and
-# forwards leave (docs/performance.md, "Downloads below the forwards, huge pages").
+# forwards leave (docs/performance.md, "Lanes below the pages").
 DOWNLOAD_LANE_NICENESS = 15
 
 

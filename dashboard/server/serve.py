@@ -27,7 +27,7 @@ With `VIT_LENS_HUGE_PAGES=on` (Linux with glibc), the server first starts itself
 for transparent huge pages (restart_with_huge_pages); by default malloc is left as the C library has it.
 
 Before numpy is imported, OPENBLAS_NUM_THREADS defaults to 1 (numpy's OpenBLAS threads spin against torch's on a
-small machine: docs/performance.md, "BLAS threads"). Settings are read
+small machine: docs/performance.md, "One BLAS thread"). Settings are read
 through `vit_core.settings`, which imports nothing heavy, so the restart happens before torch is imported.
 """
 
@@ -101,7 +101,7 @@ def upload_cap_flags(argv: list[str]) -> list[str]:
 # Transparent huge pages for the server's large buffers, on request ($VIT_LENS_HUGE_PAGES=on): they made fresh memory
 # 2.7x cheaper on one VM and a student's image 40-110 ms of CPU dearer on the Zen 3 VM CI runs on, where their cost
 # depends on what the machine freed before, so no short measurement at start can choose (docs/performance.md, "Huge
-# pages, measured per step"). glibc (2.35+) reads the setting only when a process starts: with it on, the server
+# pages off"). glibc (2.35+) reads the setting only when a process starts: with it on, the server
 # starts itself again (same process id) with it in the environment.
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode

@@ -56,7 +56,7 @@ def _require(what: str) -> None:
 # Streamlit (1.67) drops a file a download button made on click at the second sweep of unreferenced files after it
 # was made, and every script run of any session ends with such a sweep: in a class, two of them can come before the
 # browser's fetch of the file, which then fails (HTTP 404). Kept for a few seconds at least, the fetch finds it; the
-# cost is the exports made in those seconds (docs/performance.md, "The download race and its grace"). Streamlit has
+# cost is the exports made in those seconds (docs/performance.md, "The download grace"). Streamlit has
 # no setting for it.
 MADE_DOWNLOAD_GRACE_S = 5.0
 

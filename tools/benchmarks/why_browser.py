@@ -12,8 +12,8 @@ Two figures per click:
   app's run state turning to finished, on the page's own clock (MutationObservers and requestAnimationFrame): what
   the student sees;
 - by the driver: from before Playwright's click to its wait for the finished script returning. It adds Playwright's
-  own work (the click's actionability checks before the press, its polling of the page after it: 0.2-0.4 s on the
-  2-core VM, docs/performance.md), so it is an upper bound; the figures before 2026-11-27 are of this kind.
+  own work (the click's actionability checks before the press, its polling of the page after it: 0.2-0.4 s on a
+  2-core VM, docs/performance/2026-11-27.md, "The click timed in the page"), so it is an upper bound.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ queued); with the load test's 0.2 s between sessions (30 of them over 6 s), at a
 The same server given only a share of the machine (its forwards `capture_s / share` each, the rest of each core going
 to other work) says what a run's share of the machine allows, and `share_needed` what share the goals need: on the
 Zen 3 the forwards got about half of a storm's machine, at which such a server comes within a few percent of the runs'
-own ratios (2.9 x floor_median), where the goals need 76-79 % (docs/performance.md, "The forwards' share of the
-machine").
+own ratios (2.6-2.9 x floor_median), where the goals need 76-78 % (docs/performance/2026-11-28.md, "The forwards'
+share of the machine").
 """
 
 from __future__ import annotations

@@ -312,8 +312,8 @@ class RssSampler:
     """Samples VmRSS of a process and its children; `peak_mb` also takes each one's VmHWM (kernel peak);
     `memfd_peak_mb` is the most their in-memory files held at once (not in VmRSS). The processes and their in-memory
     files are looked up again every `refresh` seconds, not at every sample: a server's exports keep their scratch files
-    (vit_core/serving/npz.py), and walking every thread's children and 170 file descriptors at each sample took 1.4 ms of
-    the test's CPU against 0.14 (docs/performance.md, "The load test's RSS sampler")."""
+    (vit_core/serving/npz.py), and walking every thread's children and 170 file descriptors at each sample takes ten
+    times the CPU (docs/performance/2026-11-28.md, "The load test's RSS sampler")."""
 
     def __init__(self, pid: int, every: float = 0.1, refresh: float = 1.0):
         self.pid, self.every, self.refresh, self.peak_kb, self.hwm_kb, self.memfd_peak_kb = pid, every, refresh, 0, 0, 0
@@ -568,7 +568,7 @@ def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], 
     """The same steps as `run_session`, sent as Streamlit's own messages (see tools/loadtest/client.py): no page is drawn.
 
     Latencies run from the message sent to the run finished and every media file it referenced fetched;
-    a browser adds its drawing on top (docs/performance.md, "Lighter load-test clients"). Each step runs as
+    a browser adds its drawing on top (docs/performance/2026-11-23.md, "Lighter load-test clients"). Each step runs as
     `step(kind, action)`, kind one of STEP_KINDS: tools/loadtest/steps.py measures each one's CPU that way.
     """
     from .client import StreamlitSession

@@ -17,7 +17,7 @@ from .traced import on_a_lane, traced_forward
 # A pass with fewer multiply-adds than this (parameters x tokens: the Shapes ViT's about 0.3 G, ViT-S/16's 4.3 G)
 # takes 10-20 ms on one core: it runs on the thread that asks, at the pages' priority, with one torch thread. On a
 # low-priority lane with both cores beside a browser, each stroke of a drawing waited 0.06-0.98 s for it
-# (docs/performance.md, "Strokes of a drawing").
+# (docs/performance.md, "A light model on the asking thread").
 LIGHT_PASS_MACS = 1e9
 
 

@@ -18,7 +18,7 @@ def configure_parallel_passes(threads: int, passes: int | None = None) -> int:
     """Let up to `passes` (else $VIT_LENS_PARALLEL_PASSES, else the thread count, at most 4) capture passes of
     one model run at once, each with `threads // passes` torch threads when several want to run
     (`serving.set_parallel_passes`); returns it. Several 1-thread forwards are slowed less by the other sessions'
-    work than one forward on all threads (docs/performance.md, "Passes at once")."""
+    work than one forward on all threads (docs/performance.md, "Forward passes on lanes of one thread")."""
     passes = passes or settings.PARALLEL_PASSES.number() or min(threads, MAX_PARALLEL_PASSES)
     set_parallel_passes(passes, threads)
     _logger.info("capture passes at once: %d", passes)
@@ -46,7 +46,7 @@ def configure_switch_interval(seconds: float = SERVER_SWITCH_INTERVAL) -> float:
     An eager forward gives the GIL up around each of its few hundred torch operations and must get it back after
     each, while a thread running Python keeps it for up to the whole interval: a short interval keeps eager
     forwards near their time alone. A traced forward takes the GIL only to start and end, and every handover
-    costs the kernel a wake-up, so it is served best by a longer one (docs/performance.md, "GIL switch interval")."""
+    costs the kernel a wake-up, so it is served best by a longer one (docs/performance.md, "The GIL switch")."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(seconds)
     _logger.info("GIL switch interval: %.2f ms", seconds * 1000)

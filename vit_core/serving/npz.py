@@ -33,7 +33,7 @@ def _scratch_file() -> io.FileIO:
     The dashboard makes a class's exports (29 MB each for ViT-B/16) on low-priority threads (dashboard.server.process)
     while students' pages run Python. Written into an `io.BytesIO`, every array was copied holding the GIL, and a
     low-priority thread preempted mid-copy kept every page waiting: in a 30-session load test `py-spy record --gil`
-    found the export holding the GIL in a third of the samples (docs/performance.md, "A GIL-free export").
+    found the export holding the GIL in a third of the samples (docs/performance.md, "Exports off the GIL").
     os.write and os.pread copy with the GIL released, and `_read_whole` makes the one `bytes` object Streamlit
     needs straight from the file. The file is kept because writing into a new one's fresh pages made an export 4x slower."""
     file = getattr(_scratch, "file", None)

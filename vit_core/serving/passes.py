@@ -9,7 +9,7 @@ thread-local store), so a pass records its own forward and nothing of the others
 
 On a CPU, n passes at once each run with 1/n of torch's threads ("narrow"): a forward whose OpenMP threads
 share the cores with other work waits at every barrier for the thread that lost its core (docs/performance.md,
-"Passes at once"). A pass that finds nobody waiting runs alone with all the threads ("wide"), and later
+"Forward passes on lanes of one thread"). A pass that finds nobody waiting runs alone with all the threads ("wide"), and later
 arrivals wait for it to end.
 """
 

@@ -37,8 +37,8 @@ from .priority import FORWARD_LANE_NAME, become_a_lane
 
 _logger = logging.getLogger(__name__)
 
-# A lane's nice value above the pages' threads: the step that kept control changes fast in the class load test
-# (docs/performance.md, "Forward lanes").
+# A lane's nice value above the pages' threads: the step that keeps control changes fast in the class load test
+# (docs/performance.md, "Lanes below the pages").
 FORWARD_LANE_NICENESS = 10
 
 @dataclass
@@ -107,7 +107,7 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
             len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
 
     # At the thread count its passes run at: the trace records the library each linear was given, and
-    # vit_core.onednn chooses it per thread count (docs/performance.md, "Linears decided on the machine").
+    # vit_core.onednn chooses it per thread count (docs/performance.md, "Linears on MKL, oneDNN opt-in").
     with torch_threads(threads):
         try:
             checks = [x, x.flip(-1)]
