@@ -296,7 +296,7 @@ def test_zip_members_checks_the_directory_before_extracting(monkeypatch):
 
 @pytest.mark.parametrize("entries", [500_000, 70_000, 1_001])
 def test_a_zips_entry_count_is_refused_from_its_end_record_before_zipfile_reads_the_directory(entries, monkeypatch):
-    """Issue 28: a directory of 500,000 entries cost 6.2 s and 200 MB in zipfile before its count was refused."""
+    """A hostile zip's directory costs zipfile seconds and hundreds of MB to read: its count is refused first."""
     def no_parse(*args, **kwargs):
         raise AssertionError("zipfile parsed the directory")
 
@@ -415,7 +415,7 @@ def test_a_run_in_parts_gives_the_same_result_as_one_pass(tiny_model, monkeypatc
 
 
 def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monkeypatch):
-    """Issue 28: 256 costly files passed every check and held the server for as long as they took."""
+    """256 costly files can each pass every check: the run's budget bounds how long they hold the server."""
     monkeypatch.setattr(image_sets, "RUN_CHUNK", 4)
     ticks = iter(range(0, 10_000, 100))  # each look at the clock: 100 s later
     image_set = shapes_set(tiny_model, 20, 0)
@@ -430,7 +430,7 @@ def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monk
 
 @pytest.mark.parametrize("server_mb, shown_mb", [(25, 25), (400, 100)])
 def test_the_page_states_the_upload_limit_the_server_enforces(tiny_env, runtime, server_mb, shown_mb):
-    """Issue 28: in class mode (server.maxUploadSize 25 MB) the page said 100 MB zips and the server answered 413."""
+    """The limit the page states is the server's (class mode: server.maxUploadSize 25 MB), or a larger zip gets a 413."""
     from streamlit import config
 
     before = config.get_option("server.maxUploadSize")

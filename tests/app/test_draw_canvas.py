@@ -1,4 +1,5 @@
-"""The Draw canvas is an upload (issue 28, finding 3): what the browser sends as the drawing is checked before
+"""The Draw canvas is an upload (a student's script can send anything as its value): what the browser sends as the
+drawing is checked before
 anything decodes it, then decoded on the upload's path; anything else is refused with one sentence and the
 previous image stays.
 
@@ -129,7 +130,7 @@ def test_the_app_refuses_a_hostile_drawing_and_keeps_the_previous_image(tiny_env
 
 
 def test_the_canvas_sits_beside_the_drawings_result_and_clear_says_the_example_is_back(tiny_env, monkeypatch):
-    """Issue 29: with Draw on, the canvas is in the main area (not the sidebar), beside the crop the model sees and
+    """With Draw on, the canvas is in the main area (not the sidebar), beside the crop the model sees and
     its prediction; the header names the input shown; after Clear the page says the example is back."""
     at = run_app(view="Attention")
     at.toggle(key=session.K_DRAW_ON).set_value(True).run()

@@ -7,7 +7,7 @@ The server runs the bundled Shapes ViT (`VIT_LENS_MODEL=vit-lens/shapes-vit`), s
   "image drawing.png" with the suggested wiring);
 - the canvas is streamlit-drawable-canvas's: the mouse is driven on its `canvas.upper-canvas` (Fabric.js's
   event layer), its Clear button is the one named "Clear";
-- with Draw on, the canvas is in the main area beside the crop the model sees and its prediction (issue 29), and
+- with Draw on, the canvas is in the main area beside the crop the model sees and its prediction, and
   after Clear the page says that the example is back.
 The browser tests are skipped until the dashboard calls `draw_ui(` (the Draw input is wired in), and when no
 chromium is installed; the checks of draw.py's pure helpers always run. Screenshots go to tests/artifacts/
@@ -141,13 +141,13 @@ def test_a_drawing_goes_through_the_same_path_and_every_view_renders(page, drawn
 
 @in_browser
 def test_the_drawn_star_is_recognised(drawn_star):
-    """Issue 11: the bundled model recognises the 8 shapes as people draw them."""
+    """The bundled model recognises the 8 shapes as people draw them."""
     assert drawn_star.group(1) == "star", f"a star drawn on the canvas was classified {drawn_star.group(0)}"
 
 
 @in_browser
 def test_the_maps_of_a_drawing_are_judged_against_its_strokes(page, drawn_star):
-    """Issue 30: in the Why? tab the drawing's strokes, widened by the pen, are the object: its patches are shown first,
+    """In the Why? tab the drawing's strokes, widened by the pen, are the object: its patches are shown first,
     and judging the maps adds the localisation metrics to the table."""
     open_tab(page, RENAMED["Why?"])
     no_exception(page)

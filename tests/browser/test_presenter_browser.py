@@ -1,4 +1,4 @@
-"""Issue 29, the presenter-ready explorer, in a real browser: a projector's 1280 x 720 (the sidebar open), a student
+"""The presenter-ready explorer, in a real browser: a projector's 1280 x 720 (the sidebar open), a student
 laptop's 1366 x 768 and a phone's 390 x 844, on the bundled Shapes ViT (what a class gets offline).
 
 What is checked, from the page as rendered (never from the code's constants):

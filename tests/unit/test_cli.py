@@ -212,7 +212,7 @@ def test_analyze_explain_with_a_target_the_model_lacks_is_one_line_and_exit_2(tm
     assert result.returncode == 2 and "--target, --steps, --mask and --tests need --explain" in result.stderr
 
 
-# Issue 12, CLI: same stems, atomic writes, an OSError on one image.
+# Same stems, atomic writes, an OSError on one image.
 
 def _analyze_in_process(capsys, *args) -> tuple[int, list[str]]:
     """`python -m vit_core analyze ...` run in this process (monkeypatches reach it); exit status and stderr lines."""
@@ -326,7 +326,7 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_load(tmp_path):
     assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use auto, on or off."
 
 
-# ---------------------------------------------------------------------------------- issue 28: inputs and outputs
+# ---------------------------------------------------------------------------------- hostile inputs and outputs
 
 
 def test_inputs_that_are_not_regular_files_are_one_line_each_and_the_others_go_on(tmp_path):

@@ -305,7 +305,7 @@ def test_token_matrix_keeps_each_entry_and_marks_the_prefix_rows():
 
 
 # ----------------------------------------------------------------------------------------------
-# Issue 29: text a projector can show, and a patch grid that keeps every line
+# Text a projector can show, and a patch grid that keeps every line
 
 
 def _ink_rows(picture: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ they show:
   makes some call mix the host and the device: `DeviceSpy` records it (checked on a deliberate mistake).
 
 They can't show numbers on a real GPU (float32 tolerance, TF32 in cuDNN convolutions), speed, or CUDA kernels:
-that check runs on a GPU machine (see the report of issue 13).
+that check runs on a GPU machine (tools/benchmarks/gpu_parity.py; docs/performance/2026-11-23.md, "GPU parity").
 """
 
 from __future__ import annotations

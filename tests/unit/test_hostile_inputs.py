@@ -110,7 +110,7 @@ def test_the_class_count_is_capped(tmp_path, monkeypatch, suffix):
     assert MAX_CLASSES >= 21_843  # ImageNet-21k heads still load
 
 
-HEADER_ATTACKS = [  # issue 28: escaped as RecursionError, OverflowError, or refused only after minutes and GBs
+HEADER_ATTACKS = [  # unchecked, each escapes as RecursionError or OverflowError, or is refused only after minutes and GBs
     ("deep", hostile.nested_header(100_000), r"not a valid safetensors file \(its header is not a table of tensors: "
                                               r"it nests 100,002 levels deep, more than the 8 allowed\)\.$"),
     ("1e400", hostile.overflowing_shape(), r"tensor 'x' is not described properly \(its shape and offsets must be whole"),

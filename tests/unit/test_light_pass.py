@@ -1,4 +1,4 @@
-"""A light model's capture on the server (issue 29, a stroke within 0.5 s): on the thread that asks, with one torch
+"""A light model's capture on the server (a stroke's prediction within 0.5 s): on the thread that asks, with one torch
 thread, never on a lowered forward lane; the same numbers as the library's capture, bit for bit."""
 
 from __future__ import annotations

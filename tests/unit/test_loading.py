@@ -156,7 +156,7 @@ def test_models_outside_the_family_are_refused(name, message):
 
 @pytest.mark.parametrize("pretrained", [False, True])
 def test_an_unknown_pretrained_tag_is_a_model_error_not_timms_runtime_error(pretrained):
-    """Issue 28: `vit_base_patch16_224.x` escaped as timm's RuntimeError, whether its weights were wanted or not."""
+    """`vit_base_patch16_224.x` is a ModelError, not timm's RuntimeError, whether its weights are wanted or not."""
     with pytest.raises(ModelError, match=r"^timm has no pretrained tag 'x' for vit_base_patch16_224 .*\)\.$"):
         load_model("vit_base_patch16_224.x", pretrained=pretrained)
 

@@ -1,4 +1,4 @@
-"""The load test's attacker (tools/loadtest/attacker.py): its files are issue 28's, each round's bytes differ while
+"""The load test's attacker (tools/loadtest/attacker.py): its files are tools/hostile's, each round's bytes differ while
 the picture (and so its cost) stays, and its canvas value is what dashboard.draw refuses."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The class load test's floor and ratios (tools/loadtest/floor.py): the formulas of issue 31, the goals' verdicts,
+"""The class load test's floor and ratios (tools/loadtest/floor.py; docs/performance.md, "Reading a ratio"), the goals' verdicts,
 and the CPU line read from lscpu's output. Pure arithmetic on given figures: no server, no timing."""
 
 import numpy as np
@@ -14,7 +14,7 @@ Flags:                                    fpu vme sse sse2 avx avx2 fma bmi2 sha
 
 
 def test_the_floor_is_half_the_burst_for_the_median_and_the_whole_burst_for_the_last():
-    """Issue 31's example: t = 0.52 s on 2 cores, 30 captures: 7.8 s for all of them, 3.9 s for the median one."""
+    """t = 0.52 s on 2 cores, 30 captures: 7.8 s for all of them, 3.9 s for the median one."""
     f = floors.Floor(capture_s=0.52, n=30, cores=2)
     assert f.all_s == pytest.approx(7.8) and f.median_s == pytest.approx(3.9)
 

@@ -1,4 +1,4 @@
-"""tools/loadtest/steps.py's arithmetic: one image's steps against the budget issue 31's goals leave them. Given
+"""tools/loadtest/steps.py's arithmetic: one image's steps against the budget the load test's goals leave them. Given
 figures, no server, no timing (tests/live/test_classroom.py runs the tool on a server)."""
 
 import pytest

@@ -235,7 +235,7 @@ def explanations(model: str, repeats: int) -> dict[str, float]:
           f"deletion + insertion): median {statistics.median(curve_times):.2f} s of {len(curve_times)}")
     return {"relevance ratio": ratio, "relevance": statistics.median(times["relevance pass (all maps)"]),
             "curves": statistics.median(curve_times), "intervention": statistics.median(times["intervention"]),
-            "curves target": 1.0 if model == TEACHING_MODEL else 20.0}  # issue 30's targets (the Shapes ViT's: in a browser)
+            "curves target": 1.0 if model == TEACHING_MODEL else 20.0}  # the curves' targets (the Shapes ViT's: in a browser)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ side runs `analyze_dataset` (un-fused attention, reduced on the device to mean a
 conventions, high-norm rates; no labels, no explanations). The two are interleaved `--repeats` times after a
 warm-up batch each, and the medians are reported. `--dtype bfloat16` wraps both in autocast (for a GPU).
 
-Random init: the arithmetic is that of the pretrained model. Targets (issue 13): within 1.3x of the plain
+Random init: the arithmetic is that of the pretrained model. Targets: within 1.3x of the plain
 forwards on a 2-core CPU with ViT-B/16; on a GPU, >= 0.7x of the plain bf16 forward's throughput at batch 64.
 
---ray (issue 32): the same JPEGs written to a temporary folder; the one-process run (`runs.run_shards`, what
+--ray: the same JPEGs written to a temporary folder; the one-process run (`runs.run_shards`, what
 `vit-lens dataset` runs: DataLoader decoding in --workers processes, default the CLI's) against the Ray engine on one
 local node (`ray_engine.run_shards_on_ray`, what `--engine ray` runs: one model worker with the CPU quota's torch
 threads, decoding in the CPUs it leaves). Both from the model loaded in this process to every shard's part written;

@@ -1,5 +1,5 @@
 """Time each pen stroke on the Draw input, in a real browser: from the stroke's mouse-up until the new prediction is
-shown (issue 29's target: within 0.5 s with the bundled Shapes ViT on the 2-core machine).
+shown (the target: within 0.5 s with the bundled Shapes ViT on a 2-core machine).
 
     .venv/bin/python -m tools.benchmarks.draw_stroke [--strokes 12] [--port 8630] [--url URL] [--model NAME]
 

@@ -1,12 +1,12 @@
 """Benchmark the faithfulness curves and the other tests of vit_core.explain on this machine, before and after the
-random baseline's change (issue 30), for ViT-B/16 (random init) and the bundled Shapes ViT.
+random baseline's orders were deleted from their ends, for ViT-B/16 (random init) and the bundled Shapes ViT.
 
     .venv/bin/python -m tools.benchmarks.faithfulness [--models vit_base_patch16_224 vit-lens/shapes-vit] [--repeats 2]
                                                       [--sanity]
 
 For each model, one image and the maps of `explain.relevance_maps` (every method it has), S = 10, R = 8 random orders:
 
-- "curves, before": the curves of issue 30's start, copied here (`previous_curves`): the random baseline ran
+- "curves, before": the curves as they ran before that change, copied here (`previous_curves`): the random baseline ran
   each order's deletion (its first n_k dropped) and insertion, 2 S - 1 sets per order; then each method.
 - "curves, after": `explain.faithfulness`: the random baseline deletes from each order's end, so that its deletion
   and insertion keep the same sets (S - 1 per order beside the full one); each method as before.
@@ -55,7 +55,7 @@ STEPS, ORDERS = explain.DEFAULT_STEPS, explain.RANDOM_ORDERS
 
 def previous_curves(loaded: LoadedModel, image: Image.Image, maps: Mapping[str, np.ndarray], target: int,
                     probs: explain.KeptSetProbs) -> None:
-    """The curves as `explain.faithfulness` ran them before issue 30: the random baseline first, each order's
+    """The curves as `explain.faithfulness` ran them before: the random baseline first, each order's
     deletion dropping its first n_k patches and its insertion keeping them (2 S - 1 distinct sets per order), then
     each method's 2 S sets; each unit's sets batched by length, every distinct set run once per call."""
     n = loaded.geometry.num_patches

@@ -1,4 +1,4 @@
-"""What each hostile input of issue 28 costs a ViT Lens tree: the outcome, the wall time and the peak memory.
+"""What each hostile input (tools/hostile) costs a ViT Lens tree: the outcome, the wall time and the peak memory.
 
     .venv/bin/python -m tools.benchmarks.hostile_uploads                      # this tree
     .venv/bin/python -m tools.benchmarks.hostile_uploads --tree /tmp/old      # another checkout (say, before a fix)

@@ -1,5 +1,5 @@
 """Time the Why? tab's judge in a real browser, click to table: the Shapes ViT's token-dropping curves alone, then
-every test with the localisation, as a student sees them (issue 30's target: the curves under 1 s).
+every test with the localisation, as a student sees them (the target: the curves under 1 s).
 
     .venv/bin/python -m tools.benchmarks.why_browser [--rounds 2]
 

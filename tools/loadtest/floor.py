@@ -2,7 +2,7 @@
 
 On C cores, N sessions' first images can't all be done before N x t / C seconds, with t the server's own capture
 time on this machine (one torch thread, as a burst's passes run, traced, linears on the library the server
-chooses), and the median student's can't come before half of that. These are issue 31's floors, with N the
+chooses), and the median student's can't come before half of that. These are the load test's floors, with N the
 sessions. Each session then sends a second image (the default --images 2), whose forward comes on top: the
 report also gives the median's ratio to the floor with every new image counted (N = sessions x images).
 
@@ -12,7 +12,7 @@ the forwards the server spends:
 
     floor_median = (N / 2) x t / C        floor_all = N x t / C
 
-Goals (issue 31): new-image median <= 1.5 x floor_median, p95 <= 1.5 x floor_all, control-change median <= 0.2 s,
+Goals: new-image median <= 1.5 x floor_median, p95 <= 1.5 x floor_all, control-change median <= 0.2 s,
 no mismatches.
 
 The floors take every session's image as sent at the same moment; `first_come_first_served` works out the run's own
@@ -47,7 +47,7 @@ SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_v
 @dataclass(frozen=True)
 class Floor:
     capture_s: float  # t: one capture, the server's way, on this machine, measured at the start of the run
-    n: int  # N: the sessions (issue 31's floor), or every new image of the run
+    n: int  # N: the sessions (the load test's floor), or every new image of the run
     cores: int  # C
 
     @property

@@ -1,4 +1,5 @@
-"""What each of a student's steps costs the class server's CPU, one session at a time, against what issue 31's goals leave.
+"""What each of a student's steps costs the class server's CPU, one session at a time, against what the load test's goals
+leave.
 
     .venv/bin/python -m tools.loadtest.steps                  # ViT-B/16 (random init): 3 sessions in turn, ~1 min
     .venv/bin/python -m tools.loadtest.steps --model test-tiny --sessions 1

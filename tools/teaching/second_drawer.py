@@ -1,6 +1,6 @@
 """A second drawer of the teaching model's 8 shapes, written independently of its training generator.
 
-It is the held-out "how people draw" evaluation set of issue 11 and is never used in training. Its
+It is the held-out "how people draw" evaluation set and is never used in training. Its
 primitives are its own: every shape is a parametric outline in unit coordinates, sampled as point lists,
 bent by a smooth hand tremor, rotated by any angle, scaled to an asked extent and placed anywhere fully
 inside the image; then stroked as a polyline with a round pen (a quad per segment, a disc per point) or
