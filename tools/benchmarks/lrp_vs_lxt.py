@@ -1,6 +1,7 @@
 """ViT Lens's AttnLRP and CP-LRP against lxt's, same weights, same input: the largest differences.
 
     .venv/bin/python -m tools.benchmarks.lrp_vs_lxt [--lxt-python PYTHON]
+    .venv/bin/python -m tools.benchmarks.lrp_vs_lxt --epsilon-effect [MODEL]     # no lxt needed
 
 A small timm ViT (class token, 2 blocks, width 32, 32 x 32 input, 8 px patches, weights drawn so that every
 non-linearity is exercised) is copied into torchvision's `VisionTransformer` (the architecture lxt 2.1 supports);
@@ -9,8 +10,9 @@ ours), ViT Lens explains the timm model (`vit_core.explain.lrp`). Variants, each
 
 - `cplrp`: lxt's own patch map for torchvision's ViT (`lxt.efficient.models.vit_torch.cp_LRP`: identity rule on
   GELU, std held constant in LayerNorm, query and key detached); linears and the patch convolution by their gradient
-  (lxt's eps -> 0). Ours: CP-LRP, the eps-rule everywhere, eps 1e-12 (ViT Lens's 1e-6 moves the maps by about
-  1e-4 of their largest value).
+  (lxt's eps -> 0). Ours: CP-LRP, the eps-rule everywhere, eps 1e-12: ViT Lens's default 1e-6 moves this model's
+  maps by about 1e-4 of their largest value, a ViT-B/16's by 2e-3 to 6e-3, correlation above 0.99999
+  (`--epsilon-effect`).
 - `attnlrp`: lxt's GELU and LayerNorm patches, and torchvision's attention written out with lxt's uniform rule as
   lxt applies it to every Hugging Face attention (`lxt.efficient.patches.wrap_attention_forward`: gradient / 4 at q
   and k, / 2 at v). Ours: AttnLRP, the eps-rule everywhere.
@@ -26,8 +28,10 @@ zennit and torchvision (`--lxt-python`, or $VIT_LENS_LXT_PYTHON). Set one up wit
     python -m venv /tmp/lxt && /tmp/lxt/bin/pip install lxt==2.1 "transformers==4.54.1" torchvision
 
 Prints, per variant: the largest |ours - lxt| per pixel and per patch, each relative to the largest |lxt| value, and
-the correlation of the two pixel maps. tests/unit/test_lrp_lxt.py runs the same comparison where such an interpreter
-is given.
+the correlation of the two pixel maps. `--epsilon-effect` prints what ViT Lens's default eps (1e-6) changes against
+eps 1e-12, per method: the largest pixel difference relative to the largest |value| at 1e-12, and the maps'
+correlation, for the model above and for MODEL (default ViT-B/16, random init scrambled by `lively`, two seeds).
+tests/unit/test_lrp_lxt.py runs the same comparison where such an interpreter is given.
 """
 
 from __future__ import annotations
@@ -190,14 +194,51 @@ def compare(lxt_python: str) -> dict[str, dict[str, float]]:
     return figures
 
 
+def epsilon_effect(model: torch.nn.Module, x: torch.Tensor, target: int) -> dict[str, tuple[float, float]]:
+    """Per method: (largest |map at lrp.EPSILON - map at LXT_EPSILON| / largest |map at LXT_EPSILON|, their correlation)."""
+    from vit_core.explain import lrp
+
+    maps = {eps: lrp.input_relevance(model, x, target, methods=("attnlrp", "cplrp"), epsilon=eps).pixels
+            for eps in (lrp.EPSILON, LXT_EPSILON)}
+    figures = {}
+    for key, default in maps[lrp.EPSILON].items():
+        reference = maps[LXT_EPSILON][key]
+        figures[key[0]] = (float(np.abs(default - reference).max() / np.abs(reference).max()),
+                           float(np.corrcoef(default.reshape(-1), reference.reshape(-1))[0, 1]))
+    return figures
+
+
+def print_epsilon_effect(model_name: str) -> None:
+    """`epsilon_effect` on the compared model, then on `model_name` at its own input size, weights seeds 0 and 1."""
+    from tools.benchmarks.lrp import lively
+    from vit_core import load_model
+
+    x = torch.randn(1, 3, ARCH["img_size"], ARCH["img_size"], generator=torch.Generator().manual_seed(1))
+    runs = [("the compared model", timm_model(), x)]
+    base = load_model(model_name, pretrained=False, seed=0, device="cpu").model
+    size = base.patch_embed.img_size
+    for seed in (0, 1):
+        x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(seed + 1))
+        runs.append((f"{model_name}, seed {seed}", lively(base, seed=seed), x))
+    for name, model, x in runs:
+        for method, (pixel, correlation) in epsilon_effect(model, x, TARGET).items():
+            print(f"{name:36s} {method:8s} eps 1e-6 against 1e-12: max |difference| / max |value| {pixel:.1e};"
+                  f" correlation {correlation:.7f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lxt-python", default=os.environ.get(LXT_PYTHON_ENV, sys.executable),
                         help=f"an interpreter with lxt 2.1, zennit and torchvision (default: ${LXT_PYTHON_ENV}, else this one)")
+    parser.add_argument("--epsilon-effect", nargs="?", const="vit_base_patch16_224", metavar="MODEL",
+                        help="what ViT Lens's default eps changes against 1e-12 (no lxt needed)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(Path(args.worker))
+        return
+    if args.epsilon_effect:
+        print_epsilon_effect(args.epsilon_effect)
         return
     print(f"lxt side: {args.lxt_python}")
     for variant, f in compare(args.lxt_python).items():
