@@ -119,23 +119,11 @@ class TrainConfig:
     # The position embedding's learning rate over the others' (timm's ``lr_scale`` on a param group). From a
     # std-0.02 start at 1x it ended near norm 1.9 beside patch embeddings near 4.2: the content outweighs where
     # a patch is, the first layer attends almost uniformly, and that uniform mixing dilutes the rollout (on the
-    # 0.3 / output model below, rollout without layer 0: 76 %, with it: 56 %).
+    # sweep's 0.3 / output model, rollout without layer 0: 76 %, with it: 56 %).
     pos_embed_lr_scale: float = 10.0
-    # How these were chosen: H100 runs three at a time on one pool (tools/teaching/teaching_sweep.sh), quick figures
-    # on 450 held-out images (tools/teaching/teaching_quick_eval.py); "tl / dr" = token_label_block / drloc_block.
-    #   DRLoc weight, blocks, pos lr      Spearman  rollout  last layer all global  generator accuracy
-    #   0.1 / 0.2 / 0.3 / 1.0, -1 / -1, 1x   0.43 / 0.65 / 0.81 / 0.87   56.9 / 58.1 / 58.6 / 56.6 %   no
-    #   0.3, tl 2 / dr 2, 1x              0.52      55.2 %   yes                    99.1 %
-    #   0.3, tl -1 / dr 1, 1x             0.49      56.1 %   yes                    99.6 %
-    #   0.3, tl 2 / dr 1, 1x              0.48      53.8 %   yes                    99.6 %
-    #   0.3, tl 2 / dr 2, 10x             0.55      59.3 %   yes                    99.6 %
-    #   1.0, tl 2 / dr 2, 10x (shipped)   0.87      59.5 %   yes                    99.6 % (full card: 98.8 %, 58.9 %)
-    #   0.3, tl 0 / dr 2, 10x             0.57      64.5 %   yes                    98.7 % (full card: 97.5 %, 63.9 %;
-    #                                                                               run again alone: 97.2 %, 64.2 %)
-    #   sin-cos start, no DRLoc, -1       0.88      63.8 %   no
-    # Token labels on block 0 make the first layer look at the object (rollout above 60 %) but cost about a
-    # point of accuracy on the generator's held-out images, below the 98 % the model must reach; the shipped
-    # recipe keeps the accuracy and misses 60 % rollout by about a point.
+    # How these were chosen, from H100 runs side by side on one pool (tools/teaching/teaching_sweep.sh): the table in
+    # docs/performance/shapes-vit-sweep.md. Token labels on block 0 make the first layer look at the object but cost
+    # about a point of accuracy, below the 98 % the model must reach; the shipped recipe keeps the accuracy.
     data_cache: str = ""  # an .npz path: load the pool from there if present, else draw it and save it there
     # A Shapes ViT folder whose weights start the model instead of timm's random init (a second stage: its own
     # seed, pool, steps and schedule; the training-only heads start fresh). "" = from scratch.
