@@ -4,9 +4,9 @@
 
 The entry point only navigates: the page settings, the sidebar's model choice shared by every page, and
 `st.navigation` over the page scripts of dashboard/page_scripts/ (not `pages/`: Streamlit takes a `pages/` folder
-beside the main script for its older file-based pages, and a fresh server then answered a link such as
+beside the main script for its older file-based pages, and a fresh server then answers a link such as
 /lesson?step=4 with "Page not found" before the page): "One image" (the default, URL "/": an image, then one tab
-per stage of the forward pass; its links such as `?view=Attention&layer=3` open as they always did) and "Many
+per stage of the forward pass; a link such as `?view=Attention&layer=3` opens that tab and layer) and "Many
 images" (/many-images: the attention distance, accuracy and high-norm rate over a set of images) and "Lesson"
 (/lesson, a step as /lesson?step=N: the paper's story in ten guided steps on the same model and image,
 dashboard/lesson). Every page gets the model chosen here from the session (`session.chosen_model`).

@@ -36,7 +36,7 @@ def server(shapes_server) -> str:
 @pytest.fixture(scope="module")
 def projector(page, server):
     """The conftest's page at 1280 x 720, whose first visit to the fresh server is a slide's link to a step: with the
-    page scripts in a `pages/` folder, Streamlit answered it with "Page not found" before the page."""
+    page scripts in a `pages/` folder, Streamlit answers it with "Page not found" before the page."""
     page.set_viewport_size(PROJECTOR)
     page.goto(f"{server}/lesson?step=4")
     seen = []

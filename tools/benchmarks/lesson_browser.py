@@ -17,10 +17,7 @@ With --shots, a screenshot of each round's step 9 once the run finished. Step 8 
 (dashboard/lesson/ahead.py); --at-once presses Next before that can have finished (as soon as step 8's run ends), so
 step 9 shows its first map and the rest as it comes.
 
-Measured 2026-11-28 on the 2-core VM while other work ran on it (load average 4-8, 10-16 for the second "before"), 5
-rounds each. Before step 8 made the maps ahead (commit 2e3784e): Next -> step 9's figure median 3.2-4.7 s, max 6.4 s;
-with --at-once median 5.3 s, max 8.7 s. After: median 0.16-0.21 s, max 0.54 s; with --at-once median 0.37-0.61 s,
-max 0.72 s.
+The figures, before and after step 8 made the maps ahead: docs/performance/2026-11-28.md, "The lesson's step 9".
 """
 
 from __future__ import annotations
