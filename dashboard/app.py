@@ -15,21 +15,16 @@ dashboard/lesson). Every page gets the model chosen here from the session (`sess
 import streamlit as st
 
 from dashboard import model_choice
-from dashboard.server import process, streamlit_internals
+from dashboard.server import process
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
-process.import_what_sessions_share()  # `streamlit run dashboard/app.py` too, not only the server start
-process.configure_torch_threads()
-streamlit_internals.keep_made_downloads_for_a_while()  # `streamlit run dashboard/app.py` too, not only the server start
-
-page = st.navigation([
-    st.Page("page_scripts/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),
-    st.Page("page_scripts/many_images.py", title="Many images", icon=":material/photo_library:", url_path="many-images"),
-    st.Page("page_scripts/lesson.py", title="Lesson", icon=":material/school:", url_path="lesson"),
-])
-# One widget for every page, so it keeps its value across pages. After st.navigation: the model choice may rerun
-# the script (a refused or matched model), and a rerun before the page is known reopened /lesson?step=4 as "/".
-model_choice.sidebar()
-page.run()
-
-process.freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap
+with process.serving():  # `streamlit run dashboard/app.py` too, not only the server start: see process.serving
+    page = st.navigation([
+        st.Page("page_scripts/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),
+        st.Page("page_scripts/many_images.py", title="Many images", icon=":material/photo_library:", url_path="many-images"),
+        st.Page("page_scripts/lesson.py", title="Lesson", icon=":material/school:", url_path="lesson"),
+    ])
+    # One widget for every page, so it keeps its value across pages. After st.navigation: the model choice may rerun
+    # the script (a refused or matched model), and a rerun before the page is known reopened /lesson?step=4 as "/".
+    model_choice.sidebar()
+    page.run()

@@ -140,7 +140,7 @@ def shared_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoic
         light = serving.light_pass(loaded)  # the Shapes ViT: each stroke of a drawing is a new image, done at once
         cap = serving.serve_capture(loaded, full_image(image, loaded.decode_min_side), on_this_thread=light)
         if not light:
-            process.finish_this_run_below_the_pages()  # this image's figures come after others' control changes
+            process.new_image_turn.made_a_capture()  # this image's figures come after others' control changes
         return cap
 
     return _captures.get_or_compute((request.key, image.sha), forward)

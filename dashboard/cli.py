@@ -2,14 +2,14 @@
 
     vit-lens analyze IMAGE ... [options]      exactly `python -m vit_core analyze ...` (same parser, same output)
     vit-lens dashboard [--device D] [streamlit options]
-                                              start the dashboard: `python -m dashboard.server.serve [...]`
+                                              start the dashboard: `python -m dashboard.serve [...]`
 
 Every subcommand of vit_core's own parser is offered as it is (a new one there appears here), plus
 `dashboard`, whose arguments all go to `streamlit run` untouched (e.g. `--server.port 8502`), except
 `--device D` (auto, cpu, cuda, cuda:N or mps; Streamlit has no such option): the device the server's
-models run on, as `--device` does for vit_core's own commands (dashboard.server.serve.split_device_option).
+models run on, as `--device` does for vit_core's own commands (dashboard.serve.split_device_option).
 Dependencies stay one way: this module imports vit_core, never the reverse. OPENBLAS_NUM_THREADS defaults to 1
-before numpy is imported (see dashboard.server.serve).
+before numpy is imported (see dashboard.serve).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [DASHBOARD]:
         # Streamlit's own option parser takes everything after `dashboard` (argparse would refuse
         # `--server.port`). Imported here: `vit-lens analyze` need not load Streamlit.
-        from dashboard.server import serve
+        from dashboard import serve
 
         if not whole_process:
             serve.main(argv[1:], whole_process=False)

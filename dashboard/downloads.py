@@ -3,7 +3,7 @@
 
 The arrays are those the views computed (`caches.analysis_arrays`, `caches.explanation_arrays`: nothing is
 computed a second time for a download), made on click on a download lane below the pages' priority
-(`process.made_at_low_priority`) and written without holding the GIL (`vit_core.serving.npz_bytes`).
+(`process.low_priority`) and written without holding the GIL (`vit_core.serving.npz_bytes`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def downloads_ui(ctx: ViewContext) -> None:
     def npz() -> bytes:  # made on click, on a download lane
         return serving.npz_bytes(caches.analysis_arrays(request, loaded, image, cap))
 
-    st.download_button("All arrays of this image (.npz)", data=process.made_at_low_priority(npz),
+    st.download_button("All arrays of this image (.npz)", data=process.low_priority(npz),
                        file_name=f"{ctx.stem}.npz", mime="application/zip", key="dl_npz", on_click="ignore",
                        icon=":material/download:", help="input crop, logits, attention of every layer and head, tokens, "
                                                         "distances, rollout, filters: the format of `python -m vit_core analyze`")
@@ -41,7 +41,7 @@ def explained_ui(ctx: ViewContext) -> None:
         return serving.npz_bytes(caches.analysis_arrays(request, loaded, image, cap)
                                  | caches.explanation_arrays(request, loaded, image, cap))
 
-    st.download_button("All arrays + explanations (.npz)", data=process.made_at_low_priority(npz),
+    st.download_button("All arrays + explanations (.npz)", data=process.low_priority(npz),
                        file_name=f"{ctx.stem}_explained.npz", mime="application/zip", key="dl_npz_explained",
                        on_click="ignore", icon=":material/download:",
                        help="the arrays above plus the target class, every relevance map, the logit lens and the token "

@@ -20,7 +20,7 @@ import streamlit as st
 
 import vit_core
 from dashboard import caches, models, session, text
-from dashboard.image_choice import markdown_literal
+from dashboard.literal import markdown_literal
 from vit_core import settings
 from vit_core.devices import DeviceError
 from vit_core.loading import TEACHING_MODEL
@@ -117,7 +117,7 @@ def model_ui() -> models.ModelRequest | None:
 
 def server_device_or_stop() -> None:
     """The server's device setting ($VIT_LENS_DEVICE), checked before any model is built: a value this machine
-    can't honour (`dashboard.server.serve` refuses it at start; `streamlit run` doesn't) ends the page with one sentence."""
+    can't honour (`dashboard.serve` refuses it at start; `streamlit run` doesn't) ends the page with one sentence."""
     try:
         models.server_device()
     except DeviceError as e:

@@ -21,7 +21,7 @@ Environment variables (read when used, through `vit_core.settings`):
   tags, or an `hf-hub:` id typed in (each a model built and held by the server; off for a class).
 - `VIT_LENS_DEVICE=auto|cpu|cuda|cuda:N|mps`: where the server's models run (default auto: CUDA, then
   Apple MPS, then the CPU); `vit-lens dashboard --device D` sets it. Resolved once per value; a value
-  this machine can't honour stops `dashboard.server.serve` at start with one line.
+  this machine can't honour stops `dashboard.serve` at start with one line.
 
 The start-up model is pinned: built once and kept by this module, so that a student hopping between
 models, which evicts it from the dashboard's model cache (3 entries), costs the class no reload.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +16,14 @@ torch.set_num_threads(2)
 
 def _compiles_take_turns() -> None:
     """AppTest compiles the app script on every run; two threads compiling at once can fail on CPython 3.11, so in
-    tests the compiles take turns, as they do in the server (dashboard.server.streamlit_internals.compiles_take_turns,
-    the one place with Streamlit's private API). On a Streamlit other than the pinned minor version nothing is
+    tests the compiles take turns, as they do in the server (support.shared_runtime.compiles_take_turns, the tests'
+    one place with Streamlit's private API). On a Streamlit other than the pinned minor version nothing is
     patched: the tests that run sessions in threads skip there (tests/support/shared_runtime.py says why)."""
-    from dashboard.server import streamlit_internals
+    from support.shared_runtime import UncheckedStreamlit, compiles_take_turns
 
     try:
-        streamlit_internals.compiles_take_turns()
-    except streamlit_internals.UncheckedStreamlit:
+        compiles_take_turns()
+    except UncheckedStreamlit:
         pass  # one session at a time needs no turns; the threaded tests skip with the reason
 
 
@@ -51,14 +50,6 @@ def hooks_on(model: torch.nn.Module) -> int:
     written for."""
     assert int(torch.__version__.split(".")[0]) == 2, f"hooks_on reads torch 2.x internals; check it for {torch.__version__}"
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
-def encoded(picture: Image.Image | np.ndarray, fmt: str = "PNG", **save_options) -> bytes:
-    """The file bytes of a picture (a PIL image or a uint8 array) in format `fmt` (Pillow's save options)."""
-    image = picture if isinstance(picture, Image.Image) else Image.fromarray(picture)
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **save_options)
-    return buffer.getvalue()
 
 
 def drawn_image(seed: int = 0, size: tuple[int, int] = (240, 320)) -> Image.Image:

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 
 ATTENTION_CMAP = "inferno"
 OVERLAY_ALPHA = 0.65  # weight of the map's colour over the crop in every overlay

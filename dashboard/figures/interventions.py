@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, enlarged_with_grid, figure_png, patch_box, shown_label
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 
 
 def removed_patches_image(crop: np.ndarray, grid: tuple[int, int], patch_size: tuple[int, int],

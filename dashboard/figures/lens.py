@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, figure_png, map_to_pixels, shown_label
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 
 
 def lens_row_name(row: int) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboard.figures.base import DPI, TEXT_PT, figure_png, shown_label
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 
 
 def top_k_png(labels: Sequence[str], probs: Sequence[float], width_px: int = 360, label_chars: int = 20) -> bytes:

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
 from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, display_scale, enlarge, figure_png, overlay, patch_box
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 
 HIGH_NORM_FRAME = (60, 255, 60)  # bright green: stands out on every colour of the inferno map (cyan means "selected")
 

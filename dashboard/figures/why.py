@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dashboard.figures.base import DPI, TEXT_PT, TITLE_PT, figure_png
-from dashboard.image_choice import mathtext_literal
+from dashboard.literal import mathtext_literal
 from vit_core import explain
 
 METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")

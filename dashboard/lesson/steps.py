@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dashboard.image_choice import markdown_literal as md  # class and file names come from users
 from dashboard.lesson import facts
 from dashboard.lesson.quiz import Question, question
+from dashboard.literal import markdown_literal as md  # class and file names come from users
 from vit_core import Geometry
 from vit_core.analyses import AttentionMap, Prediction
 

@@ -25,5 +25,5 @@ with st.spinner("Running the model on this image..."):
     ctx = ViewContext(request, loaded, cap, image)
     record_attention_distances(ctx)  # every image seen joins the session's distance average, as on One image
 
-with process.new_image_figures_in_turn():  # in a class's burst of uploads, one new image's figures at a time
+with process.new_image_turn:  # in a class's burst of uploads, one new image's figures at a time
     lesson(ctx)

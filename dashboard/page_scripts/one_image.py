@@ -29,7 +29,7 @@ with st.spinner("Running the model on this image..."):
     ctx = ViewContext(request, loaded, cap, image)
     record_attention_distances(ctx)  # every image seen joins the session's distance average
 
-with process.new_image_figures_in_turn():  # in a class's burst of uploads, one new image's figures at a time
+with process.new_image_turn:  # in a class's burst of uploads, one new image's figures at a time
     with st.sidebar:
         st.divider()
         downloads.downloads_ui(ctx)

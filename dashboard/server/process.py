@@ -1,8 +1,10 @@
-"""Once per server process: torch's thread count, the garbage collector's view of the long-lived heap, and the
-priorities of the threads that make new images' figures and downloads.
+"""The server wing's one door: `prepare_process` sets the process up for serving, once; `serving` wraps a script run
+in it; `new_image_turn` schedules a run that made a new capture below the others; `low_priority` makes a download
+below the pages.
 
-No Streamlit here: `dashboard.server.serve` calls these before Streamlit starts, the app script on every run
-(each does its work once). How long Streamlit keeps a made download is `streamlit_internals`' business.
+No Streamlit imported here at import time: `dashboard.serve` calls `prepare_process` before Streamlit starts, the app
+script `serving` on every run (the preparation happens once). How long Streamlit keeps a made download is
+`streamlit_internals`' business, asked from here.
 """
 
 from __future__ import annotations
@@ -31,17 +33,27 @@ T = TypeVar("T")
 
 
 @functools.cache
-def import_what_sessions_share() -> None:
-    """Once per process, before any session runs: the modules that would otherwise be imported lazily in one
-    session's thread while others use them. Streamlit imports pandas at the first render of the Draw canvas (a
-    custom component with data: it looks for data frames), and meanwhile plotly, in other sessions' threads, takes
-    the half-imported module from sys.modules and fails on `pd.Series` (tracebacks in other students' views, found
-    by the load test's attacker, who turns Draw on mid-class)."""
+def prepare_process() -> None:
+    """Once per process, before any session runs: the modules that sessions share imported, torch's threads and the
+    forwards' scheduling set from the CPU quota, and made downloads kept on their shelf for a while. The server's
+    start calls it before Streamlit starts; `streamlit run dashboard/app.py` gets it from the app's first run."""
+    _import_shared_modules()
+    _configure_forwards()
+    from dashboard.server import streamlit_internals  # Streamlit itself: not before the server's start needs it
+
+    streamlit_internals.shelve_made_downloads()
+
+
+def _import_shared_modules() -> None:
+    """The modules that would otherwise be imported lazily in one session's thread while others use them. Streamlit
+    imports pandas at the first render of the Draw canvas (a custom component with data: it looks for data frames),
+    and meanwhile plotly, in other sessions' threads, takes the half-imported module from sys.modules and fails on
+    `pd.Series` (tracebacks in other students' views, found by the load test's attacker, who turns Draw on
+    mid-class)."""
     import pandas  # noqa: F401
 
 
-@functools.cache
-def configure_torch_threads() -> int:
+def _configure_forwards() -> int:
     """Size torch's thread pool from the container's CPU quota, once (the pool is process-wide), let as many
     sessions' forward passes run at once, each on its share of the threads (vit_core.serving.configure_parallel_passes),
     run the capture forward traced where it can, and hand the GIL over more often than Python's 5 ms: every 0.5 ms
@@ -52,6 +64,16 @@ def configure_torch_threads() -> int:
     traced = configure_traced_forward()
     configure_switch_interval(TRACED_SERVER_SWITCH_INTERVAL if traced else SERVER_SWITCH_INTERVAL)
     return threads
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[None]:
+    """Around a script run of the app: the process prepared first (`prepare_process`, once), and after the first run
+    that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`). A run that stops early (a
+    rerun asked for, an exception) freezes nothing."""
+    prepare_process()
+    yield
+    freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap
 
 
 _heap_frozen = False
@@ -80,39 +102,45 @@ def freeze_long_lived_heap() -> None:
 # pages'.
 NEW_IMAGE_RUN_NICENESS = FORWARD_LANE_NICENESS
 
-
-def finish_this_run_below_the_pages() -> None:
-    """Called by a script run that made a new capture: the rest of it at NEW_IMAGE_RUN_NICENESS (Linux; see above),
-    its figures in turn (`new_image_figures_in_turn`). Never lowers the main thread, whose priority every thread it
-    starts would inherit."""
-    if threading.current_thread() is not threading.main_thread():
-        lower_this_threads_priority(NEW_IMAGE_RUN_NICENESS)
-    _this_thread.made_a_capture = True
-
-
 # New images' figures drawn at once share the cores among themselves, and each student waits for all of them. Drawn
 # one run at a time, the first student's page is done before the second's starts, and the students who have theirs
 # find the cores freer for their control changes (docs/performance.md, "New images' figures in turn").
 # A run waits at most NEW_IMAGE_TURN_WAIT_S for its turn, so a long one (the Why? tab's
 # relevance passes on a new image) delays the others by that much, not by all of it.
 NEW_IMAGE_TURN_WAIT_S = 2.0
-_new_image_turn = threading.BoundedSemaphore(1)
-_this_thread = threading.local()  # Streamlit runs a session's script runs on a thread of their own
 
 
-@contextlib.contextmanager
-def new_image_figures_in_turn() -> Iterator[None]:
-    """Around a page's figures: if this run made a new capture (`finish_this_run_below_the_pages` since the last
-    call on this thread), they are drawn when no other such run is drawing, or after NEW_IMAGE_TURN_WAIT_S.
-    A run that found its capture cached (a control change, a tab switch) never waits."""
-    made_a_capture = getattr(_this_thread, "made_a_capture", False)
-    _this_thread.made_a_capture = False
-    took_the_turn = made_a_capture and _new_image_turn.acquire(timeout=NEW_IMAGE_TURN_WAIT_S)
-    try:
-        yield
-    finally:
-        if took_the_turn:
-            _new_image_turn.release()
+class NewImageTurn:
+    """The server's scheduling of script runs that made a new capture: the capture says so (`made_a_capture`), and
+    the page draws its figures inside the turn (`with new_image_turn:`). A run that found its capture cached (a
+    control change, a tab switch) is neither lowered nor ever waits."""
+
+    def __init__(self) -> None:
+        self._turn = threading.BoundedSemaphore(1)
+        self._this_thread = threading.local()  # Streamlit runs a session's script runs on a thread of their own
+
+    def made_a_capture(self) -> None:
+        """Called by a script run that made a new capture: the rest of it at NEW_IMAGE_RUN_NICENESS (Linux; see
+        above), its figures in turn. Never lowers the main thread, whose priority every thread it starts would
+        inherit."""
+        if threading.current_thread() is not threading.main_thread():
+            lower_this_threads_priority(NEW_IMAGE_RUN_NICENESS)
+        self._this_thread.made_a_capture = True
+
+    def __enter__(self) -> None:
+        """Around a page's figures: if this run made a new capture (`made_a_capture` since the last turn on this
+        thread), they are drawn when no other such run is drawing, or after NEW_IMAGE_TURN_WAIT_S."""
+        made_a_capture = getattr(self._this_thread, "made_a_capture", False)
+        self._this_thread.made_a_capture = False
+        self._this_thread.took_the_turn = made_a_capture and self._turn.acquire(timeout=NEW_IMAGE_TURN_WAIT_S)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._this_thread.took_the_turn:
+            self._this_thread.took_the_turn = False
+            self._turn.release()
+
+
+new_image_turn = NewImageTurn()  # one for the process: the turn is shared by every session
 
 
 # A download made on click (the `.npz` exports: tens of MB of arrays) is on no one's way to a picture, yet Streamlit
@@ -128,7 +156,7 @@ def _download_lanes() -> concurrent.futures.ThreadPoolExecutor:
     initializer=become_a_lane, initargs=(EXPORT_LANE_NAME, DOWNLOAD_LANE_NICENESS))
 
 
-def made_at_low_priority(make: Callable[[], T]) -> Callable[[], T]:
+def low_priority(make: Callable[[], T]) -> Callable[[], T]:
     """`make` for a download button's `data`: when Streamlit calls it (on click), it runs on a download lane, below
     the priority of the pages and of the forward passes, and its result or exception comes back to the caller."""
 

@@ -13,7 +13,8 @@ import streamlit as st
 from dashboard import caches, session, text
 from dashboard.figures import attention as attention_figures
 from dashboard.figures import base as figures
-from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, check_file_size, markdown_literal
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, check_file_size
+from dashboard.literal import markdown_literal
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import Geometry, ImageError, analyses, plots
 

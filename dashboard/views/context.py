@@ -15,7 +15,7 @@ import streamlit as st
 from dashboard import caches, session
 from dashboard.figures.base import image_size, is_jpeg
 from dashboard.image_choice import ImageChoice
-from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
+from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.models import ModelRequest
 from vit_core import Capture, LoadedModel, analyses
 

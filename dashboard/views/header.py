@@ -11,8 +11,8 @@ import streamlit as st
 
 from dashboard import draw, text
 from dashboard.figures import pipeline as pipeline_figures
-from dashboard.image_choice import markdown_literal
 from dashboard.inputs import SOURCE_WORDS
+from dashboard.literal import markdown_literal
 from dashboard.views import LESSON_VIEWS
 from dashboard.views.context import ViewContext, cached_figure
 from vit_core import TEACHING_MODEL, analyses

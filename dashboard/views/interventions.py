@@ -13,7 +13,7 @@ import streamlit as st
 from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import interventions as intervention_figures
-from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
+from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import TARGET_CHOICES, ViewContext, cached_figure, column_px, no_head, show_picture, target_ui
 from vit_core import analyses
 

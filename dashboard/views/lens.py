@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard import caches, session, text
 from dashboard.figures import lens as lens_figures
-from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
+from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import PAGE_PX, ViewContext, cached_figure, no_head, shape, show_picture
 from vit_core import analyses
 

@@ -12,7 +12,8 @@ import streamlit as st
 
 from dashboard import image_sets, session, text
 from dashboard.figures.many_images import confusion_figure, per_layer_figure
-from dashboard.image_choice import IMAGE_TYPES, markdown_literal
+from dashboard.image_choice import IMAGE_TYPES
+from dashboard.literal import markdown_literal
 from dashboard.models import ModelRequest
 from vit_core import dataset, explain
 from vit_core.errors import ViTLensError

@@ -12,7 +12,7 @@ import streamlit as st
 from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import pipeline as pipeline_figures
-from dashboard.image_choice import markdown_literal
+from dashboard.literal import markdown_literal
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import analyses
 from vit_core.model import patch_embed_weight

@@ -7,7 +7,7 @@ import streamlit as st
 from dashboard import session, text
 from dashboard.figures import pipeline as pipeline_figures
 from dashboard.figures import prediction as prediction_figures
-from dashboard.image_choice import markdown_literal
+from dashboard.literal import markdown_literal
 from dashboard.views.context import PAGE_PX, ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import analyses
 

@@ -18,7 +18,7 @@ import streamlit as st
 from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import why as why_figures
-from dashboard.image_choice import markdown_literal as md  # class names come from uploaded label files
+from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import ViewContext, cached_figure, no_head, shape, show_picture, target_ui
 from vit_core import explain
 from vit_core.explain.perturbation import BEATS, TIED, WORSE

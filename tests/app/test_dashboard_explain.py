@@ -22,7 +22,7 @@ from dashboard.figures import interventions as intervention_figures
 from dashboard.figures import lens as lens_figures
 from dashboard.figures import prediction as prediction_figures
 from dashboard.figures import why as why_figures
-from dashboard.image_choice import markdown_literal
+from dashboard.literal import markdown_literal
 from dashboard.models import TEST_TINY, build_named_model
 from dashboard.server.byte_budget import ByteBudgetCache, one_each
 from dashboard.views import interventions, lens, why

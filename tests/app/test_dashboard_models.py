@@ -44,8 +44,8 @@ def type_into_picker(at, typed: str) -> None:
 
 def offline_hub(monkeypatch) -> None:
     """Nothing in the hub cache and no hub: pretrained loads fail fast with OfflineError."""
-    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
-    monkeypatch.setattr(hub, "_cached_weights_file", lambda hub_id: None)
+    monkeypatch.setattr(create, "hub_reachable", lambda: False)
+    monkeypatch.setattr(create, "_cached_weights_file", lambda hub_id: None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_the_device_option_is_taken_out_of_streamlits_arguments():
     ([], {"VIT_LENS_HUGE_PAGES": "2"}, "vit-lens dashboard: VIT_LENS_HUGE_PAGES='2': use on or off."),
 ])
 def test_a_bad_device_or_setting_stops_the_server_at_start_with_one_line(args, env, message):
-    run = subprocess.run([sys.executable, "-m", "dashboard.server.serve", *args, "--server.headless", "true"],
+    run = subprocess.run([sys.executable, "-m", "dashboard.serve", *args, "--server.headless", "true"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert run.returncode == 1
     lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -93,7 +93,7 @@ def test_a_bad_device_or_setting_stops_the_server_at_start_with_one_line(args, e
 
 def test_vit_lens_dashboard_takes_the_device_option(monkeypatch):
     monkeypatch.setenv("VIT_LENS_DEVICE", "auto")  # restored afterwards: main() sets it in this process
-    replaced = []  # a restart here (dashboard.server.serve.restart_with_huge_pages) would have replaced pytest's process
+    replaced = []  # a restart here (dashboard.serve.restart_with_huge_pages) would have replaced pytest's process
     monkeypatch.setattr(os, "execve", lambda *args: replaced.append(args))
     with pytest.raises(SystemExit, match="unknown device 'gpu'"):
         cli.main(["dashboard", "--device=gpu", "--server.port", "8502"])
@@ -109,7 +109,7 @@ def test_the_sidebar_shows_the_servers_device(tiny_env, monkeypatch):
 
 
 def test_a_bad_device_setting_ends_the_page_with_one_sentence(tiny_env, monkeypatch):
-    """`streamlit run dashboard/app.py` skips dashboard.server.serve's check: the page says it instead of a traceback."""
+    """`streamlit run dashboard/app.py` skips dashboard.serve's check: the page says it instead of a traceback."""
     monkeypatch.setenv("VIT_LENS_DEVICE", "gpu")
     at = run_app()
     why = markdown_literal("unknown device 'gpu': use auto, cpu, cuda, cuda:N or mps.")  # shown as written
@@ -138,7 +138,7 @@ def test_listed_models_pass_load_models_family_check():
     """A sample across the list, built on 'meta' (shapes only) by load_model's own check."""
     architectures = sorted({name.split(".")[0] for name in models.family_model_names()})
     for name in [REGISTERS, DEIT3, SIGLIP, *architectures[::25]]:
-        assert loading._probe_family(name, {}) is not None, name
+        assert names._probe_family(name, {}) is not None, name
 
 
 def test_with_any_model_off_the_picker_has_only_the_fixed_list(tiny_env, monkeypatch):

@@ -132,10 +132,10 @@ def _new_session_config(url: str):
 
 
 def _assert_huge_pages_where_possible(pid: int, env: dict[str, str]) -> None:
-    """The server process `pid` runs with glibc's huge-page tunable exactly where dashboard.server.serve says it should."""
+    """The server process `pid` runs with glibc's huge-page tunable exactly where dashboard.serve says it should."""
     import platform
 
-    from dashboard.server import serve
+    from dashboard import serve
 
     try:
         thp_mode = serve.THP_MODE_FILE.read_text()

@@ -124,7 +124,7 @@ def test_the_parsers_defaults_are_the_defining_modules_values():
     from vit_core import dataset, devices, explain, export, hub, loading
 
     assert core_cli.DEFAULT_MODEL == loading.DEFAULT_MODEL
-    assert core_cli.TEACHING_MODEL == hub.TEACHING_MODEL
+    assert core_cli.TEACHING_MODEL == loading.TEACHING_MODEL
     assert core_cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
     assert core_cli.DEFAULT_STEPS == explain.DEFAULT_STEPS
     assert core_cli.FAITHFULNESS_TESTS == explain.FAITHFULNESS_TESTS
@@ -150,8 +150,7 @@ def test_a_model_without_a_classifier_head_says_so_instead_of_naming_features_as
 
 
 def test_vit_lens_dashboard_hands_every_option_to_streamlit(monkeypatch):
-    from dashboard import cli
-    from dashboard.server import serve
+    from dashboard import cli, serve
 
     seen = []
     monkeypatch.setattr(serve, "main", lambda argv, whole_process: seen.append((argv, whole_process)))
@@ -286,7 +285,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, c
 def test_a_write_that_fails_midway_leaves_the_previous_result_whole(tmp_path, capsys, monkeypatch):
     import errno
 
-    from vit_core import files
+    from vit_core.images import files
 
     drawn_image(1).save(tmp_path / "scene.png")
     assert _analyze_in_process(capsys, tmp_path / "scene.png", "--out", tmp_path / "out")[0] == 0
@@ -581,7 +580,7 @@ def test_the_dashboard_process_ends_with_the_servers_status_and_its_message(stop
     script = f"""
 import atexit, sys
 from dashboard import cli
-from dashboard.server import serve
+from dashboard import serve
 
 def stand_in(argv, whole_process):
     assert whole_process and argv == ["--server.port", "8502"]
@@ -595,3 +594,20 @@ sys.exit(cli.main())
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stderr) == (status, stderr)
     assert result.stdout == "an exit handler of the server's ran\n"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["dataset", "nope"], "vit-lens: nope: not a folder"),
+    (["dataset", ".", "--labels", "nope.txt"], "vit-lens: --labels nope.txt: No such file or directory."),
+    (["merge", "nope", "--out", "merged"], "vit-lens: nope: not a folder"),
+])
+def test_dataset_and_merge_refuse_a_missing_path_before_importing_torch(tmp_path, argv, line):
+    script = f"""
+import sys
+from dashboard import cli
+status = cli.main({argv!r})
+print(status, ",".join(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.stdout.split() == ["2"], f"imported {result.stdout}"
+    assert result.stderr == line + "\n"

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dashboard import examples, models
+from dashboard import examples, models, serve
 from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
-from dashboard.server import process, serve, streamlit_internals, uploads
+from dashboard.server import process, streamlit_internals, uploads
+from support import shared_runtime
 from vit_core import ImageError, OfflineError, settings
 from vit_core.loading import TEACHING_MODEL
 from vit_core.model import Geometry
@@ -27,7 +28,7 @@ from vit_core.model import Geometry
 PLAIN_MODULES = ("examples", "figure_keys", "figures", "figures.base", "figures.pipeline", "figures.embeddings",
                  "figures.attention", "figures.prediction", "figures.why", "figures.interventions", "figures.lens",
                  "figures.registers", "figures.many_images", "image_choice", "image_sets", "models", "server",
-                 "server.byte_budget", "server.process", "server.serve", "server.uploads")
+                 "server.byte_budget", "server.process", "serve", "server.uploads")
 
 
 def test_the_plain_modules_do_not_import_streamlit():
@@ -137,7 +138,7 @@ def test_the_server_process_runs_passes_at_once_and_hands_the_gil_over_often(tra
     unless turned off, and a GIL switch every 2 ms with it (it needs the GIL only to start and end), every
     0.5 ms without (an eager forward needs it between operations)."""
     code = ("import sys, torch; from dashboard.server import process; from vit_core import serving; "
-            "process.configure_torch_threads(); "
+            "process.prepare_process(); "
             "print(torch.get_num_threads(), serving.parallel_passes(), serving.traced_forward_enabled(), "
             "sys.getswitchinterval())")
     env = {**os.environ, "VIT_LENS_THREADS": "2", "VIT_LENS_TRACED_FORWARD": traced}
@@ -204,7 +205,7 @@ def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
     from vit_core import serving
 
     here = _nice_of_this_thread()
-    tid, nice = process.made_at_low_priority(lambda: (threading.get_native_id(), _nice_of_this_thread()))()
+    tid, nice = process.low_priority(lambda: (threading.get_native_id(), _nice_of_this_thread()))()
     assert tid != threading.get_native_id() and _nice_of_this_thread() == here
     assert nice == min(19, here + process.DOWNLOAD_LANE_NICENESS)
     assert process.DOWNLOAD_LANE_NICENESS > serving.FORWARD_LANE_NICENESS
@@ -213,7 +214,7 @@ def test_a_download_made_on_click_runs_below_the_pages_and_the_forward_lanes():
         raise ValueError("no such layer")
 
     with pytest.raises(ValueError, match="no such layer"):  # the caller (Streamlit) sees the failure
-        process.made_at_low_priority(broken)()
+        process.low_priority(broken)()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux")
@@ -249,7 +250,7 @@ def test_a_run_that_makes_a_new_capture_finishes_below_the_pages_and_one_that_fi
     assert found is made
     assert made_at == min(19, here + process.NEW_IMAGE_RUN_NICENESS) and process.NEW_IMAGE_RUN_NICENESS > 0
     assert found_at == here
-    process.finish_this_run_below_the_pages()
+    process.new_image_turn.made_a_capture()
     assert _nice_of_this_thread() == here
 
 
@@ -260,9 +261,9 @@ def _figures_of_runs_in_threads(runs: list[tuple[bool, float]]) -> list[tuple[fl
 
     def a_run(made_a_capture: bool, figure_seconds: float) -> tuple[float, float]:
         if made_a_capture:
-            process.finish_this_run_below_the_pages()
+            process.new_image_turn.made_a_capture()
         start.wait()
-        with process.new_image_figures_in_turn():
+        with process.new_image_turn:
             began = time.monotonic()
             time.sleep(figure_seconds)
             return began, time.monotonic()
@@ -285,16 +286,16 @@ def test_a_run_waits_for_its_turn_only_so_long_and_a_run_that_raises_gives_the_t
     turn_taken, done = threading.Event(), threading.Event()
 
     def a_long_run() -> None:
-        process.finish_this_run_below_the_pages()
-        with process.new_image_figures_in_turn():
+        process.new_image_turn.made_a_capture()
+        with process.new_image_turn:
             turn_taken.set()
             done.wait(timeout=10)
 
     def a_run_after_it() -> float:
         turn_taken.wait(timeout=10)
-        process.finish_this_run_below_the_pages()
+        process.new_image_turn.made_a_capture()
         asked = time.monotonic()
-        with process.new_image_figures_in_turn():
+        with process.new_image_turn:
             return time.monotonic() - asked
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -303,11 +304,11 @@ def test_a_run_waits_for_its_turn_only_so_long_and_a_run_that_raises_gives_the_t
         done.set()
         long_run.result()
 
-    process.finish_this_run_below_the_pages()
-    with pytest.raises(RuntimeError, match="a figure failed"), process.new_image_figures_in_turn():
+    process.new_image_turn.made_a_capture()
+    with pytest.raises(RuntimeError, match="a figure failed"), process.new_image_turn:
         raise RuntimeError("a figure failed")
-    assert process._new_image_turn.acquire(timeout=0)  # given back
-    process._new_image_turn.release()
+    assert process.new_image_turn._turn.acquire(timeout=0)  # given back
+    process.new_image_turn._turn.release()
 
 
 THP_MADVISE = "always [madvise] never\n"
@@ -339,7 +340,7 @@ def test_the_server_restarts_with_huge_pages_only_where_malloc_can_get_them(env,
 STOPPED_MID_WARM_UP = """
 import concurrent.futures.thread as executor_threads, sys, threading, time
 from dashboard import caches
-from dashboard.server import serve
+from dashboard import serve
 from streamlit.web import cli as streamlit_cli
 from vit_core import serving
 
@@ -395,7 +396,7 @@ def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
     """Streamlit drops a file a download button made on click at the second sweep after it was made, and every
     session's every run ends with a sweep: in a class the fetch came too late (HTTP 404). Kept MADE_DOWNLOAD_GRACE_S.
     (Streamlit's media-file manager is driven here as the server drives it: checked on the pinned version only.)"""
-    reason = streamlit_internals.unchecked_reason("this test of the made-download patch")
+    reason = shared_runtime.unchecked_reason("this test of the made-download patch")
     if reason is not None:
         pytest.skip(reason)
     from streamlit.runtime import media_file_manager
@@ -403,8 +404,8 @@ def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
     from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
     monkeypatch.setattr(media_file_manager, "MediaFileMetadata", media_file_manager.MediaFileMetadata)  # undone after
-    streamlit_internals.keep_made_downloads_for_a_while.cache_clear()
-    assert streamlit_internals.keep_made_downloads_for_a_while() is True
+    streamlit_internals.shelve_made_downloads.cache_clear()
+    assert streamlit_internals.shelve_made_downloads() is True
     now = [1000.0]
     monkeypatch.setattr(streamlit_internals.time, "monotonic", lambda: now[0])
     storage = MemoryMediaFileStorage("/media")
@@ -421,7 +422,7 @@ def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
     now[0] += streamlit_internals.MADE_DOWNLOAD_GRACE_S
     manager.remove_orphaned_files()
     assert not storage._files_by_id
-    streamlit_internals.keep_made_downloads_for_a_while.cache_clear()
+    streamlit_internals.shelve_made_downloads.cache_clear()
 
 
 def test_on_another_streamlit_the_server_patches_nothing_and_says_so_once(monkeypatch, caplog):
@@ -433,22 +434,22 @@ def test_on_another_streamlit_the_server_patches_nothing_and_says_so_once(monkey
     original = media_file_manager.MediaFileMetadata
     monkeypatch.setattr(media_file_manager, "MediaFileMetadata", original)  # undone after, whatever happens
     monkeypatch.setattr(streamlit, "__version__", "1.99.0")
-    streamlit_internals.keep_made_downloads_for_a_while.cache_clear()
+    streamlit_internals.shelve_made_downloads.cache_clear()
     try:
         with caplog.at_level("WARNING", logger=streamlit_internals.__name__):
-            assert streamlit_internals.keep_made_downloads_for_a_while() is False
-            assert streamlit_internals.keep_made_downloads_for_a_while() is False
+            assert streamlit_internals.shelve_made_downloads() is False
+            assert streamlit_internals.shelve_made_downloads() is False
         assert media_file_manager.MediaFileMetadata is original
         assert len(caplog.records) == 1 and "1.99.0" in caplog.records[0].getMessage()
-        reason = streamlit_internals.unchecked_reason("the shared AppTest runtime")
+        reason = shared_runtime.unchecked_reason("the shared AppTest runtime")
         assert reason is not None and "1.67." in reason and "1.99.0" in reason
-        with pytest.raises(streamlit_internals.UncheckedStreamlit, match="1.99.0"):
-            with streamlit_internals.shared_apptest_runtime():
+        with pytest.raises(shared_runtime.UncheckedStreamlit, match="1.99.0"):
+            with shared_runtime.shared_apptest_runtime():
                 pass
-        with pytest.raises(streamlit_internals.UncheckedStreamlit, match="1.99.0"):
-            streamlit_internals.compiles_take_turns()
+        with pytest.raises(shared_runtime.UncheckedStreamlit, match="1.99.0"):
+            shared_runtime.compiles_take_turns()
     finally:
-        streamlit_internals.keep_made_downloads_for_a_while.cache_clear()
+        streamlit_internals.shelve_made_downloads.cache_clear()
     assert streamlit_internals.checked("1.67.3") and not streamlit_internals.checked("1.68.0")
 
 
@@ -478,15 +479,15 @@ def test_session_is_the_one_module_with_session_state():
 
 def test_streamlit_internals_is_the_one_place_with_streamlits_private_api():
     """The dashboard and the tests' shared code (conftest, support/) reach Streamlit's private modules only through
-    dashboard/server/streamlit_internals.py."""
+    dashboard/server/streamlit_internals.py (the server's) and tests/support/shared_runtime.py (the tests')."""
     tests = Path(__file__).resolve().parent.parent
     sources = {f"dashboard/{name}": text for name, text in _dashboard_sources().items()}
     sources |= {f"tests/{p.relative_to(tests).as_posix()}": p.read_text()
                 for p in [tests / "conftest.py", *sorted((tests / "support").glob("*.py"))]}
     users = {name for name, text in sources.items() if _STREAMLIT_INTERNALS.search(text)}
-    assert users == {"dashboard/server/streamlit_internals.py"}
-    assert "streamlit_internals" in sources["tests/conftest.py"]
-    assert "streamlit_internals" in sources["tests/support/shared_runtime.py"]
+    assert users == {"dashboard/server/streamlit_internals.py", "tests/support/shared_runtime.py"}
+    assert "shared_runtime" in sources["tests/conftest.py"]
+    assert "streamlit_internals" in sources["tests/support/shared_runtime.py"]  # the pinned version, one place
 
 
 def test_no_page_imports_itself_and_every_page_gets_the_model_from_the_session():

@@ -376,10 +376,9 @@ def test_label_uploads_are_capped_and_the_cap_is_told(tiny_env):
 
 
 def test_weights_uploads_only_where_the_server_allows_them(tiny_env, monkeypatch):
-    from dashboard import session
+    from dashboard import serve, session
     from dashboard.image_choice import MAX_IMAGE_MB
     from dashboard.models import MODEL_CHOICES, TEST_TINY, UPLOAD_WEIGHTS
-    from dashboard.server import serve
 
     offered = MODEL_CHOICES[UPLOAD_WEIGHTS]  # the selectbox lists the labels
     assert offered in run_app().selectbox(key=session.K_MODEL).options  # on for one user on their own machine
@@ -412,7 +411,7 @@ def test_user_strings_in_matplotlib_are_not_mathtext():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dashboard.image_choice import mathtext_literal
+    from dashboard.literal import mathtext_literal
 
     hostile = r"cat $\frac{1}{$ dog"
     fig, ax = plt.subplots()

@@ -157,7 +157,7 @@ def test_the_server_turns_it_on_and_an_environment_variable_turns_it_off(monkeyp
     finally:
         serving.set_traced_forward(False)
     code = ("from dashboard.server import process; from vit_core import serving; "
-            "process.configure_torch_threads(); print(serving.traced_forward_enabled())")
+            "process.prepare_process(); print(serving.traced_forward_enabled())")
     env = {k: v for k, v in os.environ.items() if k != TRACED_FORWARD_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.split()[-1] == "True"  # the library default stays eager; the server process traces

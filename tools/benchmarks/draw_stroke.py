@@ -3,7 +3,7 @@ shown (the target: within 0.5 s with the bundled Shapes ViT on a 2-core machine)
 
     .venv/bin/python -m tools.benchmarks.draw_stroke [--strokes 12] [--port 8630] [--url URL] [--model NAME]
 
-Starts the dashboard as `tools/dashboard` does (`python -m dashboard.server.serve`, the bundled Shapes ViT, offline)
+Starts the dashboard as `tools/dashboard` does (`python -m dashboard.serve`, the bundled Shapes ViT, offline)
 on the first free port of 8630-8639 (or uses a running one: --url), opens headless chromium at 1280 x 720, turns
 Draw on and draws one stroke at a time on the canvas (streamlit-drawable-canvas's `canvas.upper-canvas`, the mouse
 driven as tests/browser/test_draw_browser.py does), each stroke one more edge of a star, placed where the canvas is
@@ -104,12 +104,12 @@ def free_port_in(ports: range) -> int:
 
 
 def start_server(model: str, port: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """`python -m dashboard.server.serve` (what tools/dashboard runs) with `model`, on 127.0.0.1:`port`."""
+    """`python -m dashboard.serve` (what tools/dashboard runs) with `model`, on 127.0.0.1:`port`."""
     env = {**os.environ, "VIT_LENS_MODEL": model, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}
     env.pop("VIT_LENS_RANDOM_INIT", None)
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dashboard.server.serve", "--server.headless", "true", "--server.port", str(port),
+        [sys.executable, "-m", "dashboard.serve", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -7,7 +7,7 @@ value. The attacker sends them one after another, a short pause between two, unt
 each round's files differ in a comment (a PNG tEXt chunk, a JPEG COM segment, a GIF comment, a TIFF's trailing
 byte), so no cache of the server's can answer a repeat. Every file must be refused (an error naming it, the
 previous image kept) or shown, never a traceback; what each took is reported per file, beside the others'
-latencies (tools/loadtest/sessions.py compares them with a run without the attacker).
+latencies (tools/loadtest/classroom.py compares them with a run without the attacker).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 
 from dashboard import session as keys
-from dashboard.image_choice import markdown_literal
+from dashboard.literal import markdown_literal
 
 CANVAS_KEY = f"{keys.K_DRAW}_canvas_0"  # dashboard.draw.draw_ui's canvas before any Clear
 

@@ -1,7 +1,7 @@
 """Start the dashboard server with the slow start-up work done before the first visitor arrives.
 
     vit-lens dashboard [--device D] [streamlit options]                # the installed command (dashboard/cli.py)
-    python -m dashboard.server.serve [--device D] [streamlit options]  # the same; what `bash tools/dashboard` runs
+    python -m dashboard.serve [--device D] [streamlit options]         # the same
 
 It is `streamlit run <this package's app.py> [streamlit options]`, from any working directory: the
 server settings live beside app.py in dashboard/.streamlit/config.toml, which Streamlit reads as the
@@ -45,7 +45,7 @@ from typing import Mapping
 from vit_core import settings  # a leaf module: no torch, no numpy
 from vit_core.runtime import one_blas_thread  # light too
 
-APP = Path(__file__).resolve().parent.parent / "app.py"  # the installed copy, wherever the package lives
+APP = Path(__file__).resolve().parent / "app.py"  # the installed copy, wherever the package lives
 _logger = logging.getLogger("vit_lens.serve")
 
 
@@ -120,7 +120,7 @@ def huge_pages_environment(env: Mapping[str, str], thp_mode: str, libc: str) -> 
 
 
 def restart_with_huge_pages(argv: list[str]) -> None:
-    """Before anything heavy is imported: replace this process by `python -m dashboard.server.serve ARGV` with
+    """Before anything heavy is imported: replace this process by `python -m dashboard.serve ARGV` with
     huge_pages_environment(), where that applies (Linux with glibc); else return and carry on as is."""
     if sys.platform != "linux":
         return
@@ -130,7 +130,7 @@ def restart_with_huge_pages(argv: list[str]) -> None:
         thp_mode = ""
     env = huge_pages_environment(os.environ, thp_mode, platform.libc_ver()[0])
     if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "dashboard.server.serve", *argv], env)
+        os.execve(sys.executable, [sys.executable, "-m", "dashboard.serve", *argv], env)
 
 
 DEVICE_OPTION = "--device"
@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
         _logger.info("models run on %s", describe_device(models.server_device()))
     except DeviceError as e:
         raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
-    process.configure_torch_threads()  # once per process: the app's own call is then a no-op
-    streamlit_internals.keep_made_downloads_for_a_while()
+    process.prepare_process()  # once per process: the app's own call is then a no-op
     threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
     from streamlit.web import cli
 
