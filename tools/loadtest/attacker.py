@@ -1,6 +1,6 @@
 """One student among the class who sends hostile files instead of photos (`python -m tools.loadtest --attacker`).
 
-The files are issue 28's findings, drawn by the tests' own generators (tests/support/hostile_images.py,
+The files are tools/hostile's, drawn by the tests' own generators (tests/support/hostile_images.py,
 tests/support/hostile_canvas.py): a progressive JPEG with thousands of scans, a 400,000 x 10 PNG, a TIFF of
 20,000 frames, a GIF whose second frame is cut off (uploads), and a PNG of 169 MP sent as the Draw canvas's
 value. The attacker sends them one after another, a short pause between two, until every other session is done;
