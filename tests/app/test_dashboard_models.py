@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from conftest import assert_healthy, choose_weights, run_app
-from dashboard import caches, cli, model_choice, models, session
-from dashboard.image_choice import markdown_literal
-from dashboard.server import serve
-from vit_core import hub, loading
-from vit_core.devices import DeviceError, resolve_device
+from dashboard import caches, cli, model_choice, models, serve, session
+from dashboard.literal import markdown_literal
+from vit_core.loading import create, names
+from vit_core.runtime.devices import DeviceError, resolve_device
 
 NOT_A_VIT = "resnet50 is not a Vision Transformer of timm's VisionTransformer family"
 # Cheap members of the family (random init, on 2 CPU cores): 4 registers at 256 px (the DINOv2 register
