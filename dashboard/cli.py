@@ -7,7 +7,7 @@
 Every subcommand of vit_core's own parser is offered as it is (a new one there appears here), plus
 `dashboard`, whose arguments all go to `streamlit run` untouched (e.g. `--server.port 8502`), except
 `--device D` (auto, cpu, cuda, cuda:N or mps; Streamlit has no such option): the device the server's
-models run on, as `--device` does for vit_core's own commands (dashboard.serve.split_device_option).
+models run on, as `--device` does for vit_core's own commands (dashboard.server.launch.split_device_option).
 Dependencies stay one way: this module imports vit_core, never the reverse. OPENBLAS_NUM_THREADS defaults to 1
 before numpy is imported (see dashboard.serve).
 """

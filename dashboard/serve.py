@@ -24,7 +24,7 @@ upload cap drops from the weights size (400 MB) to the image size (25 MB), unles
 `--server.maxUploadSize` option says otherwise: no uploader of any session can then send more.
 
 With `VIT_LENS_HUGE_PAGES=on` (Linux with glibc), the server first starts itself again with glibc's malloc asking
-for transparent huge pages (restart_with_huge_pages); by default malloc is left as the C library has it.
+for transparent huge pages (dashboard.server.launch); by default malloc is left as the C library has it.
 
 Before numpy is imported, OPENBLAS_NUM_THREADS defaults to 1 (numpy's OpenBLAS threads spin against torch's on a
 small machine: docs/performance.md, "One BLAS thread"). Settings are read
@@ -34,16 +34,12 @@ through `vit_core.settings`, which imports nothing heavy, so the restart happens
 from __future__ import annotations
 
 import logging
-import os
-import platform
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Mapping
 
-from vit_core import settings  # a leaf module: no torch, no numpy
-from vit_core.runtime import one_blas_thread  # light too
+from dashboard.server import launch  # light: no torch, no numpy
 
 APP = Path(__file__).resolve().parent / "app.py"  # the installed copy, wherever the package lives
 _logger = logging.getLogger("vit_lens.serve")
@@ -98,88 +94,18 @@ def upload_cap_flags(argv: list[str]) -> list[str]:
     return [f"--server.maxUploadSize={MAX_IMAGE_MB}"]
 
 
-# Transparent huge pages for the server's large buffers, on request ($VIT_LENS_HUGE_PAGES=on): they made fresh memory
-# 2.7x cheaper on one VM and a student's image 40-110 ms of CPU dearer on the Zen 3 VM CI runs on, where their cost
-# depends on what the machine freed before, so no short measurement at start can choose (docs/performance.md, "Huge
-# pages off"). glibc (2.35+) reads the setting only when a process starts: with it on, the server
-# starts itself again (same process id) with it in the environment.
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's own mappings
-THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # "always [madvise] never": [] marks the mode
-
-
-def huge_pages_environment(env: Mapping[str, str], thp_mode: str, libc: str) -> dict[str, str] | None:
-    """The environment to restart the server with so that malloc uses transparent huge pages: `env` with
-    GLIBC_TUNABLES extended; None where it is set already, not asked for ($VIT_LENS_HUGE_PAGES off, the default), the C
-    library is not glibc (`libc`, as platform.libc_ver() names it) or the kernel's mode (`thp_mode`, the text of
-    THP_MODE_FILE, "" if none) gives no huge pages to a program that asks."""
-    tunables = env.get("GLIBC_TUNABLES", "")
-    off = not settings.HUGE_PAGES.on(env)  # vit_core.settings imports no torch: read before the restart
-    if off or "glibc.malloc.hugetlb" in tunables or libc != "glibc" or not ("[always]" in thp_mode or "[madvise]" in thp_mode):
-        return None
-    return {**env, "GLIBC_TUNABLES": f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE}
-
-
-def restart_with_huge_pages(argv: list[str]) -> None:
-    """Before anything heavy is imported: replace this process by `python -m dashboard.serve ARGV` with
-    huge_pages_environment(), where that applies (Linux with glibc); else return and carry on as is."""
-    if sys.platform != "linux":
-        return
-    try:
-        thp_mode = THP_MODE_FILE.read_text()
-    except OSError:
-        thp_mode = ""
-    env = huge_pages_environment(os.environ, thp_mode, platform.libc_ver()[0])
-    if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "dashboard.serve", *argv], env)
-
-
-DEVICE_OPTION = "--device"
-
-
-def split_device_option(argv: list[str]) -> tuple[str | None, list[str]]:
-    """(the value of `--device D` / `--device=D`, the other arguments): Streamlit has no such option,
-    so it is taken out before the rest goes to `streamlit run`. The last one given wins; "" if it has no
-    value (at the end, or followed by another option)."""
-    device, rest = None, []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == DEVICE_OPTION:
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            device = argv[i + 1] if has_value else ""
-            i += 2 if has_value else 1
-            continue
-        if arg.startswith(DEVICE_OPTION + "="):
-            device = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-        i += 1
-    return device, rest
-
-
 def main(argv: list[str] | None = None, *, whole_process: bool | None = None) -> None:
     """Start the server with `argv` (default: this process's command line). `whole_process` (default: no
     `argv` given) says that this call is all the process is for, so that it may replace itself
-    (restart_with_huge_pages): a caller that passes `argv` from elsewhere, a test say, keeps its process."""
+    (launch.restart_with_huge_pages): a caller that passes `argv` from elsewhere, a test say, keeps its process."""
     if whole_process is None:
         whole_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
-    one_blas_thread()  # before numpy is imported: see the module's docstring
-    try:
-        settings.check_all()
-    except settings.SettingError as e:
-        raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
-    if whole_process:
-        restart_with_huge_pages(argv)
-    device, argv = split_device_option(argv)
-    if device is not None:
-        os.environ[settings.DEVICE.name] = device  # read by dashboard.models.server_device in this process
+    device, argv = launch.prepare_launch(argv, whole_process)  # before numpy is imported: see the module's docstring
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
-    from dashboard.server import process, streamlit_internals
-
-    process.import_what_sessions_share()
+    from dashboard.server import process
     from vit_core.devices import DEVICE_CHOICES, DeviceError, describe_device
 
     if device is not None and not device.strip():

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from conftest import assert_healthy, choose_weights, run_app
-from dashboard import caches, cli, model_choice, models, serve, session
+from dashboard import caches, cli, model_choice, models, session
 from dashboard.literal import markdown_literal
+from dashboard.server import launch
 from vit_core.loading import create, names
 from vit_core.runtime.devices import DeviceError, resolve_device
 
@@ -68,11 +69,11 @@ def test_the_device_setting_is_parsed_and_resolved_once(monkeypatch):
 
 
 def test_the_device_option_is_taken_out_of_streamlits_arguments():
-    assert serve.split_device_option(["--server.port", "8502"]) == (None, ["--server.port", "8502"])
-    assert serve.split_device_option(["--device", "cpu", "--server.port", "8502"]) == ("cpu", ["--server.port", "8502"])
-    assert serve.split_device_option(["--server.headless=true", "--device=cuda:1"]) == ("cuda:1", ["--server.headless=true"])
-    assert serve.split_device_option(["--device"]) == ("", [])
-    assert serve.split_device_option(["--device", "--server.port", "8502"]) == ("", ["--server.port", "8502"])
+    assert launch.split_device_option(["--server.port", "8502"]) == (None, ["--server.port", "8502"])
+    assert launch.split_device_option(["--device", "cpu", "--server.port", "8502"]) == ("cpu", ["--server.port", "8502"])
+    assert launch.split_device_option(["--server.headless=true", "--device=cuda:1"]) == ("cuda:1", ["--server.headless=true"])
+    assert launch.split_device_option(["--device"]) == ("", [])
+    assert launch.split_device_option(["--device", "--server.port", "8502"]) == ("", ["--server.port", "8502"])
 
 
 @pytest.mark.parametrize("args, env, message", [
@@ -92,7 +93,7 @@ def test_a_bad_device_or_setting_stops_the_server_at_start_with_one_line(args, e
 
 def test_vit_lens_dashboard_takes_the_device_option(monkeypatch):
     monkeypatch.setenv("VIT_LENS_DEVICE", "auto")  # restored afterwards: main() sets it in this process
-    replaced = []  # a restart here (dashboard.serve.restart_with_huge_pages) would have replaced pytest's process
+    replaced = []  # a restart here (dashboard.server.launch.restart_with_huge_pages) would have replaced pytest's process
     monkeypatch.setattr(os, "execve", lambda *args: replaced.append(args))
     with pytest.raises(SystemExit, match="unknown device 'gpu'"):
         cli.main(["dashboard", "--device=gpu", "--server.port", "8502"])

@@ -132,16 +132,16 @@ def _new_session_config(url: str):
 
 
 def _assert_huge_pages_where_possible(pid: int, env: dict[str, str]) -> None:
-    """The server process `pid` runs with glibc's huge-page tunable exactly where dashboard.serve says it should."""
+    """The server process `pid` runs with glibc's huge-page tunable exactly where dashboard.server.launch says it should."""
     import platform
 
-    from dashboard import serve
+    from dashboard.server import launch
 
     try:
-        thp_mode = serve.THP_MODE_FILE.read_text()
+        thp_mode = launch.THP_MODE_FILE.read_text()
     except OSError:
         thp_mode = ""
-    expected = serve.huge_pages_environment(env, thp_mode, platform.libc_ver()[0])
+    expected = launch.huge_pages_environment(env, thp_mode, platform.libc_ver()[0])
     if sys.platform != "linux":
         return
     running = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)

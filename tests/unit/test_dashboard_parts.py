@@ -19,7 +19,7 @@ from PIL import Image
 
 from dashboard import examples, models, serve
 from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
-from dashboard.server import process, streamlit_internals, uploads
+from dashboard.server import launch, process, streamlit_internals, uploads
 from support import shared_runtime
 from vit_core import ImageError, OfflineError, settings
 from vit_core.loading import TEACHING_MODEL
@@ -28,7 +28,7 @@ from vit_core.model import Geometry
 PLAIN_MODULES = ("examples", "figure_keys", "figures", "figures.base", "figures.pipeline", "figures.embeddings",
                  "figures.attention", "figures.prediction", "figures.why", "figures.interventions", "figures.lens",
                  "figures.registers", "figures.many_images", "image_choice", "image_sets", "models", "server",
-                 "server.byte_budget", "server.process", "serve", "server.uploads")
+                 "server.byte_budget", "server.launch", "server.process", "serve", "server.uploads")
 
 
 def test_the_plain_modules_do_not_import_streamlit():
@@ -316,10 +316,10 @@ ON = {settings.HUGE_PAGES.name: "on"}  # asked for: huge pages are off by defaul
 
 
 @pytest.mark.parametrize("env, thp_mode, libc, tunables", [
-    (ON, THP_MADVISE, "glibc", serve.HUGE_PAGES_TUNABLE),
-    (ON, "[always] madvise never\n", "glibc", serve.HUGE_PAGES_TUNABLE),
+    (ON, THP_MADVISE, "glibc", launch.HUGE_PAGES_TUNABLE),
+    (ON, "[always] madvise never\n", "glibc", launch.HUGE_PAGES_TUNABLE),
     ({**ON, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, THP_MADVISE, "glibc",
-     f"glibc.malloc.arena_max=2:{serve.HUGE_PAGES_TUNABLE}"),
+     f"glibc.malloc.arena_max=2:{launch.HUGE_PAGES_TUNABLE}"),
     ({**ON, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, THP_MADVISE, "glibc", None),  # someone's own choice: kept
     ({settings.HUGE_PAGES.name: "off"}, THP_MADVISE, "glibc", None),
     ({}, THP_MADVISE, "glibc", None),  # not asked for: glibc's default
@@ -328,7 +328,7 @@ ON = {settings.HUGE_PAGES.name: "on"}  # asked for: huge pages are off by defaul
     (ON, THP_MADVISE, "", None),  # not glibc (musl, say): the tunable means nothing
 ])
 def test_the_server_restarts_with_huge_pages_only_where_malloc_can_get_them(env, thp_mode, libc, tunables):
-    got = serve.huge_pages_environment({"PATH": "/bin", **env}, thp_mode, libc)
+    got = launch.huge_pages_environment({"PATH": "/bin", **env}, thp_mode, libc)
     assert (None if got is None else got["GLIBC_TUNABLES"]) == tunables
     if got is not None:
         assert got["PATH"] == "/bin"  # the rest of the environment as it was
