@@ -41,7 +41,7 @@ from dashboard.server import process
 from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, one_each
 from vit_core import analyses, explain, export, serving
 from vit_core.images import DRAFT_MIN_SIDE
-from vit_core.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
+from vit_core.loading.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
 
 # ----------------------------------------------------------------------------------------------
 # Models

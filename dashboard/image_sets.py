@@ -32,7 +32,7 @@ from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
 from dashboard.models import ModelRequest
 from vit_core import dataset
 from vit_core.errors import ViTLensError
-from vit_core.model import LoadedModel
+from vit_core.loading.model import LoadedModel
 from vit_core.teaching import data as shapes
 
 # Per run: 256 ViT-B/16 images take minutes on a small CPU (docs/performance/2026-11-23.md, "Many images"); the CLI

@@ -22,10 +22,10 @@ import vit_core
 from dashboard import caches, models, session, text
 from dashboard.literal import markdown_literal
 from vit_core import settings
-from vit_core.devices import DeviceError
 from vit_core.loading import TEACHING_MODEL
-from vit_core.model import LoadedModel
-from vit_core.weights import WEIGHT_SUFFIXES
+from vit_core.loading.model import LoadedModel
+from vit_core.loading.weights import WEIGHT_SUFFIXES
+from vit_core.runtime.devices import DeviceError
 
 K_RANDOM_WEIGHTS, K_PRETRAINED_WEIGHTS = "random_weights", "pretrained_weights"  # the two buttons' widget keys
 RANDOM_WEIGHTS_BUTTON = "Load with random weights (structure only)"

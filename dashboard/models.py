@@ -40,10 +40,10 @@ import torch
 
 import vit_core
 from vit_core import settings
-from vit_core.devices import resolve_device
-from vit_core.labels import MAX_LABEL_FILE_BYTES
 from vit_core.loading import TEACHING_MODEL, teaching_model_available
-from vit_core.model import LoadedModel
+from vit_core.loading.labels import MAX_LABEL_FILE_BYTES
+from vit_core.loading.model import LoadedModel
+from vit_core.runtime.devices import resolve_device
 
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"

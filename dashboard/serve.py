@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
     from dashboard.server import process
-    from vit_core.devices import DEVICE_CHOICES, DeviceError, describe_device
+    from vit_core.runtime.devices import DEVICE_CHOICES, DeviceError, describe_device
 
     if device is not None and not device.strip():
         raise SystemExit(f"vit-lens dashboard: --device needs a value: {DEVICE_CHOICES}.")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from dashboard.image_choice import ImageChoice
     from dashboard.image_sets import ManyRun
     from dashboard.models import ModelRequest
-    from vit_core.model import LoadedModel
+    from vit_core.loading.model import LoadedModel
 
 MAX_HISTORY_IMAGES = 200  # per session and model: the distance history keeps the latest (2 small arrays each)
 MAX_HISTORY_MODELS = 4

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 _PUBLIC = {  # name -> the module that defines it
     "Capture": "capture", "preprocess": "capture", "run_with_capture": "capture",
-    "DeviceError": "devices", "describe_device": "devices", "on_model_device": "devices", "resolve_device": "devices",
+    "DeviceError": "runtime.devices", "describe_device": "runtime.devices", "on_model_device": "runtime.devices",
+    "resolve_device": "runtime.devices",
     "CaptureError": "errors", "ImageError": "errors", "ModelError": "errors", "OfflineError": "errors",
     "ViTLensError": "errors", "WeightsError": "errors",
     "recording_hooks_on": "hooks",
-    "hub_reachable": "hub",
+    "hub_reachable": "loading.create",
     "DecodedImage": "images", "decode_image": "images", "load_image": "images",
     "DEFAULT_MODEL": "loading", "TEACHING_MODEL": "loading", "load_model": "loading",
-    "Geometry": "model", "LoadedModel": "model",
+    "Geometry": "loading.model", "LoadedModel": "loading.model",
 }
 _SUBMODULES = ("analyses", "dataset", "explain", "export", "settings")
 
@@ -58,10 +59,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from . import analyses, dataset, explain, export, settings
     from .capture import Capture, preprocess, run_with_capture
-    from .devices import DeviceError, describe_device, on_model_device, resolve_device
     from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
     from .hooks import recording_hooks_on
-    from .hub import hub_reachable
     from .images import DecodedImage, decode_image, load_image
     from .loading import DEFAULT_MODEL, TEACHING_MODEL, load_model
-    from .model import Geometry, LoadedModel
+    from .loading.create import hub_reachable
+    from .loading.model import Geometry, LoadedModel
+    from .runtime.devices import DeviceError, describe_device, on_model_device, resolve_device

@@ -13,10 +13,10 @@ its top-1 class with its probability, or "no classifier head", and the two files
 DIR/dataset.json, DIR/mean_attention_distance.png, DIR/images.csv (and DIR/classes.csv with labels) for every
 image under FOLDER, in shards whose parts it keeps in DIR/parts (a rerun skips the shards done; `--shard I/N`
 runs one shard, `merge` joins the parts of shards run elsewhere; formats: docs/spec/interface.md). Every file is
-written atomically (vit_core.files): a reader never finds half of one. A failure (an unreadable image, an output
+written atomically (vit_core.images.files): a reader never finds half of one. A failure (an unreadable image, an output
 that can't be written) prints one line on stderr, starting with the command's name (`vit-lens:`, or `vit_core:`
 under `python -m`), the other images are still analysed, and the exit status is 2. So is a bad `--device` (auto,
-cpu, cuda, cuda:N, mps; vit_core.devices), and a path that isn't there (an IMAGE, a MASK, --weights, --labels,
+cpu, cuda, cuda:N, mps; vit_core.runtime.devices), and a path that isn't there (an IMAGE, a MASK, --weights, --labels,
 FOLDER): both are refused before torch is imported or any model loaded. Ctrl-C ends a command in one line on
 stderr with exit status 130; `dataset` says how many shards it kept in DIR/parts for a rerun to build on.
 
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from . import settings
 from .errors import ViTLensError
-from .files import OutputFolder, read_input
+from .images.files import OutputFolder, read_input
 from .runtime import configure_threads, cpu_quota
 
 # Nothing that imports torch, timm or numpy at module level: `--help` and a mistyped option answer at once
@@ -62,7 +62,7 @@ from .runtime import configure_threads, cpu_quota
 # spelled out below, and tests/unit/test_cli.py checks them against the modules that define them.
 if TYPE_CHECKING:
     from .dataset import DatasetResult, PartStore, RunPlan, Shard
-    from .model import LoadedModel
+    from .loading.model import LoadedModel
 
 EXIT_FAILURES = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
@@ -71,8 +71,8 @@ RAY_EXTRA = 'pip install "vit-lens[ray]"'
 RAY_LOG = "ray.log"  # in DIR/parts: what Ray itself prints while it runs the shards, away from the command's lines
 TABLE_FORMATS = ("csv", "parquet")  # vit_core.dataset.TABLE_FORMATS, without importing the dataset package here
 DEFAULT_MODEL = "vit_base_patch16_224"  # vit_core.loading.DEFAULT_MODEL
-TEACHING_MODEL = "vit-lens/shapes-vit"  # vit_core.hub.TEACHING_MODEL: the model that works offline
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"  # vit_core.devices.DEVICE_CHOICES
+TEACHING_MODEL = "vit-lens/shapes-vit"  # vit_core.loading.TEACHING_MODEL: the model that works offline
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"  # vit_core.runtime.devices.DEVICE_CHOICES
 DEFAULT_STEPS = 10  # vit_core.explain.DEFAULT_STEPS
 FAITHFULNESS_TESTS = ("deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg",
                       "saco")  # vit_core.explain.FAITHFULNESS_TESTS
@@ -278,9 +278,9 @@ def _inputs_missing(args: argparse.Namespace) -> bool:
 def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
     symlink: results land only in the folder named); None after saying why not."""
-    from .devices import resolve_device
     from .errors import OfflineError
     from .loading import load_model
+    from .runtime.devices import resolve_device
 
     configure_threads()  # imports torch: only once the arguments are known to be usable
     try:
@@ -359,9 +359,9 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     is one line and the next image goes on; a result written is one line on stdout (`_result_line`). Returns the
     exit status."""
     from .capture import run_with_capture
-    from .devices import describe_device
     from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
     from .images import MAX_FILE_BYTES, load_image
+    from .runtime.devices import describe_device
 
     device_name = describe_device(loaded.device)
     failures = 0

@@ -18,11 +18,11 @@ import torch
 from PIL import Image
 
 from .analyses import softmax
-from .devices import finished, full_float32, on_model_device, to_host
 from .errors import CaptureError
 from .hooks import intermediates_kept
 from .images import to_rgb
-from .model import Geometry, LoadedModel
+from .loading.model import Geometry, LoadedModel
+from .runtime.devices import finished, full_float32, on_model_device, to_host
 
 
 @dataclass(frozen=True)

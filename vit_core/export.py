@@ -18,7 +18,7 @@ from PIL import Image
 
 from . import analyses, explain
 from .capture import Capture
-from .model import LoadedModel, patch_embed_weight, pos_embed_rows
+from .loading.model import LoadedModel, patch_embed_weight, pos_embed_rows
 
 
 def model_arrays(pca: analyses.FilterPCA, pos_similarity: np.ndarray | None) -> dict[str, np.ndarray]:

@@ -30,7 +30,7 @@ from dashboard.views.context import ViewContext
 from dashboard.views.header import outside_its_world
 from vit_core import analyses, explain, serving
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
-from vit_core.model import pos_embed_rows
+from vit_core.loading.model import pos_embed_rows
 
 STEP_PARAM = "step"
 EXPLORER = "page_scripts/one_image.py"

@@ -13,7 +13,7 @@ from dashboard.figures import base as figures
 from dashboard.figures import embeddings as embedding_figures
 from dashboard.views.context import ModelSource, ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import Geometry, analyses
-from vit_core.model import patch_embed_weight, pos_embed_rows
+from vit_core.loading.model import patch_embed_weight, pos_embed_rows
 
 
 def geometry_at(g: Geometry, grid: tuple[int, int]) -> Geometry:

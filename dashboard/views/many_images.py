@@ -17,7 +17,7 @@ from dashboard.literal import markdown_literal
 from dashboard.models import ModelRequest
 from vit_core import dataset, explain
 from vit_core.errors import ViTLensError
-from vit_core.model import LoadedModel
+from vit_core.loading.model import LoadedModel
 
 
 def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:

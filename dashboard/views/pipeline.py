@@ -15,7 +15,7 @@ from dashboard.figures import pipeline as pipeline_figures
 from dashboard.literal import markdown_literal
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
 from vit_core import analyses
-from vit_core.model import patch_embed_weight
+from vit_core.loading.model import patch_embed_weight
 
 # ----------------------------------------------------------------------------------------------
 # 1. Pipeline

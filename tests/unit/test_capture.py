@@ -11,7 +11,7 @@ import torch
 
 from conftest import FAMILY, drawn_image, hooks_on
 from vit_core import CaptureError, analyses, preprocess, recording_hooks_on, run_with_capture
-from vit_core.model import patch_embed_bias, patch_embed_weight
+from vit_core.loading.model import patch_embed_bias, patch_embed_weight
 
 
 def reference_patterns(model, tokens):

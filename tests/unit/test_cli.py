@@ -121,7 +121,8 @@ print(",".join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
 def test_the_parsers_defaults_are_the_defining_modules_values():
     """The parser spells its defaults out (so that --help imports nothing heavy): they must stay the modules' own."""
     from vit_core import __main__ as core_cli
-    from vit_core import dataset, devices, explain, export, hub, loading
+    from vit_core import dataset, explain, export, loading
+    from vit_core.runtime import devices
 
     assert core_cli.DEFAULT_MODEL == loading.DEFAULT_MODEL
     assert core_cli.TEACHING_MODEL == loading.TEACHING_MODEL
@@ -303,7 +304,7 @@ def test_a_write_that_fails_midway_leaves_the_previous_result_whole(tmp_path, ca
 
 
 def test_write_atomically_replaces_whole_files_with_a_plain_files_permissions(tmp_path):
-    from vit_core.files import write_atomically
+    from vit_core.images.files import write_atomically
 
     target = tmp_path / "r.bin"
     assert write_atomically(target, b"first") == target and target.read_bytes() == b"first"
@@ -343,7 +344,7 @@ def test_inputs_that_are_not_regular_files_are_one_line_each_and_the_others_go_o
 
 
 def test_inputs_are_read_up_to_a_cap(tmp_path, monkeypatch):
-    from vit_core.files import read_input
+    from vit_core.images.files import read_input
 
     (tmp_path / "big.png").write_bytes(bytes(1000))
     with pytest.raises(ImageError, match=r"^1,000 bytes, more than the 999 an input may have, so it was skipped\.$"):
@@ -369,7 +370,7 @@ def test_an_out_folder_that_is_a_symlink_is_refused_in_one_line(tmp_path):
 def test_writes_stay_in_the_output_folder_opened(tmp_path):
     """A result's name that is a symlink is replaced, not followed; the folder swapped for a link after it was
     opened still receives the writes (they are relative to the open folder)."""
-    from vit_core.files import OutputFolder
+    from vit_core.images.files import OutputFolder
 
     (tmp_path / "out").mkdir()
     (tmp_path / "secret").write_bytes(b"keep")
@@ -445,7 +446,7 @@ def test_missing_images_and_masks_are_said_first_and_the_others_analysed(tmp_pat
 def test_offline_the_message_names_the_option_that_picks_the_bundled_model(tmp_path, capsys, monkeypatch):
     from vit_core import OfflineError
     from vit_core import __main__ as core_cli
-    from vit_core.hub import _offline_message
+    from vit_core.loading.create import _offline_message
 
     def offline(name, **kwargs):
         raise OfflineError(_offline_message(name))

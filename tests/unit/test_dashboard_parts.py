@@ -23,7 +23,7 @@ from dashboard.server import launch, process, streamlit_internals, uploads
 from support import shared_runtime
 from vit_core import ImageError, OfflineError, settings
 from vit_core.loading import TEACHING_MODEL
-from vit_core.model import Geometry
+from vit_core.loading.model import Geometry
 
 PLAIN_MODULES = ("examples", "figure_keys", "figures", "figures.base", "figures.pipeline", "figures.embeddings",
                  "figures.attention", "figures.prediction", "figures.why", "figures.interventions", "figures.lens",

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from conftest import drawn_image
 from vit_core import explain, load_model, run_with_capture
-from vit_core.devices import DeviceError, on_model_device
+from vit_core.runtime.devices import DeviceError, on_model_device
 
 ARCH = "vit_tiny_patch16_224"
 TINY = dict(pretrained=False, seed=0, depth=2)
@@ -53,7 +53,7 @@ def test_a_malformed_device_is_refused_before_anything_is_built(monkeypatch, tmp
         raise AssertionError("a model was built (or a weights file read) before the device was checked")
 
     monkeypatch.setattr(timm, "create_model", must_not_run)
-    monkeypatch.setattr("vit_core.loading.read_state_dict", must_not_run)
+    monkeypatch.setattr("vit_core.loading.weights.read_state_dict", must_not_run)
     for kwargs in (dict(pretrained=False), dict(weights=tmp_path / "w.safetensors"), dict()):
         with pytest.raises(DeviceError) as refused:
             load_model(ARCH, device=device, **kwargs)
@@ -196,7 +196,7 @@ def tf32_allowed():
 
 def test_full_float32_turns_tf32_off_for_cuda_only_and_restores_it(tf32_allowed):
     """The flags are plain process-wide settings: they can be read and set without a GPU."""
-    from vit_core.devices import full_float32
+    from vit_core.runtime.devices import full_float32
 
     flags = lambda: (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)  # noqa: E731
     with full_float32(torch.device("cpu")):
@@ -212,7 +212,7 @@ def test_full_float32_turns_tf32_off_for_cuda_only_and_restores_it(tf32_allowed)
 def test_full_float32_holds_while_any_pass_runs(tf32_allowed):
     """Two passes overlapping in time (two models in two threads): the first to end must not turn TF32 back on
     under the other; the last to end restores it."""
-    from vit_core.devices import full_float32
+    from vit_core.runtime.devices import full_float32
 
     first, second = full_float32(torch.device("cuda", 0)), full_float32(torch.device("cuda", 1))
     first.__enter__()

@@ -164,7 +164,7 @@ def test_anything_pillow_raises_is_an_image_error(monkeypatch):
 def test_a_worker_stopped_by_its_cpu_limit_is_an_image_error_and_is_replaced():
     """A worker killed by SIGXCPU (its CPU budget spent) in the middle of a file answers 'took too long'; a worker
     that ended while idle is replaced before the next file."""
-    from vit_core import decoding
+    from vit_core.images import decoding
 
     small = encoded(Image.new("RGB", (8, 8), (1, 2, 3)), "PNG")
     worker = decoding._Worker()
@@ -184,7 +184,8 @@ def test_a_worker_stopped_by_its_cpu_limit_is_an_image_error_and_is_replaced():
 _PEAK = """
 import resource, sys
 from support import hostile_images as hostile
-from vit_core import ImageError, decode_image, decoding
+from vit_core import ImageError, decode_image
+from vit_core.images import decoding
 data = hostile.{maker}
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
@@ -213,7 +214,7 @@ def test_hostile_files_cost_little_memory(maker):
 def test_a_workers_cpu_limit_moves_only_its_soft_limit_so_a_server_that_is_not_root_can_set_it_per_file():
     import resource
 
-    from vit_core import decoding
+    from vit_core.images import decoding
 
     budget = decoding.DECODE_CPU_SECONDS
     assert decoding.cpu_limits(0.2, resource.RLIM_INFINITY) == (budget + 1, resource.RLIM_INFINITY)

@@ -25,8 +25,8 @@ from safetensors.torch import save_file
 from conftest import assert_healthy, choose_weights, drawn_image, run_app
 from support import hostile_archives as hostile
 from vit_core import WeightsError, load_model
-from vit_core.labels import MAX_CLASSES, MAX_LABEL_FILE_BYTES
-from vit_core.weights import SAFETENSORS_MAX_TENSORS
+from vit_core.loading.labels import MAX_CLASSES, MAX_LABEL_FILE_BYTES
+from vit_core.loading.weights import SAFETENSORS_MAX_TENSORS
 
 ARCH = "vit_tiny_patch16_224"
 TINY = dict(depth=2)
@@ -96,7 +96,7 @@ def test_a_header_claiming_more_data_than_the_file_holds_is_refused(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])  # the header's declaration; a pickle's tensors once read
 def test_the_class_count_is_capped(tmp_path, monkeypatch, suffix):
-    from vit_core import weights
+    from vit_core.loading import weights
 
     path = tmp_path / f"ft{suffix}"
     head = {"head.weight": torch.zeros(12, 192), "head.bias": torch.zeros(12)}
@@ -144,7 +144,7 @@ def test_a_huge_header_is_refused_from_its_length_field_unread(tmp_path):
 
 def test_a_real_vits_header_is_far_below_the_caps():
     """The caps' margin: the largest timm ViT's header (built on 'meta', as a safetensors file of it would list it)."""
-    from vit_core.weights import SAFETENSORS_MAX_HEADER_BYTES
+    from vit_core.loading.weights import SAFETENSORS_MAX_HEADER_BYTES
 
     with torch.device("meta"):
         import timm

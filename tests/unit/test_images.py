@@ -265,7 +265,8 @@ def test_pixel_decodes_at_once_are_limited(monkeypatch):
     decoded at once (each holds its full picture in memory)."""
     import threading
 
-    from vit_core import decoding, images
+    from vit_core import images
+    from vit_core.images import decoding
 
     monkeypatch.setattr(images, "_decode_slots", threading.BoundedSemaphore(2))
     busy, peak, lock, release = [0], [0], threading.Lock(), threading.Event()

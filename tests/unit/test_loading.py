@@ -101,14 +101,15 @@ def test_fewer_blocks_name_the_missing_tensors_and_a_wider_head_its_shape(tmp_pa
 
 
 def test_a_weights_file_is_read_once_and_the_model_checked_once(tmp_path, monkeypatch):
-    from vit_core import loading
+    from vit_core.loading import create, names, weights
 
     path = tmp_path / "ft.safetensors"
     save_file(tiny_state(num_classes=10), str(path))
     reads, checks = [], []
-    read, check = loading.read_state_dict, loading.check_supported
-    monkeypatch.setattr(loading, "read_state_dict", lambda p: reads.append(p) or read(p))
-    monkeypatch.setattr(loading, "check_supported", lambda model, name: checks.append(name) or check(model, name))
+    read, check = weights.read_state_dict, names.check_supported
+    monkeypatch.setattr(weights, "read_state_dict", lambda p: reads.append(p) or read(p))
+    for module in (names, create):  # the probe on 'meta' is checked in one, a model without a probe in the other
+        monkeypatch.setattr(module, "check_supported", lambda model, name: checks.append(name) or check(model, name))
     loaded = load_model("vit_tiny_patch16_224", weights=path, **TINY)
     assert loaded.geometry.num_classes == 10
     assert len(reads) == 1 and len(checks) == 1
@@ -263,7 +264,7 @@ def test_offline_without_cache_fails_within_seconds_and_says_what_to_do(tmp_path
 def test_offline_error_in_process():
     if os.environ.get("HF_HUB_OFFLINE"):
         pytest.skip("runs the network probe path")
-    from vit_core.hub import hub_reachable
+    from vit_core.loading.create import hub_reachable
 
     if hub_reachable():
         pytest.skip("the hub is reachable from this machine")
@@ -275,17 +276,17 @@ def test_a_hanging_network_lookup_counts_as_offline_within_the_deadline(monkeypa
     import time
     import urllib.request
 
-    from vit_core import hub
+    from vit_core.loading import create
 
     def hanging_lookup(*args, **kwargs):  # a DNS lookup that doesn't return in time, then fails as a real one would
         time.sleep(60)
         raise TimeoutError("timed out")
 
     monkeypatch.setattr(urllib.request, "urlopen", hanging_lookup)
-    hub._hub_reachable_at.cache_clear()
+    create._hub_reachable_at.cache_clear()
     started = time.perf_counter()
     try:
-        assert hub._hub_reachable_at(-1) is False
+        assert create._hub_reachable_at(-1) is False
     finally:
-        hub._hub_reachable_at.cache_clear()
-    assert time.perf_counter() - started < hub.HUB_PROBE_TIMEOUT_S + 2
+        create._hub_reachable_at.cache_clear()
+    assert time.perf_counter() - started < create.HUB_PROBE_TIMEOUT_S + 2

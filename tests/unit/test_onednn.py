@@ -1,4 +1,4 @@
-"""Float32 CPU linears on oneDNN (vit_core.onednn): off by default (results reproducible from process to process);
+"""Float32 CPU linears on oneDNN (vit_core.runtime.onednn): off by default (results reproducible from process to process);
 opted in, MKL's numbers within float32 tolerance, only in the thread and block that asked, never where a gradient
 is needed or autocast decides, recorded by the traced capture forward, and under `auto` only for the kinds of
 product a measurement found faster (the decision from given timings).
@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import vit_core
-from vit_core import capture, onednn, serving, settings
-from vit_core.onednn import linears_on_onednn, onednn_linear
+from vit_core import capture, serving, settings
+from vit_core.runtime import onednn
+from vit_core.runtime.onednn import linears_on_onednn, onednn_linear
 from vit_core.serving import traced as tracing
 
 ONEDNN_LINEAR_ENV = settings.ONEDNN_LINEAR.name

@@ -134,7 +134,7 @@ def test_the_cycle_finder_finds_a_circle_and_only_circles():
 def test_the_import_graph_is_read_from_the_sources():
     """The reader sees the edges that matter: a relative import of a sibling, a function's own import."""
     graph = _import_graph()
-    assert "vit_core.model" in graph["vit_core.capture"]  # `from .model import ...`
+    assert "vit_core.loading.model" in graph["vit_core.capture"]  # `from .model import ...`
     assert "vit_core.hooks" in graph["vit_core.serving.passes"]  # `from ..hooks import ...`
     assert "vit_core.serving" in graph["dashboard.caches"]  # `from vit_core import ..., serving`: a submodule
     assert "dashboard.models" in graph["dashboard.serve"]  # imported inside serve.main, not at the top

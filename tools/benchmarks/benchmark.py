@@ -4,7 +4,7 @@
 
 1. Core, interleaved so that machine noise hits each variant alike (medians): plain timm forward (its
    linears on MKL, torch's default), the same with each kind of linear on the library chosen for it here
-   (vit_core.onednn, as in every pass of ViT Lens: oneDNN where a measurement found it faster),
+   (vit_core.runtime.onednn, as in every pass of ViT Lens: oneDNN where a measurement found it faster),
    `run_with_capture`, capture + all per-image analyses of the export.
 1b. The capture as the dashboard's server runs it (1 torch thread, GIL switch 0.5 ms), eager and traced
    (vit_core/serving/traced.py, "A forward without the GIL"), alone and beside a thread running Python.
@@ -54,9 +54,9 @@ from PIL import Image
 from dashboard.views import VIEWS
 from vit_core import TEACHING_MODEL, LoadedModel, analyses, explain, load_model, preprocess, run_with_capture
 from vit_core.export import analysis_arrays, model_arrays, pos_similarity_at_grid
-from vit_core.model import patch_embed_weight
-from vit_core.onednn import linears_on_onednn
+from vit_core.loading.model import patch_embed_weight
 from vit_core.runtime import configure_threads
+from vit_core.runtime.onednn import linears_on_onednn
 from vit_core.serving import configure_switch_interval, serve_capture, set_traced_forward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def weights_of(model: str) -> str:
 def plain_forward(loaded: LoadedModel, image: Image.Image, linears: Callable[[], contextlib.AbstractContextManager] =
                   contextlib.nullcontext) -> None:
     """timm's own forward (fused attention, no hooks): the baseline every variant is compared with. With `linears`
-    a context around it, e.g. vit_core.onednn's, which every pass of ViT Lens runs in."""
+    a context around it, e.g. vit_core.runtime.onednn's, which every pass of ViT Lens runs in."""
     _, x = preprocess(loaded, image)  # (1, 3, H, W)
     with torch.inference_mode(), linears():
         loaded.model(x)

@@ -63,8 +63,8 @@ from vit_core.dataset import (
     plan_run,
     run_shards,
 )
-from vit_core.devices import describe_device, resolve_device
 from vit_core.runtime import configure_threads, cpu_quota
+from vit_core.runtime.devices import describe_device, resolve_device
 
 
 def drawn_jpegs(count: int, size: tuple[int, int] = (375, 500)) -> list[tuple[str, bytes]]:

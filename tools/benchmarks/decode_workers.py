@@ -1,4 +1,4 @@
-"""What a decode in a worker process (vit_core.decoding) costs against the same decode in this process.
+"""What a decode in a worker process (vit_core.images.decoding) costs against the same decode in this process.
 
     .venv/bin/python -m tools.benchmarks.decode_workers [--repeats 20]
 

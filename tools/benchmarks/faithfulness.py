@@ -44,10 +44,10 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit_core import TEACHING_MODEL, LoadedModel, explain, load_model  # noqa: E402
-from vit_core.devices import full_float32  # noqa: E402
 from vit_core.explain import perturbation  # noqa: E402
 from vit_core.explain.interventions import last_block_for_the_head_only  # noqa: E402
 from vit_core.runtime import configure_threads, torch_threads  # noqa: E402
+from vit_core.runtime.devices import full_float32  # noqa: E402
 from vit_core.teaching.data import draw_sample  # noqa: E402
 
 STEPS, ORDERS = explain.DEFAULT_STEPS, explain.RANDOM_ORDERS

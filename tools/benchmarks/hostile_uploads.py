@@ -11,7 +11,7 @@ the Many images page's zip check, the canvas's check, `vit-lens analyze` on a FI
 --timeout seconds, and its process may take at most --memory-gb of address space (so that an unbounded case
 fails with MemoryError rather than taking the machine). Each case's time and memory are its own: measured in that
 process after torch and timm are imported, the growth of its peak RSS (decode workers are held to their own
-limit, vit_core.decoding; a CLI case's figures are those of the `vit-lens analyze` process it waits for, whose
+limit, vit_core.images.decoding; a CLI case's figures are those of the `vit-lens analyze` process it waits for, whose
 time includes its imports). Results: docs/performance/2026-11-25.md, "Hostile uploads".
 """
 

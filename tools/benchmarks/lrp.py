@@ -7,14 +7,14 @@ conserve the explained logit, per family.
 Per model (a random init for timm names, seed 0; the bundled weights for the Shapes ViT), one drawn image:
 
 - plain forward: timm's own forward (fused attention, no hooks, no gradient), its linears on the library chosen as in
-  every pass of ViT Lens (`devices.full_float32`, vit_core.onednn), and on torch's default library;
+  every pass of ViT Lens (`devices.full_float32`, vit_core.runtime.onednn), and on torch's default library;
 - AttnLRP, CP-LRP: one LRP forward and its backward (`explain.input_relevance`, the eps-rule), each alone; both
   (one forward, two backwards); both with every gamma choice (`explain.gamma_candidates`: one forward, six backwards);
 - `relevance_maps(methods=("attnlrp", "cplrp"))` with the per-image gamma choice (its faithfulness test at
   `LRP_CHOICE_STEPS` steps) and without;
 - Grad-CAM alone (its backward stops at `blocks[-1].norm1`) against Chefer + Grad-CAM (the backward to block 0).
 
-Target: each LRP method within 3x of the plain forward (its linears as every pass's: vit_core.onednn's choice, the
+Target: each LRP method within 3x of the plain forward (its linears as every pass's: vit_core.runtime.onednn's choice, the
 same library as the LRP forward's).
 
 `--conservation`: for a small member of each family (tools/vit_families.py, weights scrambled by `lively`), both
@@ -40,7 +40,7 @@ from PIL import Image  # noqa: E402
 from tools.benchmarks.benchmark import interleaved_times  # noqa: E402
 from tools.vit_families import LRP_FAMILIES  # noqa: E402
 from vit_core import TEACHING_MODEL, explain, load_model, preprocess  # noqa: E402
-from vit_core.devices import full_float32  # noqa: E402
+from vit_core.runtime.devices import full_float32  # noqa: E402
 
 
 def lively(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

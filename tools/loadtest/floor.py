@@ -224,7 +224,7 @@ def this_cpu() -> str:
 
 def capture_seconds(model: str, random_init: bool, rounds: int = 5) -> float:
     """t: the median of `rounds` captures of `model` the way the server's burst runs them (`serve_capture`, one torch
-    thread, traced where the server traces; linears chosen as the server chooses them, vit_core.onednn), after
+    thread, traced where the server traces; linears chosen as the server chooses them, vit_core.runtime.onednn), after
     one untimed capture that records the trace. In this process, before the server starts: the machine is quiet."""
     from PIL import Image
 

@@ -253,7 +253,7 @@ def _threads_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
 
 
 # The server's CPU by where it went: its lanes carry the kernel names vit_core.serving.priority gives them, the main
-# thread runs Streamlit's event loop, and child processes decode uploads (vit_core.decoding); what is left is the page
+# thread runs Streamlit's event loop, and child processes decode uploads (vit_core.images.decoding); what is left is the page
 # scripts' threads (Streamlit starts one per session's runs; they come and go) and the server's other threads.
 SERVER_PARTS = ("forward lanes", "export lanes", "event loop", "decode processes", "page scripts and the rest")
 
@@ -942,7 +942,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
 
 
 def server_linears(log_path: Path) -> str | None:
-    """The server's one log line on which library it chose for its linears (vit_core.onednn.choices_line)."""
+    """The server's one log line on which library it chose for its linears (vit_core.runtime.onednn.choices_line)."""
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     lines = [line for line in text.splitlines() if "linears measured" in line]
     return "linears measured" + lines[-1].split("linears measured", 1)[1] if lines else None

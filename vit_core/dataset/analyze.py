@@ -16,12 +16,12 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .. import explain as explanations
-from ..devices import describe_device
 from ..errors import ImageError, ViTLensError
 from ..export import EXPORT_TESTS
-from ..files import read_input
 from ..images import MAX_FILE_BYTES, UPLOAD_EXTENSIONS, load_image
-from ..model import LoadedModel
+from ..images.files import read_input
+from ..loading.model import LoadedModel
+from ..runtime.devices import describe_device
 from .reductions import Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
 from .result import DatasetResult, result_of
 from .totals import Totals

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..errors import ViTLensError
 from ..images import UPLOAD_EXTENSIONS
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 
 _SYNSET = re.compile(r"^n\d{8}$")
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

@@ -28,12 +28,12 @@ from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
-from ..devices import describe_device
 from ..errors import ViTLensError
 from ..export import EXPORT_TESTS
 from ..loading import load_model
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..runtime import cpu_quota
+from ..runtime.devices import describe_device
 from .analyze import Masks, Progress, explained_values
 from .listing import Shard
 from .reductions import BatchValues, decoded_crop, patch_distances_on, reduce_batch

@@ -27,11 +27,11 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from .. import analyses, explain
-from ..devices import full_float32
 from ..errors import CaptureError, ImageError
 from ..hooks import attention_recorded, tokens_recorded
 from ..images import DRAFT_MIN_SIDE, load_image
-from ..model import Geometry, LoadedModel
+from ..loading.model import Geometry, LoadedModel
+from ..runtime.devices import full_float32
 
 Source = tuple[str, "bytes | Path"]  # (image name, raw file bytes or a path)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import analyses, explain
 from ..export import faithfulness_summary, json_bytes, json_number, npz_bytes
-from ..model import Geometry
+from ..loading.model import Geometry
 from .totals import NO_LABEL, Totals, confusion_array
 
 LAYERS = ("blocks are numbered from 0 as in model.blocks; per-block arrays (L, ...) have row b for block b; "

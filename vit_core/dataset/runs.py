@@ -24,11 +24,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..devices import describe_device
 from ..errors import ViTLensError
 from ..export import json_bytes, npz_bytes
-from ..files import OutputFolder
-from ..model import Geometry, LoadedModel
+from ..images.files import OutputFolder
+from ..loading.model import Geometry, LoadedModel
+from ..runtime.devices import describe_device
 from .analyze import DatasetError, Masks, Progress, class_names, consecutive_batches, reduce_sources
 from .listing import Shard, files_digest, folder_labels, list_images, list_not_images, relative_name, shards
 from .result import DatasetResult, result_of
@@ -165,7 +165,7 @@ def geometry_of(manifest: dict[str, Any]) -> Geometry:
 
 
 class PartStore:
-    """OUT/parts: the manifest and one part file per finished shard, each written atomically (vit_core.files)."""
+    """OUT/parts: the manifest and one part file per finished shard, each written atomically (vit_core.images.files)."""
 
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / PARTS

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from ..capture import Capture
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from .localisation import LOCALISATION_METRICS, MaskError, localisation, random_localisation
 from .passes import model_input
 from .perturbation import (

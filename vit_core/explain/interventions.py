@@ -16,9 +16,9 @@ from timm.layers import Attention
 from timm.models.vision_transformer import Block
 
 from ..capture import Capture
-from ..devices import to_host
 from ..hooks import forward_hooks_on, register
-from ..model import Geometry, LoadedModel
+from ..loading.model import Geometry, LoadedModel
+from ..runtime.devices import to_host
 from .lens import head_logits
 from .passes import InterventionError, model_input, model_pass
 

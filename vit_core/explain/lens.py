@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from ..capture import Capture
-from ..devices import on_model_device, to_host
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
+from ..runtime.devices import on_model_device, to_host
 from .passes import model_pass
 
 

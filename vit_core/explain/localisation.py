@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..errors import ImageError
 from ..images import load_image
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from .perturbation import patch_order
 
 LOCALISATION_METRICS = ("pointing_game", "relevance_mass", "relevance_rank")

@@ -54,10 +54,10 @@ from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import Attention, Block, ResPostBlock, VisionTransformer
 from torch.autograd import Function
 
-from ..devices import to_host
 from ..errors import ViTLensError
-from ..onednn import linears_on_onednn
 from ..runtime import gradient_threads, torch_threads
+from ..runtime.devices import to_host
+from ..runtime.onednn import linears_on_onednn
 
 LRP_METHODS = ("attnlrp", "cplrp")
 EPSILON = 1e-6  # the eps-rule's stabiliser: lxt's `linear_epsilon` default and zennit's
@@ -135,7 +135,7 @@ def _stabilised(z: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _times_weight(s: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """s W: (..., D_out) x (D_out, D_in) -> (..., D_in), as a linear with the transposed weight, which on a CPU runs on
-    oneDNN as every pass's linears do (`vit_core.onednn`; a backward runs outside the caller's function mode)."""
+    oneDNN as every pass's linears do (`vit_core.runtime.onednn`; a backward runs outside the caller's function mode)."""
     with linears_on_onednn(s.device):
         return F.linear(s, weight.t())
 

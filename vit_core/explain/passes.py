@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from ..capture import Capture, preprocess
-from ..devices import full_float32, on_model_device
 from ..errors import ViTLensError
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..runtime import torch_threads
+from ..runtime.devices import full_float32, on_model_device
 
 Item, Result = TypeVar("Item"), TypeVar("Result")
 

@@ -24,8 +24,8 @@ from PIL import Image
 
 from .. import analyses
 from ..capture import Capture
-from ..devices import to_host
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
+from ..runtime.devices import to_host
 from .interventions import embedded_tokens, keep_tokens, run_from_embedded
 from .passes import forwards_on_lanes, model_input, model_pass
 

@@ -21,11 +21,11 @@ from PIL import Image
 
 from .. import analyses
 from ..capture import Capture
-from ..devices import full_float32, on_model_device, to_host
 from ..errors import CaptureError
 from ..hooks import attention_recorded, register
-from ..model import Geometry, LoadedModel
+from ..loading.model import Geometry, LoadedModel
 from ..runtime import gradient_threads, torch_threads
+from ..runtime.devices import full_float32, on_model_device, to_host
 from . import lrp
 from .passes import eval_mode, model_input, model_pass, parameters_frozen, resolve_target
 from .perturbation import KeptSetProbs, KnownSets, method_curves

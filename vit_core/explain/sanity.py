@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from ..capture import Capture
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from .ranks import spearman
 from .relevance import relevance_maps
 

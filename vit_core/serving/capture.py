@@ -8,9 +8,9 @@ import torch
 from PIL import Image
 
 from ..capture import Capture, capture_of_pass, preprocess
-from ..devices import finished, full_float32, on_model_device
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..runtime import torch_threads
+from ..runtime.devices import finished, full_float32, on_model_device
 from .passes import capture_pass
 from .traced import on_a_lane, traced_forward
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..hooks import intermediates_kept
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..runtime import torch_threads
 
 _MAX_PASSES_PER_GROUP = 16  # then the group closes, so that a waiting explanation pass gets the lock between bursts

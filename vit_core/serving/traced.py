@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..hooks import CAPTURED_KEYS, foreign_hooks
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..runtime import torch_threads
 from .passes import narrow_threads, parallel_passes
 from .priority import FORWARD_LANE_NAME, become_a_lane
@@ -107,7 +107,7 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
             len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
 
     # At the thread count its passes run at: the trace records the library each linear was given, and
-    # vit_core.onednn chooses it per thread count (docs/performance.md, "Linears on MKL, oneDNN opt-in").
+    # vit_core.runtime.onednn chooses it per thread count (docs/performance.md, "Linears on MKL, oneDNN opt-in").
     with torch_threads(threads):
         try:
             checks = [x, x.flip(-1)]

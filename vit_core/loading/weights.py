@@ -1,10 +1,11 @@
-"""Weights files a user gives (.safetensors, .pth/.pt/.bin, JAX .npz): read without running code, and checked
-against what they declare before anything is read in full or built.
+"""Weights files a user gives (.safetensors, .pth/.pt/.bin, JAX .npz): read without running code, checked against
+what they declare before anything is read in full, and loaded into the model built for them at random.
 
 A weights file says what it holds (a safetensors header, a zip directory of .npy headers, tensor metadata in a
-pickle); these checks hold the declarations against the bytes really present and against the architecture's own
-tensors (built on 'meta': shapes, no memory), so that a small file can't make the loader allocate gigabytes
-before refusing it. Every refusal is one sentence (a WeightsError) that names the file, never the server's path.
+pickle); these checks hold the declarations against the bytes really present and against the model's own
+tensors, so that a small file can't make the loader allocate gigabytes before refusing it (a head is made to the
+file's class count only once that count is checked). Every refusal is one sentence (a WeightsError) that names the
+file, never the server's path.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from . import bounded_json
-from .errors import WeightsError
+from .. import bounded_json
+from ..errors import WeightsError
 from .labels import MAX_CLASSES
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
@@ -31,6 +32,22 @@ NPZ_MAX_MEMBERS = 4096  # a ViT-H JAX checkpoint with its optimizer state has ab
 # The item sizes of safetensors' dtypes (its spec), to check declared shapes against the bytes present.
 _SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
                          "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def load_weights(model: VisionTransformer, path: Path, name: str, *, keep_head: bool) -> None:
+    """Check the weights file `path`, read it once and load it into `model` (timm's random init of `name`), whose
+    head takes the file's class count first unless `keep_head` (the caller asked for a class count itself).
+    Declared shapes are checked first (headers only), then the file is read (it can be 350 MB) and its tensors go in.
+    """
+    check_weights_file(path, model)
+    state = None if path.suffix.lower() == ".npz" else read_state_dict(path)
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        check_state_dict(path, state, model)
+    classes = head_classes(state) if state is not None else None
+    if classes is not None and classes != model.num_classes and not keep_head:
+        with torch.random.fork_rng():  # the new head's init is overwritten by the file: the global RNG stays as it was
+            model.reset_classifier(classes)
+    load_weights_into(model, path, state, name)
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -153,8 +170,8 @@ def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _architecture_shapes(probe: torch.nn.Module | None) -> dict[str, tuple[int, ...]]:
-    return {} if probe is None else {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+def _architecture_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def checkhead_classes(path: Path, classes: int) -> None:
@@ -164,18 +181,18 @@ def checkhead_classes(path: Path, classes: int) -> None:
         raise WeightsError(f"{path.name} declares a head of {classes:,} classes; ViT Lens loads 1 to {MAX_CLASSES:,}.")
 
 
-def check_declared_shapes(path: Path, shapes: dict[str, tuple[int, ...]], probe: torch.nn.Module | None) -> None:
+def check_declared_shapes(path: Path, shapes: dict[str, tuple[int, ...]], model: torch.nn.Module) -> None:
     """Every tensor of the file no larger than the architecture could use: its largest tensor four
     times over (a position embedding trained at a larger size is resampled), or a full-size head."""
-    arch = _architecture_shapes(probe)
-    width = getattr(probe, "num_features", 4096) if probe is not None else 4096
+    arch = _architecture_shapes(model)
+    width = getattr(model, "num_features", 4096)
     largest = max(math.prod(s) for s in arch.values()) * 4 if arch else 2**28
     limit = max(largest, MAX_CLASSES * width)
     for name, shape in shapes.items():
         if math.prod(shape) > limit:
             raise WeightsError(
                 f"{path.name}: {name[:80]!r} declares {math.prod(shape):,} values, more than "
-                f"{probe.__class__.__name__ if probe is not None else 'a ViT'} could use ({limit:,}): refused before loading."
+                f"{model.__class__.__name__} could use ({limit:,}): refused before loading."
             )
     total = sum(math.prod(s) for s in shapes.values())
     if arch and total > 4 * sum(math.prod(s) for s in arch.values()) + limit:
@@ -199,9 +216,9 @@ def check_torch_archive(path: Path) -> None:
                            "torch.save writes none, so it was refused unread.")
 
 
-def check_weights_file(path: Path, probe: torch.nn.Module | None) -> None:
-    """Check a weights file's declarations before it is read in full (a pickled checkpoint: its archive only;
-    `check_state_dict` checks its tensors once read). `probe`: the architecture on 'meta', or None."""
+def check_weights_file(path: Path, model: torch.nn.Module) -> None:
+    """Check a weights file's declarations against `model` before it is read in full (a pickled checkpoint: its
+    archive only; `check_state_dict` checks its tensors once read)."""
     suffix = path.suffix.lower()
     if not path.is_file():
         return  # read_state_dict says so
@@ -210,20 +227,20 @@ def check_weights_file(path: Path, probe: torch.nn.Module | None) -> None:
         return
     if suffix == ".safetensors":
         shapes = safetensors_shapes(path)
-        check_declared_shapes(path, shapes, probe)
+        check_declared_shapes(path, shapes, model)
         head = shapes.get("head.weight")
         if head is not None and len(head) == 2:
             checkhead_classes(path, head[0])
         return
     if suffix == ".npz":
         shapes = npz_shapes(path)
-        check_declared_shapes(path, shapes, probe)
+        check_declared_shapes(path, shapes, model)
         kernel = next((s for k, s in shapes.items() if k.endswith("head/kernel") and len(s) == 2), None)
         if kernel is not None:
             checkhead_classes(path, kernel[1])  # JAX: (D, C)
 
 
-def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn.Module | None) -> None:
+def check_state_dict(path: Path, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     """The checks of `check_weights_file` for a pickled checkpoint, once its tensors are read (their data is
     no larger than the file): each tensor's view must lie within its own storage (a pickle can declare a huge
     tensor over one stored value, stride 0), and the shapes must fit the architecture."""
@@ -231,7 +248,7 @@ def check_state_dict(path: Path, state: dict[str, torch.Tensor], probe: torch.nn
         needed = tensor.numel() * tensor.element_size()
         if needed > tensor.untyped_storage().nbytes():
             raise WeightsError(f"{path.name}: {name[:80]!r} declares {tuple(tensor.shape)} over less data: refused.")
-    check_declared_shapes(path, {k: tuple(v.shape) for k, v in state.items()}, probe)
+    check_declared_shapes(path, {k: tuple(v.shape) for k, v in state.items()}, model)
     classes = head_classes(state)
     if classes is not None:
         checkhead_classes(path, classes)
@@ -278,7 +295,3 @@ def _strict_load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
         shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong_shape[:3]]
         problems.append(f"shape mismatch: {'; '.join(shapes)} (file vs model)")
     return "; ".join(problems) + ". Is it the right architecture?" if problems else ""
-
-
-# ----------------------------------------------------------------------------------------------
-# Labels

@@ -1,4 +1,5 @@
-"""Class names: from a label file the user gives (text or JSON), or timm's bundled ImageNet names.
+"""Class names: from a label file the user gives (text or JSON), one beside the weights file, the bundled teaching
+model's own, or timm's bundled ImageNet names.
 
 Label files come from users (uploads on the server): each is capped in size and class count, and every way it
 can be wrong is one sentence (a WeightsError).
@@ -11,12 +12,36 @@ from pathlib import Path
 
 import torch
 
-from . import bounded_json
-from .errors import WeightsError
+from .. import bounded_json
+from ..errors import WeightsError
+from ..teaching.model import TEACHING_MODEL
 
 MAX_CLASSES = 100_000  # ImageNet-21k has 21,843; the head of a 100k-class ViT-B is 300 MB
 MAX_LABEL_FILE_BYTES = 8 * 2**20  # 100k names of 80 characters
 MAX_LABEL_JSON_DEPTH = 8  # {"id2label": {"0": "cat"}} is 2 levels deep
+
+
+def model_labels(model: torch.nn.Module, name: str, labels: str | Path | tuple[str, ...] | list[str] | None,
+                 weights: Path | None) -> tuple[str, ...] | None:
+    """The class names of `model`'s outputs in head order, or None (indices are shown): `labels` (names, or a label
+    file), else a label file beside `weights`, else the teaching model's own, else ImageNet names when the pretrained
+    config's class count fits the head. Raises WeightsError for names that don't match the head."""
+    if labels is not None:
+        names = read_labels(labels) if isinstance(labels, (str, Path)) else tuple(labels)
+    elif name == TEACHING_MODEL:
+        names = tuple(model.pretrained_cfg["label_names"])
+    else:
+        names = labels_beside(weights) if weights is not None else None
+        if names is None:
+            names = imagenet_labels(model)  # a guess from the pretrained config's class count, not the head's:
+            if names is not None and len(names) != model.num_classes:  # built with num_classes=0, say
+                names = None
+    if names is not None and len(names) != model.num_classes:
+        raise WeightsError(
+            f"The labels list {len(names)} classes but the model's head has {model.num_classes}: "
+            "wrong label file or wrong class count."
+        )
+    return names
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:
@@ -83,7 +108,3 @@ def imagenet_labels(model: torch.nn.Module) -> tuple[str, ...] | None:
     if not subset:
         return None
     return tuple(ImageNetInfo(subset).label_descriptions())
-
-
-# ----------------------------------------------------------------------------------------------
-# The bundled teaching model

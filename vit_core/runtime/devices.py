@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import ViTLensError
+from ..errors import ViTLensError
 from .onednn import linears_on_onednn
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
@@ -89,7 +89,7 @@ def full_float32(device: torch.device) -> Iterator[None]:
     CUDA convolutions and matrix products run in full float32, not TF32 (torch lets cuDNN convolutions use TF32
     by default: 10 mantissa bits, so the patch embedding alone would move the results well beyond float32
     tolerance); the flags are restored when the last pass in any thread ends, also on error. On a CPU this
-    thread's linears that need no gradient run on oneDNN (`vit_core.onednn`: IEEE float32 too). On other
+    thread's linears that need no gradient run on oneDNN (`vit_core.runtime.onednn`: IEEE float32 too). On other
     devices nothing changes."""
     global _tf32_passes, _tf32_saved
     if device.type != "cuda":

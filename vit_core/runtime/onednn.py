@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import settings
+from .. import settings
 
 _logger = logging.getLogger(__name__)
 

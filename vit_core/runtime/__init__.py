@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from . import settings
+from .. import settings
 
 _logger = logging.getLogger(__name__)
 

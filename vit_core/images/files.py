@@ -20,7 +20,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from .errors import ImageError
+from ..errors import ImageError
 
 PART_SUFFIX = ".part"  # the temporary files' suffix, so that a leftover from a killed process is recognisable
 # os.open(dir_fd=...) and os.replace(src_dir_fd=...) where the system has them (POSIX); elsewhere by path.

@@ -1,4 +1,5 @@
-"""Pretrained weights from the Hugging Face hub through timm: the local cache first, and within seconds when offline.
+"""Creating the model a name resolves to: the bundled teaching model, timm's pretrained weights from the Hugging Face
+hub (the local cache first, and within seconds when offline), or timm's random init under a seed.
 
 Without a network, `timm.create_model(pretrained=True)` spends about 47 s in retries before it fails; here a
 HEAD probe with a deadline decides first, and a cached file is loaded through timm's own path with no round trip.
@@ -16,12 +17,54 @@ from typing import Any
 import timm
 import torch
 
-from .errors import ModelError, OfflineError
-from .teaching.model import TEACHING_MODEL
+from ..errors import ModelError, OfflineError, WeightsError
+from ..teaching.model import BUNDLED_DIR, TEACHING_MODEL, load_shapes_vit  # importing it registers the Shapes ViT
+from .names import check_supported
 
 _logger = logging.getLogger(__name__)
 
 HUB_PROBE_TIMEOUT_S = 3.0
+TEACHING_MODEL_DIR = BUNDLED_DIR  # package data: vit_core/assets/shapes_vit
+
+
+def create_model(name: str, probe: torch.nn.Module | None, *, pretrained: bool, seed: int,
+                 **model_kwargs: Any) -> tuple[torch.nn.Module, str]:
+    """The model `name` resolved to, in eval mode, and where its weights came from (for people): the bundled
+    teaching model, timm's pretrained weights, or timm's random init under `seed`. `probe`: the architecture
+    checked on 'meta' by `resolve_name`; where there was none, the model built here is checked instead."""
+    if name == TEACHING_MODEL:
+        model, source = _teaching_model(), f"bundled: {TEACHING_MODEL_DIR.name}"
+    elif pretrained:
+        model, source = create_pretrained(name, **model_kwargs)
+    else:
+        model, source = random_init(name, seed, model_kwargs), f"random init (seed {seed})"
+    if probe is None:
+        check_supported(model, name)
+    return model.eval(), source
+
+
+def random_init(name: str, seed: int, model_kwargs: dict[str, Any]) -> torch.nn.Module:
+    """timm's random init of `name`, deterministic under `seed`, leaving the global RNG as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return timm_create(name, pretrained=False, **model_kwargs)
+
+
+def teaching_model_available() -> bool:
+    return (TEACHING_MODEL_DIR / "model.safetensors").is_file()
+
+
+def _teaching_model() -> torch.nn.Module:
+    """The bundled Shapes ViT through its timm registration (vit_core.teaching.model); its label names are in
+    its pretrained config."""
+    if not teaching_model_available():
+        raise ModelError("The bundled teaching model is missing from this installation (vit_core/assets/shapes_vit); "
+                         "retrain it (see its MODEL_CARD.md).")  # the package's folder, not the server's path
+    try:
+        model, _ = load_shapes_vit(TEACHING_MODEL_DIR)
+    except RuntimeError as e:  # timm's strict load: missing / unexpected keys or a shape mismatch
+        raise WeightsError(f"The bundled teaching model's weights don't fit its config: {e}") from e
+    return model
 
 
 def _probe(url: str, answer: list[bool]) -> None:
@@ -111,7 +154,3 @@ def timm_create(name: str, **kwargs: Any) -> torch.nn.Module:
         if isinstance(e, LocalEntryNotFoundError) or isinstance(e.__cause__, LocalEntryNotFoundError):
             raise OfflineError(_offline_message(name)) from e
         raise
-
-
-# ----------------------------------------------------------------------------------------------
-# Weights files

@@ -18,9 +18,9 @@ from timm.data.transforms import MaybePILToTensor
 from timm.models.vision_transformer import VisionTransformer
 from torchvision import transforms as T
 
-from .devices import describe_device, to_host
-from .errors import ImageError
-from .images import DRAFT_MIN_SIDE, MAX_PIXELS
+from ..errors import ImageError
+from ..images import DRAFT_MIN_SIDE, MAX_PIXELS
+from ..runtime.devices import describe_device, to_host
 
 
 @dataclass(frozen=True)

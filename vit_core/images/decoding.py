@@ -2,10 +2,10 @@
 
 A decoder's cost is not its file's size: a 390 KB progressive JPEG of thousands of scans took 25 s, and a format's
 next trick will not be in `images.check_header`'s list. So every file's pixels are decoded (`images.decode_here`,
-run by `vit_core.decode_worker`) in a worker process that set `RLIMIT_AS` (`DECODE_MEMORY_BYTES`) when it started
+run by `vit_core.images.decode_worker`) in a worker process that set `RLIMIT_AS` (`DECODE_MEMORY_BYTES`) when it started
 and sets `RLIMIT_CPU` before each file to the CPU time it used so far plus `DECODE_CPU_SECONDS` (`cpu_limits`): past
 that the kernel stops it (SIGXCPU), the caller gets an ImageError and the worker is replaced. The workers are plain
-child processes (`python -m vit_core.decode_worker`, not multiprocessing: the server has threads, and DataLoader
+child processes (`python -m vit_core.images.decode_worker`, not multiprocessing: the server has threads, and DataLoader
 workers, which are daemonic, may not have multiprocessing children), started on first use, one per decode in flight
 (the slots are `images._decode_slots`), each reused for the next file. The reply is a small JSON header and the raw
 RGB bytes, never a pickle: a worker that a file took over can't make the server run anything.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from .errors import ImageError
+from ..errors import ImageError
 
 _logger = logging.getLogger(__name__)
 
@@ -76,10 +76,10 @@ class _Worker:
     """One decode worker process and its pipes."""
 
     def __init__(self) -> None:
-        package_parent = str(Path(__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "vit_core.decode_worker"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "vit_core.images.decode_worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, close_fds=True)
 
     def decode(self, data: bytes, min_side: int) -> Decoded:

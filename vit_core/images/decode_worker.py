@@ -1,4 +1,4 @@
-"""A decode worker process (`python -m vit_core.decode_worker`): decodes the files its parent (`vit_core.decoding`)
+"""A decode worker process (`python -m vit_core.images.decode_worker`): decodes the files its parent (`vit_core.images.decoding`)
 sends on stdin, one at a time, within the memory limit it sets at start and the CPU limit it sets before each file,
 and answers each with a small JSON header and the raw RGB bytes (never a pickle)."""
 
@@ -15,9 +15,9 @@ import logging  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 
+from ..errors import ImageError  # noqa: E402
+from . import decode_here  # noqa: E402
 from .decoding import DECODE_MEMORY_BYTES, REPLY, REQUEST, cpu_limits  # noqa: E402
-from .errors import ImageError  # noqa: E402
-from .images import decode_here  # noqa: E402
 
 
 def _cpu_seconds_used() -> float:

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..errors import ImageError
 from . import decoding
-from .errors import ImageError
 from .files import read_input
 
 _logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ _logger = logging.getLogger(__name__)
 # and below Pillow's own decompression-bomb warning level (89 MP), so we decide, not a warning filter.
 MAX_PIXELS = 50_000_000
 # The largest file read from a path: 50 MP of 16-bit RGBA, uncompressed. Only regular files are read
-# (vit_core.files.read_input): a FIFO or /dev/zero is refused unread.
+# (vit_core.images.files.read_input): a FIFO or /dev/zero is refused unread.
 MAX_FILE_BYTES = MAX_PIXELS * 8
 # The longer side at most this many times the shorter: past it, any model's resize of the shorter side to 224 or
 # more would make over 50 MP (model.MAX_RESIZED_PIXELS), and the model's crop would refuse it; refused here before
@@ -169,7 +169,7 @@ def decode_image(source: bytes | str | Path | io.IOBase | Image.Image, min_side:
     """Decode an image file (bytes, path or file object) or normalise a PIL image to RGB.
 
     A file is checked from its bytes first (`check_header`: a JPEG's scans and segments), then decoded in one of
-    `vit_core.decoding`'s worker processes, limited in CPU time and memory, at most MAX_CONCURRENT_DECODES at once.
+    `vit_core.images.decoding`'s worker processes, limited in CPU time and memory, at most MAX_CONCURRENT_DECODES at once.
     A large JPEG is decoded at reduced size, its shorter side at least `min_side` pixels (0: full size; see
     `draft_size`); other formats and PIL images keep their size. Raises ImageError with a user-facing sentence for
     an empty, unreadable, damaged, oversized or too costly file; nothing else escapes for a file's content.
