@@ -9,6 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tools.hostile.images import encoded  # noqa: F401 - the tests' `from conftest import encoded`
+
 REPO = Path(__file__).resolve().parent.parent  # vit_core and dashboard are imported as installed (pip install -e .)
 
 torch.set_num_threads(2)

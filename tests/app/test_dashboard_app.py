@@ -17,7 +17,7 @@ from dashboard import text
 from dashboard.examples import GRACE_HOPPER, SHAPE_PREFIX
 from dashboard.views import RENAMED, RESEARCH_VIEWS, VIEWS
 from dashboard.views.header import outside_its_world
-from support import hostile_images as hostile
+from tools.hostile import images as hostile
 from vit_core import TEACHING_MODEL
 from vit_core.analyses import Prediction
 
@@ -272,7 +272,7 @@ def test_a_refused_drawing_is_said_in_the_main_area_above_the_canvas_and_figures
 
     from app.test_draw_canvas import FakeCanvas
     from dashboard import session
-    from support.hostile_canvas import canvas_drawing, data_url, hostile_canvas_values
+    from tools.hostile.canvas import canvas_drawing, data_url, hostile_canvas_values
 
     at = run_app(view="Attention")
     at.toggle(key=session.K_DRAW_ON).set_value(True).run()

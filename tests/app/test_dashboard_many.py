@@ -21,8 +21,8 @@ from conftest import assert_healthy, drawn_image, encoded, run_app
 from dashboard import image_sets, session
 from dashboard.image_sets import SetError, shapes_set, uploaded_set, zip_members
 from dashboard.models import ModelRequest, build_named_model
-from support import hostile_archives as hostile
 from support.shared_runtime import download, shared_runtime
+from tools.hostile import archives as hostile
 from vit_core import TEACHING_MODEL, dataset, load_image
 from vit_core.loading import teaching_model_available
 from vit_core.teaching import data as shapes

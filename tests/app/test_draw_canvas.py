@@ -19,7 +19,7 @@ from PIL import Image
 
 from conftest import assert_healthy, run_app
 from dashboard import caches, draw, session
-from support.hostile_canvas import canvas_drawing, data_url, hostile_canvas_values
+from tools.hostile.canvas import canvas_drawing, data_url, hostile_canvas_values
 from vit_core import ImageError
 
 HOSTILE = hostile_canvas_values()

@@ -3,7 +3,7 @@
 - Sessions in parallel threads (AppTest) each get exactly the analysis of their own image: each one's
   `.npz` download equals `run_with_capture` + `analysis_arrays` run alone on the same bytes.
 - The same through real browsers (a short run of tools/loadtest on the tiny model).
-- Every odd file a phone can hold (tests/support/hostile_corpus.py) uploaded through the app: analysed with
+- Every odd file a phone can hold (tools/hostile/corpus.py) uploaded through the app: analysed with
   the right crop, or refused with a sentence; never a traceback, and the previous image stays.
 - Weights files that must be refused (wrong architecture, wrong class count, truncated, a pickle
   that would run code), through the app.
@@ -39,10 +39,10 @@ from dashboard import caches, session
 from dashboard.image_choice import MAX_IMAGE_MB
 from dashboard.models import MAX_WEIGHTS_MB, TEST_TINY
 from dashboard.server.byte_budget import ByteBudgetCache, nbytes_of
-from support.hostile_corpus import corpus
 from support.shared_runtime import download as _download
 from support.shared_runtime import shared_runtime
 from tools import loadtest
+from tools.hostile.corpus import corpus
 from vit_core import analyses, decode_image, run_with_capture
 from vit_core.export import analysis_arrays, summary
 from vit_core.loading import TEACHING_MODEL, teaching_model_available
@@ -317,7 +317,7 @@ def test_load_test_cpu_meter_counts_the_server_and_its_children(tmp_path):
         time.sleep(2.5)  # the child starts, burns 0.6 CPU-s and sleeps
         use = meter.stop()
     finally:
-        for child in loadtest.sessions._children(parent.pid):
+        for child in loadtest.meters._children(parent.pid):
             os.kill(child, 9)
         parent.kill()
         parent.wait()
@@ -342,7 +342,7 @@ def test_load_test_reports_what_the_servers_in_memory_files_hold_besides_its_rss
         sampler = loadtest.RssSampler(parent.pid)
         sampler.sample()
     finally:
-        for child in loadtest.sessions._children(parent.pid):
+        for child in loadtest.meters._children(parent.pid):
             os.kill(child, 9)
         parent.kill()
         parent.wait()

@@ -1,4 +1,4 @@
-"""Issue 28's hostile images (tests/support/hostile_images.py): each refused or decoded within a bounded time and
+"""Hostile images (tools/hostile/images.py): each refused or decoded within a bounded time and
 memory, and whatever Pillow raises on them reaches the caller as one ImageError."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, encoded
-from support import hostile_images as hostile
+from tools.hostile import images as hostile
 from vit_core import ImageError, decode_image, run_with_capture
 from vit_core.dataset import DecodedImages
 
@@ -183,7 +183,7 @@ def test_a_worker_stopped_by_its_cpu_limit_is_an_image_error_and_is_replaced():
 
 _PEAK = """
 import resource, sys
-from support import hostile_images as hostile
+from tools.hostile import images as hostile
 from vit_core import ImageError, decode_image
 from vit_core.images import decoding
 data = hostile.{maker}

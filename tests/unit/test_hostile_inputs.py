@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import assert_healthy, choose_weights, drawn_image, run_app
-from support import hostile_archives as hostile
+from tools.hostile import archives as hostile
 from vit_core import WeightsError, load_model
 from vit_core.loading.labels import MAX_CLASSES, MAX_LABEL_FILE_BYTES
 from vit_core.loading.weights import SAFETENSORS_MAX_TENSORS

@@ -77,7 +77,7 @@ def test_first_come_first_served_serves_images_sent_apart_at_once_and_the_report
 def test_the_servers_cpu_is_split_by_the_kernels_names_of_its_threads():
     """Two readings of the server's threads ({tid: (name, CPU-s)}): each lane's and the main thread's time between them;
     a thread started meanwhile counts whole, one that ended is in the rest (the process's total keeps its time)."""
-    from tools.loadtest.sessions import server_parts
+    from tools.loadtest.meters import server_parts
     from vit_core.serving.priority import EXPORT_LANE_NAME, FORWARD_LANE_NAME
 
     begin = {100: ("python", 5.0), 101: (FORWARD_LANE_NAME, 2.0), 102: (FORWARD_LANE_NAME, 1.0), 103: ("python", 0.5)}

@@ -5,7 +5,7 @@ import pytest
 
 from tools.loadtest import floor as floors
 from tools.loadtest import steps
-from tools.loadtest.sessions import SERVER_PARTS
+from tools.loadtest.meters import SERVER_PARTS
 
 
 def cost(count: int, client_s: float = 0.0, **server_s: float) -> steps.StepCost:

@@ -44,6 +44,33 @@ def test_nothing_edits_sys_path():
     assert not offenders
 
 
+# The tests' own folders as pytest puts them on the path (tests/ is in `pythonpath`): `support.*`, `conftest`,
+# and the test folders as packages.
+TEST_PACKAGES = ("tests", "support", "conftest", "unit", "app", "browser", "live")
+
+
+def _imports_of_tests(source: str) -> list[str]:
+    """The modules of the tests that `source` imports anywhere (a function's own imports too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        found += [n for n in names if n.split(".")[0] in TEST_PACKAGES]
+    return found
+
+
+def test_the_test_import_finder_finds_them_anywhere():
+    source = "import os\ndef f():\n    from tests.support import x\n    import conftest\nfrom tools.hostile import images\n"
+    assert _imports_of_tests(source) == ["tests.support", "conftest"]
+
+
+def test_tools_never_import_tests():
+    """The tools run without the tests (what both use, such as the hostile files, lives in tools/)."""
+    offenders = {str(p.relative_to(REPO)): found for p in (REPO / "tools").rglob("*.py")
+                 if (found := _imports_of_tests(p.read_text()))}
+    assert not offenders
+
+
 # ----------------------------------------------------------------------------------------------
 # The import graph of vit_core and dashboard, read from the sources: every import statement anywhere in a module
 # (a function's own imports too: they run when called), except those under `if TYPE_CHECKING:`.

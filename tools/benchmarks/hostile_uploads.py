@@ -4,7 +4,7 @@
     .venv/bin/python -m tools.benchmarks.hostile_uploads --tree /tmp/old      # another checkout (say, before a fix)
     .venv/bin/python -m tools.benchmarks.hostile_uploads --cases scans,aspect  # some of them
 
-Every file is made here, by the tests' own generators (tests/support/hostile_*.py), so both trees get the same
+Every file is made here, by the generators the tests use too (tools/hostile/), so both trees get the same
 bytes; each case then runs in a fresh process with the chosen tree first on its path, doing what a user's path
 does with the file (the CLI's decode and capture of a tiny random ViT, load_model with a weights or label file,
 the Many images page's zip check, the canvas's check, `vit-lens analyze` on a FIFO). A case is stopped after
@@ -110,7 +110,9 @@ print("measured", f"{{seconds:.2f}}", f"{{grown:.0f}}", " ".join(outcome.split()
 
 def _cases(scratch: Path) -> dict[str, tuple[str, Path]]:
     """Case name -> (the code a fresh process runs on PATH, the file), every file made now."""
-    from tests.support import hostile_archives, hostile_canvas, hostile_images  # the tests' own generators
+    from tools.hostile import archives as hostile_archives
+    from tools.hostile import canvas as hostile_canvas
+    from tools.hostile import images as hostile_images
 
     def write(name: str, data: bytes | str) -> Path:
         path = scratch / name

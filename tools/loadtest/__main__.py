@@ -1,5 +1,5 @@
 """`python -m tools.loadtest [...]`: the load test (options: `python -m tools.loadtest --help`)."""
 
-from .sessions import main
+from .classroom import main
 
 main()

@@ -1,7 +1,7 @@
 """One student among the class who sends hostile files instead of photos (`python -m tools.loadtest --attacker`).
 
-The files are tools/hostile's, drawn by the tests' own generators (tests/support/hostile_images.py,
-tests/support/hostile_canvas.py): a progressive JPEG with thousands of scans, a 400,000 x 10 PNG, a TIFF of
+The files are tools/hostile's, drawn by the generators the tests use too (tools/hostile/images.py,
+tools/hostile/canvas.py): a progressive JPEG with thousands of scans, a 400,000 x 10 PNG, a TIFF of
 20,000 frames, a GIF whose second frame is cut off (uploads), and a PNG of 169 MP sent as the Draw canvas's
 value. The attacker sends them one after another, a short pause between two, until every other session is done;
 each round's files differ in a comment (a PNG tEXt chunk, a JPEG COM segment, a GIF comment, a TIFF's trailing
@@ -34,10 +34,9 @@ class Attack:
 
 
 def hostile_attacks() -> list[Attack]:
-    """Issue 28's hostile files, made by the tests' generators (importable here: the repository root is on
-    sys.path when the tool runs as `python -m tools.loadtest`, and tests/ is a namespace package)."""
-    from tests.support.hostile_canvas import huge_png
-    from tests.support.hostile_images import damaged_second_frame_gif, gray_png, many_frame_tiff, many_scan_jpeg
+    """The hostile files, made by the generators its tests use (tools/hostile)."""
+    from tools.hostile.canvas import huge_png
+    from tools.hostile.images import damaged_second_frame_gif, gray_png, many_frame_tiff, many_scan_jpeg
 
     return [
         Attack("progressive JPEG, 4,000 scans", "scans.jpg", many_scan_jpeg(4000)),
@@ -67,7 +66,7 @@ def varied(data: bytes, round_: int) -> bytes:
 def canvas_value(png: bytes) -> dict:
     """The Draw canvas's component state as its frontend sends it after a stroke: the Fabric.js JSON and the
     drawing as a data URL (here any bytes a script likes)."""
-    from tests.support.hostile_canvas import data_url
+    from tools.hostile.canvas import data_url
 
     return {"drawing": {"raw": {"objects": [{"type": "path"}], "background": "#ffffff"}, "data": data_url(png)}}
 

@@ -34,18 +34,9 @@ from dashboard.models import TEST_TINY
 from vit_core.runtime import cpu_quota
 
 from . import floor as floors
-from .sessions import (
-    SERVER_PARTS,
-    STEP_KINDS,
-    CpuMeter,
-    DownloadStore,
-    _cpu_seconds,
-    prepare_images,
-    run_protocol_session,
-    server_linears,
-    start_server,
-    stop_server,
-)
+from .meters import SERVER_PARTS, CpuMeter, _cpu_seconds
+from .server import server_linears, start_server, stop_server
+from .sessions import STEP_KINDS, DownloadStore, prepare_images, run_protocol_session
 
 T = TypeVar("T")
 SETTLE_S = 0.05  # after a step returns, before its CPU is read: the server's last sends of the run

@@ -9,7 +9,7 @@ import sys
 import threading
 
 # The names of the server's lanes, Python's thread name prefix and the kernel's (/proc/PID/task/TID/comm, at most 15
-# characters): the class load test reports the server's CPU by them (tools/loadtest/sessions.py, CpuMeter).
+# characters): the class load test reports the server's CPU by them (tools/loadtest/meters.py, CpuMeter).
 FORWARD_LANE_NAME = "vitlens-forward"
 EXPORT_LANE_NAME = "vitlens-export"
 _PR_SET_NAME = 15  # prctl(2)

@@ -1,8 +1,8 @@
-"""What a student's script can send as the Draw canvas's value instead of a drawing (issue 28, finding 3).
+"""What a student's script can send as the Draw canvas's value instead of a drawing.
 
-The browser sends the canvas as a `data:` URL; nothing stops a script from putting any file in it. At 73446a6
-the server opened it with a bare `Image.open`: a FITS file was decoded, an EPS made Pillow look for Ghostscript
-(which would run the student's PostScript), a 684 KB PNG of 169 MP took the server from 1.07 to 6.88 GB for 39 s.
+The browser sends the canvas as a `data:` URL; nothing stops a script from putting any file in it. Opened with a
+bare `Image.open`, a FITS file is decoded, an EPS makes Pillow look for Ghostscript (which would run the student's
+PostScript), and a 684 KB PNG of 169 MP takes a server about 6 GB for tens of seconds.
 Used by tests/app/test_draw_canvas.py and the load test's attacker (tools/loadtest, --attacker).
 """
 
@@ -13,7 +13,7 @@ import io
 
 from PIL import Image
 
-from .hostile_images import png_header_only
+from .images import png_header_only
 
 CANVAS_DATA_URL = "data:image/png;base64,"
 

@@ -1,6 +1,7 @@
-"""Hostile weights headers, label files and zips, generated at test time (issue 28): each small on disk, each
+"""Hostile weights headers, label files and zips, generated at test time: each small on disk, each
 costly to a parser that trusts it. Used by tests/unit/test_hostile_inputs.py, test_cli.py and
-tests/app/test_dashboard_many.py, and by the measurements of docs/performance.md.
+tests/app/test_dashboard_many.py, and by tools/benchmarks/hostile_uploads.py (docs/performance/2026-11-25.md,
+"Hostile uploads").
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def overflowing_shape() -> bytes:
 
 def empty_tensors_header(count: int) -> bytes:
     """A safetensors file of `count` empty tensors: a valid header of about 60 bytes a tensor and no data
-    (1.67 M of them: 99 MB, refused only after minutes before the header was capped)."""
+    (1.67 M of them: 99 MB, minutes to parse unless the header's size is capped first)."""
     entry = '"t%d":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}'
     return safetensors_from_header("{" + ",".join(entry % i for i in range(count)) + "}")
 
@@ -89,7 +90,7 @@ def zip_claiming_entries(entries: int) -> bytes:
 
 def zip_of_many_entries(entries: int) -> bytes:
     """A real zip of `entries` empty stored members (names of a few characters): 500,000 are about 40 MB, what
-    zipfile took 6.2 s and 200 MB to parse before the count was refused."""
+    zipfile takes seconds and hundreds of MB to parse unless the count is refused first."""
     local, central = io.BytesIO(), io.BytesIO()
     crc = zlib.crc32(b"")
     for i in range(entries):

@@ -8,16 +8,14 @@ Used by tests/live/test_classroom.py (through the dashboard); vit_core's own dec
 from __future__ import annotations
 
 import io
-import struct
 import zipfile
-import zlib
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-from conftest import encoded
+from .images import encoded, png_header_only
 
 RED, WHITE, BLACK, GREEN = (220, 30, 30), (255, 255, 255), (0, 0, 0), (10, 200, 30)
 
@@ -30,14 +28,6 @@ class Case:
     refused: str | None = None  # regex of the message, if the app must refuse it
     crop: Callable[[np.ndarray], None] | None = None  # asserts on the crop the model saw, if analysed
     note: str | None = None  # a caption the app must show (what it did to the file)
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose header claims width x height (a decompression bomb needs no real pixels)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
 
 
 def noise(seed: int, size=(64, 64)) -> Image.Image:
@@ -141,7 +131,7 @@ def corpus() -> list[Case]:
              crop=halves(RED, BLACK, axis=0), note="EXIF"))
     add(Case("one_pixel", "dot.png", encoded(Image.new("RGB", (1, 1), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
     # The model resizes the shorter side to 248 px: 4000 x 10 becomes 99,200 x 248 (25 MP) and is analysed; 10,000 x 10
-    # would become 61 MP, more than a decode may hold (vit_core.model: the resize is checked before it is made).
+    # would become 61 MP, more than a decode may hold (vit_core.loading.model: the resize is checked before it is made).
     add(Case("very_wide", "panorama.png", encoded(Image.new("RGB", (4000, 10), GREEN), "PNG"), crop=close_to(GREEN, tol=2)))
     add(Case("too_wide_for_the_resize", "strip.png", encoded(Image.new("RGB", (10000, 10), GREEN), "PNG"),
              refused=r"10000 x 10 pixels.*248000 x 248 before cropping"))

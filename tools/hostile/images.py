@@ -1,7 +1,8 @@
 """Image files made to cost a decoder as much as possible for their size: drawn here, at test time, small.
 
-Each generator names the finding of issue 28 it reproduces and what it cost before the decode was bounded
-(docs/performance.md, "Hostile images"). Used by tests/unit/test_hostile_images.py and tools/benchmarks/hostile_images.py.
+Each generator says what its file costs a decode that trusts it (their figures against ViT Lens's bounded decode:
+docs/performance/2026-11-25.md, "Hostile uploads"). Used by tests/unit/test_hostile_images.py, tools/benchmarks/hostile_uploads.py
+and the load test's attacker (tools/loadtest/attacker.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import zlib
 
 import numpy as np
 from PIL import Image
+
+
+def encoded(picture: Image.Image | np.ndarray, fmt: str = "PNG", **save_options) -> bytes:
+    """The file bytes of a picture (a PIL image or a uint8 array) in format `fmt` (Pillow's save options)."""
+    image = picture if isinstance(picture, Image.Image) else Image.fromarray(picture)
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **save_options)
+    return buffer.getvalue()
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
@@ -28,7 +37,7 @@ def png_header_only(width: int, height: int) -> bytes:
 
 def gray_png(width: int, height: int) -> bytes:
     """A complete 8-bit grey PNG of width x height, all zero, compressed as it is written (a 1 x 49,000,000 one is
-    about 100 KB and never held whole): finding 1's extreme aspect ratios (400,000 x 10 is 12 KB)."""
+    about 100 KB and never held whole): extreme aspect ratios (400,000 x 10 is 12 KB)."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     row = b"\x00" * (width + 1)  # filter byte 0, then the row
     squeeze = zlib.compressobj(9)
@@ -57,7 +66,7 @@ def _jpeg_segments(data: bytes) -> list[bytes]:
 
 
 def many_scan_jpeg(scans: int, size: tuple[int, int] = (1024, 768)) -> bytes:
-    """A progressive JPEG of `scans` scans (finding 2): Pillow's own progressive file of a noisy picture, its last
+    """A progressive JPEG of `scans` scans: Pillow's own progressive file of a noisy picture, its last
     smallest scan after the DC one repeated. libjpeg decodes every one (a warning at most), about 6 ms
     each at this size; a camera writes 1 (baseline) or about 10 (libjpeg's progressive default)."""
     ramp = np.linspace(0, 255, size[0] * size[1] * 3).reshape(size[1], size[0], 3)
@@ -72,8 +81,8 @@ def many_scan_jpeg(scans: int, size: tuple[int, int] = (1024, 768)) -> bytes:
 
 
 def many_segment_jpeg(segments: int) -> bytes:
-    """A small JPEG with `segments` empty APP0 segments after its SOI (finding 5: Pillow reads each in Python, 6.3 M
-    of them took 14.7 s in Image.open). Four bytes each."""
+    """A small JPEG with `segments` empty APP0 segments after its SOI (Pillow reads each in Python: 6.3 M
+    of them take seconds in Image.open). Four bytes each."""
     buffer = io.BytesIO()
     Image.new("RGB", (16, 16), (200, 30, 30)).save(buffer, format="JPEG")
     data = buffer.getvalue()
@@ -81,9 +90,9 @@ def many_segment_jpeg(segments: int) -> bytes:
 
 
 def many_frame_tiff(frames: int, damaged_last: bool = False) -> bytes:
-    """A little-endian TIFF of `frames` 1 x 1 grey frames sharing one pixel (finding 3: Pillow's n_frames walks them
+    """A little-endian TIFF of `frames` 1 x 1 grey frames sharing one pixel (Pillow's n_frames walks them
     in quadratic time; 40,000 frames are 4 MB). `damaged_last`: the last frame's directory has no entries, no
-    dimensions (finding 4: a damaged later frame; Pillow's frame count raised TypeError "Missing dimensions")."""
+    dimensions (a damaged later frame: Pillow's frame count raises TypeError "Missing dimensions")."""
     entry = struct.Struct("<HHII")
     tags = [(256, 3, 1, 1), (257, 3, 1, 1), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
             (273, 4, 1, 8), (278, 3, 1, 1), (279, 4, 1, 1)]  # width, height, bits, no compression, grey, the pixel at 8
@@ -99,8 +108,8 @@ def many_frame_tiff(frames: int, damaged_last: bool = False) -> bytes:
 
 
 def damaged_second_frame_gif() -> bytes:
-    """A two-frame GIF cut 10 bytes into its second frame's image descriptor (finding 4: Pillow's frame count raised
-    IndexError, outside the decode's error handling; cut 1-8 bytes in, struct.error)."""
+    """A two-frame GIF cut 10 bytes into its second frame's image descriptor (Pillow's frame count raises
+    IndexError, outside a decode's usual error handling; cut 1-8 bytes in, struct.error)."""
     frames = [Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 255))]
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
