@@ -13,7 +13,8 @@ import streamlit as st
 
 import vit_core
 from dashboard import caches, draw, examples, ground_truth, session, text
-from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice, markdown_literal
+from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, ImageChoice
+from dashboard.literal import markdown_literal
 from vit_core.loading.model import LoadedModel
 
 # What `image_and_source_ui` says the image came from, and how the page says it.
