@@ -56,7 +56,8 @@ def warm_up() -> None:
     from dashboard import caches, examples, models
     from dashboard.figures import pipeline as pipeline_figures
     from dashboard.server import process
-    from vit_core import onednn, settings
+    from vit_core import settings
+    from vit_core.runtime import onednn
 
     started = time.perf_counter()
     request = models.ModelRequest(settings.MODEL.text())
