@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from . import settings
 from .errors import ViTLensError
-from .images.files import OutputFolder, read_input
 from .runtime import configure_threads, cpu_quota
 
 # Nothing that imports torch, timm or numpy at module level: `--help` and a mistyped option answer at once
@@ -62,6 +61,7 @@ from .runtime import configure_threads, cpu_quota
 # spelled out below, and tests/unit/test_cli.py checks them against the modules that define them.
 if TYPE_CHECKING:
     from .dataset import DatasetResult, PartStore, RunPlan, Shard
+    from .images.files import OutputFolder  # the images package imports numpy and Pillow
     from .loading.model import LoadedModel
 
 EXIT_FAILURES = 2
@@ -279,6 +279,7 @@ def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
     symlink: results land only in the folder named); None after saying why not."""
     from .errors import OfflineError
+    from .images.files import OutputFolder
     from .loading import load_model
     from .runtime.devices import resolve_device
 
@@ -361,6 +362,7 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     from .capture import run_with_capture
     from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
     from .images import MAX_FILE_BYTES, load_image
+    from .images.files import read_input
     from .runtime.devices import describe_device
 
     device_name = describe_device(loaded.device)
@@ -451,6 +453,7 @@ def _read_mask(path: Path):
     """The object mask (H, W) bool of `path`; an unusable one raises ImageError naming the mask, not the image."""
     from .explain import mask_from_file
     from .images import MAX_FILE_BYTES
+    from .images.files import read_input
 
     try:
         return mask_from_file(read_input(path, MAX_FILE_BYTES))
@@ -629,12 +632,13 @@ def _write_merged(args: argparse.Namespace, stores: list[PartStore], out: Output
 
 
 def merge(args: argparse.Namespace) -> int:
-    from .dataset import PartStore
-
     missing = [str(path) for path in args.parts if not path.is_dir()]
-    if missing:
+    if missing:  # said before the dataset package (torch) is imported
         _fail(f"{', '.join(missing)}: not a folder")
         return EXIT_FAILURES
+    from .dataset import PartStore
+    from .images.files import OutputFolder
+
     try:
         if not args.out.is_symlink():
             args.out.mkdir(parents=True, exist_ok=True)
