@@ -1,4 +1,5 @@
-"""Every `VIT_LENS_*` environment variable, read one way.
+"""Every `VIT_LENS_*` environment variable, read one way: the one module that reads the process's configuration.
+The runtime (threads, devices, oneDNN), the server's set-up (`vit_core.serving`) and the dashboard ask it.
 
 A leaf module: it imports nothing of ViT Lens and nothing heavy, so that the server's launcher can read a setting
 before torch is imported. Each setting is read when asked (tests and the launcher change the environment), never

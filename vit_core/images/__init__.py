@@ -13,6 +13,9 @@ any model's resize and the dashboard's preview use; the result is deterministic,
 dashboard and the load test's reference all decode this way. And at most `MAX_CONCURRENT_DECODES`
 pixel decodes run at once in a process (a decode holds its whole picture in memory: thirty uploads
 decoded at once would hold thirty).
+
+Beside this door: `decoding` runs the pixel decodes in worker processes limited in CPU time and memory,
+`decode_worker` is such a worker, and `files` reads inputs within bounds and writes results atomically.
 """
 
 from __future__ import annotations

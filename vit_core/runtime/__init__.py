@@ -1,5 +1,7 @@
-"""Process-wide settings a program using ViT Lens applies once at start: torch's thread count from the CPU quota,
-and numpy's BLAS threads (before numpy is imported); and `torch_threads`, one thread's torch threads for a block."""
+"""The process's runtime. Here: what a program using ViT Lens applies once at start (torch's thread count from the
+CPU quota, numpy's BLAS threads before numpy is imported) and `torch_threads`, one thread's torch threads for a
+block. Beside it: `devices`, where a model runs and how a pass runs there, and `onednn`, which library computes the
+CPU's linears. What the environment asks of them they read from `vit_core.settings`, never from `os.environ`."""
 
 from __future__ import annotations
 
