@@ -135,7 +135,8 @@ def just_do(kind: str, action: Callable[[], T]) -> T:
 def run_protocol_session(url: str, index: int, images: list[tuple[str, bytes]], changes: int, step_timeout_s: float,
                          start_delay: float, store: DownloadStore, step: Callable[[str, Callable], object] = just_do
                          ) -> SessionResult:
-    """The same steps as `run_session`, sent as Streamlit's own messages (see tools/loadtest/client.py): no page is drawn.
+    """The same steps as a chromium page's (`pages.run_session`), sent as Streamlit's own messages (see
+    tools/loadtest/client.py): no page is drawn.
 
     Latencies run from the message sent to the run finished and every media file it referenced fetched;
     a browser adds its drawing on top (docs/performance/2026-11-23.md, "Lighter load-test clients"). Each step runs as
