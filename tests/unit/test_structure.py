@@ -179,6 +179,16 @@ def test_vit_core_outside_serving_never_imports_serving_or_dashboard():
     assert {name: deps for name, deps in offenders.items() if deps} == {}
 
 
+def test_the_server_wing_stands_below_the_pages():
+    """dashboard.server (the process's preparation and scheduling, the byte budget, uploads, Streamlit's internals)
+    imports nothing of the dashboard outside itself: the pages and their caches come to it, never the other way
+    (the server's start, which fills the caches, is dashboard.serve, above them)."""
+    graph = _import_graph()
+    offenders = {name: sorted(d for d in deps if d.startswith("dashboard") and not d.startswith("dashboard.server"))
+                 for name, deps in graph.items() if name.startswith("dashboard.server")}
+    assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
 def test_a_plain_capture_runs_no_pass_group_lane_or_tracing_code():
     """What a notebook user runs: `run_with_capture` (and the export and explanations) in a fresh interpreter loads
     no module of vit_core.serving, so none of its pass groups, forward lanes or traces can run; and importing
