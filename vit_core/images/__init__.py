@@ -60,7 +60,7 @@ UPLOAD_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 # more than a model's resize of the shorter side (224-384 for the dashboard's list, 518 for DINOv2,
 # the largest of timm's ViTs). A 12 MP phone photo (4032 x 3024) decodes at 1/4, 1008 x 756: its
 # preview (at most 1024 pixels a side) then needs no resize either, and the decode is several times
-# faster than at 1/2 (docs/performance.md, "Photos decoded at reduced size").
+# faster than at 1/2 (docs/performance.md, "Photos and files").
 DRAFT_MIN_SIDE = 640
 # Pixel decodes at once, all threads of the process together: about the CPUs this process may use
 # (more run no faster; each holds its decoded picture).
@@ -251,7 +251,7 @@ def _decode_here(data: bytes, min_side: int) -> DecodedImage:
 
 # A progressive JPEG's scans, each a pass over every block of the picture (about 6 ms each for a large one):
 # libjpeg's progressive default writes 10 (6 for grey), mozjpeg's optimised ones a few more, a camera 1.
-# 100 is ten times libjpeg's default; the thousands of a hostile file cost minutes (issue 28).
+# 100 is ten times libjpeg's default; the thousands of a hostile file cost minutes.
 MAX_JPEG_SCANS = 100
 # A JPEG's segments (APPn, DQT, DHT, SOF, SOS, ...), which Pillow's opener reads one by one in Python (6.3 M empty
 # ones took 14.7 s in Image.open): a photo has a few dozen; an ICC profile split in 255 APP2 chunks and extended
@@ -267,7 +267,8 @@ _WINDOW = 1 << 16  # bytes of entropy-coded data looked at per step of _entropy_
 def _entropy_end(data: bytes, start: int) -> int | None:
     """The first position from `start` of a 0xFF byte followed by a marker that ends entropy-coded data (not 0x00, a
     restart marker RSTn or another 0xFF fill byte), or None. Looked for a window at a time with numpy: a regular
-    expression's walk took 10 ms a megabyte, on the page's thread, before a photo's forward (docs/performance.md)."""
+    expression's walk takes 10 ms a megabyte, on the page's thread, before a photo's forward (docs/performance.md,
+    "Photos and files")."""
     b = np.frombuffer(data, dtype=np.uint8)
     while start < len(b) - 1:
         stop = min(len(b) - 1, start + _WINDOW)

@@ -10,7 +10,7 @@ workers, which are daemonic, may not have multiprocessing children), started on 
 (the slots are `images._decode_slots`), each reused for the next file. The reply is a small JSON header and the raw
 RGB bytes, never a pickle: a worker that a file took over can't make the server run anything.
 
-Cost per file: a pipe round trip of the file and its RGB pixels (docs/performance.md, "Decodes in worker processes";
+Cost per file: a pipe round trip of the file and its RGB pixels (docs/performance.md, "Photos and files";
 tools/benchmarks/decode_workers.py).
 """
 

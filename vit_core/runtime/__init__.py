@@ -20,7 +20,7 @@ _logger = logging.getLogger(__name__)
 def one_blas_thread() -> None:
     """Ask numpy's OpenBLAS for one thread, unless the environment says otherwise; only has an effect before numpy is
     imported, so entry points call it first. On a small machine its threads spin against torch's (the filter PCA
-    took several times longer with 2 BLAS threads than with 1 on 2 cores: docs/performance.md, "BLAS threads")."""
+    took several times longer with 2 BLAS threads than with 1 on 2 cores: docs/performance.md, "One BLAS thread")."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

@@ -1,14 +1,14 @@
-"""Float32 linear layers on the CPU through oneDNN rather than MKL, on the CPUs and products where that is faster.
+"""Float32 linear layers on the CPU through oneDNN rather than MKL, an opt-in for speed.
 
-How much oneDNN gains depends on the CPU and the product: about 2x for ViT-B's linears on a Zen 5 (where MKL
-does not use AVX-512), nothing at 2 threads and a loss at 1 thread on a Zen 3 (docs/performance.md, "oneDNN
-linears" and "Linears decided on the machine"). So, like cuDNN's benchmark mode, the choice is made on the
-machine: the first time a product of a new kind runs (rows up to MEASURE_ROWS, in and out features, bias, torch
-threads), both libraries run it a few times in turn, and the faster one (oneDNN only when it is clearly faster:
-ONEDNN_MARGIN) takes every later product of that kind in this process. Both are IEEE float32 (no TF32 or bf16
-inside) and sum in different orders, so results differ within float32 tolerance, as they do between devices
-(docs/spec/interface.md, "Devices"). $VIT_LENS_ONEDNN_LINEAR = auto (the measurement, default), on (oneDNN for
-every product) or off (MKL for every product): a test suite or a comparison across processes pins it.
+Off by default: the two libraries are both IEEE float32 (no TF32 or bf16 inside) but sum in different orders, so
+results move within float32 tolerance, and a choice made by timing could differ from one process to the next
+(docs/spec/analyses.md, "Reproducibility"). Opted in, how much oneDNN gains depends on the CPU and the product:
+about 2x for ViT-B's linears on a Zen 5 (where MKL does not use AVX-512), a loss at 1 thread on a Zen 3
+(docs/performance.md, "Linears on MKL, oneDNN opt-in"). $VIT_LENS_ONEDNN_LINEAR = off (MKL for every product, the
+default), on (oneDNN for every product) or auto: like cuDNN's benchmark mode, the first time a product of a new
+kind runs (rows up to MEASURE_ROWS, in and out features, bias, torch threads), both libraries run it a few times
+in turn, and the faster one (oneDNN only when it is clearly faster: ONEDNN_MARGIN) takes every later product of
+that kind in this process.
 
 `linears_on_onednn(device)`, which every pass of ViT Lens enters through `devices.full_float32`, routes the
 linears of the calling thread's forward passes (a TorchFunctionMode is per thread) through
@@ -76,10 +76,9 @@ def onednn_linear() -> Linear | None:
 
 # oneDNN takes a kind of product only where its fastest time is at least 5 % below MKL's: within that, the two
 # are a wash on the machines measured, and MKL (torch's own) is kept. The fastest round of each, not the median: a
-# busy neighbour only adds time, and on a server starting beside other work two of three MKL rounds once came out at
-# 14 ms against 8-9 ms, which put a slower oneDNN on ViT-B/16's qkv product (docs/performance.md, "The class load
-# test on the Zen 3"). A kind with more rows (a batch of inputs) is judged at MEASURE_ROWS rows, where both
-# libraries run at their full speed; fewer rows are judged as they come.
+# busy neighbour only adds time, so slow rounds of one library beside other work can put the slower one on a product
+# (docs/performance.md, "Linears on MKL, oneDNN opt-in"). A kind with more rows (a batch of inputs) is judged at
+# MEASURE_ROWS rows, where both libraries run at their full speed; fewer rows are judged as they come.
 ONEDNN_MARGIN = 0.05
 MEASURE_ROWS = 1024
 MEASURE_ROUNDS = 5  # rounds of one MKL and one oneDNN product each, after one of each untimed
