@@ -39,7 +39,7 @@ def prepare_process() -> None:
     start calls it before Streamlit starts; `streamlit run dashboard/app.py` gets it from the app's first run."""
     _import_shared_modules()
     _configure_forwards()
-    from dashboard.server import streamlit_internals  # Streamlit itself: not before the server's start needs it
+    from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
 
     streamlit_internals.shelve_made_downloads()
 
@@ -53,7 +53,7 @@ def _import_shared_modules() -> None:
     import pandas  # noqa: F401
 
 
-def _configure_forwards() -> int:
+def _configure_forwards() -> None:
     """Size torch's thread pool from the container's CPU quota, once (the pool is process-wide), let as many
     sessions' forward passes run at once, each on its share of the threads (vit_core.serving.configure_parallel_passes),
     run the capture forward traced where it can, and hand the GIL over more often than Python's 5 ms: every 0.5 ms
@@ -63,7 +63,6 @@ def _configure_forwards() -> int:
     configure_parallel_passes(threads)
     traced = configure_traced_forward()
     configure_switch_interval(TRACED_SERVER_SWITCH_INTERVAL if traced else SERVER_SWITCH_INTERVAL)
-    return threads
 
 
 @contextlib.contextmanager
