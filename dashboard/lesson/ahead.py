@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from vit_core.serving import FORWARD_LANE_NICENESS, lower_this_threads_priority
+from dashboard.server import process
 
 AHEAD_THREAD = "vit-lens-lesson-ahead"
 
@@ -24,10 +24,7 @@ _pending: dict[Hashable, concurrent.futures.Future] = {}  # key -> its job, unti
 
 @functools.cache
 def _worker() -> concurrent.futures.ThreadPoolExecutor:
-    # Below the pages (at the forward lanes' priority): making ahead must not slow anybody's page of now.
-    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=AHEAD_THREAD,
-                                                 initializer=lower_this_threads_priority,
-                                                 initargs=(FORWARD_LANE_NICENESS,))
+    return process.low_priority_worker(AHEAD_THREAD)  # making ahead must not slow anybody's page of now
 
 
 def _forget(key: Hashable, job: concurrent.futures.Future) -> None:

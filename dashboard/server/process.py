@@ -1,6 +1,6 @@
 """The server wing's one door: `prepare_process` sets the process up for serving, once; `serving` wraps a script run
 in it; `new_image_turn` schedules a run that made a new capture below the others; `low_priority` makes a download
-below the pages.
+below the pages, `low_priority_worker` work made ahead of need.
 
 No Streamlit imported here at import time: `dashboard.serve` calls `prepare_process` before Streamlit starts, the app
 script `serving` on every run (the preparation happens once). How long Streamlit keeps a made download is
@@ -163,3 +163,11 @@ def low_priority(make: Callable[[], T]) -> Callable[[], T]:
         return _download_lanes().submit(contextvars.copy_context().run, make).result()
 
     return on_a_download_lane
+
+
+def low_priority_worker(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """One worker thread, named `name`, below the pages (at the forward lanes' priority): for work made ahead of need,
+    such as the lesson's next step, which nobody is waiting for yet."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
+                                                 initializer=lower_this_threads_priority,
+                                                 initargs=(FORWARD_LANE_NICENESS,))
