@@ -103,7 +103,6 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
         whole_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     device, argv = launch.prepare_launch(argv, whole_process)  # before numpy is imported: see the module's docstring
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
     from dashboard.server import process

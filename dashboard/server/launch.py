@@ -1,5 +1,6 @@
 """The server process's first steps, before anything heavy is imported: numpy's BLAS threads, the settings checked,
-a restart with transparent huge pages where asked for, and the `--device` option taken into the environment.
+a restart with transparent huge pages where asked for, the `--device` option taken into the environment, and the
+log's format.
 
 Light on purpose (`vit_core.settings` and `vit_core.runtime` import no torch, no numpy): the restart must come before
 torch is imported, and numpy's BLAS reads its thread count when it loads (docs/performance.md, "One BLAS thread").
@@ -8,6 +9,7 @@ What the process needs once torch is there is `dashboard.server.process`'s.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -24,7 +26,8 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     """Before numpy and torch are imported: one BLAS thread unless the environment says otherwise, every
     `VIT_LENS_*` setting checked (a bad one stops the server with one line, exit status 1), the process started
     again with huge pages where they are asked for and `whole_process` says it may replace itself, and a
-    `--device D` option set as $VIT_LENS_DEVICE (read by dashboard.models.server_device in this process).
+    `--device D` option set as $VIT_LENS_DEVICE (read by dashboard.models.server_device in this process), and the
+    log's format set.
     Returns (the device option's value, None if not given; the other arguments, for `streamlit run`)."""
     one_blas_thread()
     try:
@@ -36,6 +39,7 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     device, argv = split_device_option(argv)
     if device is not None:
         os.environ[settings.DEVICE.name] = device
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return device, argv
 
 
