@@ -283,7 +283,7 @@ def test_the_steps_tool_takes_one_session_through_the_load_tests_steps_and_count
                       **dict.fromkeys(steps.CACHED_KINDS, 2)}
     assert sum(sum(c.server.values()) for c in report["costs"].values()) > 0  # the server's CPU, read from /proc
     assert any(line.startswith("one image as the load test sends it") for line in report["lines"])
-    assert any(line.startswith("issue 31's goals in the load test's storm") for line in report["lines"])
+    assert any(line.startswith("the load test's goals in its storm") for line in report["lines"])
 
 
 def test_a_session_result_leaves_its_downloads_out_of_its_repr():

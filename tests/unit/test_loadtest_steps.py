@@ -40,7 +40,8 @@ def test_one_image_is_every_step_but_the_first_page_load_shared_over_the_session
     assert ("besides its forward (600 ms of CPU alone), the server 300 ms and the client 50 ms: 0.70 x t = 500 ms,"
             " the server's alone 0.60 x") in image
     assert not any(line.startswith("the same steps with every figure cached") for line in lines)  # none measured
-    table = {line.split("  ")[0].strip(): line for line in lines[2:] if not line.startswith(("one image", "issue 31"))}
+    table = {line.split("  ")[0].strip(): line for line in lines[2:]
+             if not line.startswith(("one image", "the load test's goals"))}
     assert set(table) == {"first page load", "new image", "Attention tab", "control change", "download"}
     assert table["control change"].split()[2] == "8"  # the count column, then the forward's 0.0 ms
     assert float(table["control change"].split()[-3]) == pytest.approx(20.0)  # server* a step: (0.12 + 0.04) / 8

@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument("--downloads-in-memory-mb", type=float, default=4096,
                         help="hold the sessions' downloads in memory up to this much, the rest on disk (MiB)")
     parser.add_argument("--attacker", action="store_true",
-                        help="one of the sessions sends issue 28's hostile files in a loop instead of photos "
+                        help="one of the sessions sends hostile files (tools/hostile) in a loop instead of photos "
                              "(tools/loadtest/attacker.py); runs twice, without and with it, and reports the others' "
                              f"medians' ratio (target: at most {ATTACK_TARGET}x)")
     parser.add_argument("--attack-pause", type=float, default=1.0,

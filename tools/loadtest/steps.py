@@ -175,9 +175,10 @@ def report_lines(costs: dict[str, StepCost], sessions: int, images: int, capture
                      f" a download), server and client: {floor_s * ms:.0f} ms, {floor_s / capture_s:.2f} x t")
     needed, allowed = budget_per_image(capture_s, cores)
     if needed is None:
-        lines.append("issue 31's goals: no share of this machine would bring a first-come-first-served server within them")
+        lines.append("the load test's goals: no share of this machine would bring a first-come-first-served server within "
+                     "them")
     else:
-        lines.append(f"issue 31's goals in the load test's storm ({LOAD_TEST['sessions']} sessions of {LOAD_TEST['images']}"
+        lines.append(f"the load test's goals in its storm ({LOAD_TEST['sessions']} sessions of {LOAD_TEST['images']}"
                      f" images, {LOAD_TEST['stagger_s']} s apart, {cores} cores) need the forwards to get {needed:.0%} of"
                      f" the machine: all other work within {allowed:.2f} x the forwards' CPU, {allowed:.2f} x t an image")
     return lines
