@@ -16,6 +16,7 @@ import binascii
 import importlib.metadata
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -67,6 +68,15 @@ def thickness_note(model_name: str, top_labels: Sequence[str]) -> str | None:
     return RING_OR_CIRCLE
 
 
+@dataclass(frozen=True)
+class MalformedCanvas:
+    """A canvas value not of the package's shape ({"drawing": {"raw": {...}, "data": "data:..."}, "backgroundFit":
+    {...} or None}): `draw_ui` hands it back instead of a drawing, and `canvas_png` refuses it with `reason`."""
+
+    reason: str = ("The canvas sent a value of the wrong shape, so it was not opened and the canvas starts again "
+                   "empty.")
+
+
 def has_strokes(json_data: dict | None) -> bool:
     """Whether the canvas's Fabric.js JSON holds anything drawn (a cleared or fresh canvas holds no objects)."""
     return bool(json_data and json_data.get("objects"))
@@ -78,6 +88,8 @@ def canvas_png(data_url: str) -> bytes:
     Raises ImageError (one sentence for the student) unless it is a base64 `data:image/png` URL of at most
     MAX_CANVAS_BYTES whose bytes start with PNG's signature and an IHDR of CANVAS_PX x CANVAS_PX pixels.
     Pillow is not involved: the caller decodes what passes as an uploaded file (caches.decode)."""
+    if isinstance(data_url, MalformedCanvas):
+        raise ImageError(data_url.reason)
     if not isinstance(data_url, str) or not data_url.startswith(PNG_DATA_URL):
         raise ImageError("The drawing did not arrive as a PNG image, so it was not opened.")
     if len(data_url) > _MAX_URL_CHARS:
@@ -113,9 +125,11 @@ def _data_url(result: Any) -> str | None:
     return result._image_data_url
 
 
-def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple = ()) -> str | None:
+def draw_ui(key: str, on_change: Callable[..., None] | None = None,
+            args: tuple = ()) -> str | MalformedCanvas | None:
     """The canvas with its controls; the drawing as the browser sent it (a data URL, unchecked: see
-    `canvas_png`), or None while nothing is drawn.
+    `canvas_png`), or None while nothing is drawn. A value of the wrong shape: MalformedCanvas, and a fresh, empty
+    canvas in its place.
 
     `on_change(*args)` runs when the student finishes a stroke (like a file uploader's on_change), so the
     caller can make the drawing the image the dashboard shows."""
@@ -131,12 +145,41 @@ def draw_ui(key: str, on_change: Callable[..., None] | None = None, args: tuple 
     st.space("small")
     # background_color paints the paper into the PNG the browser sends; a transparent pixel would still be
     # composited on white by the decoder (vit_core.images.to_rgb).
-    result = st_canvas(stroke_width=stroke, stroke_color=ink, background_color=PAPER, width=CANVAS_PX,
-                       height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
-                       key=f"{key}_canvas_{session.canvas_generation(key)}",
-                       on_change=(lambda: on_change(*args)) if on_change is not None else None)
+    def canvas() -> tuple[dict | None, object]:
+        result = st_canvas(stroke_width=stroke, stroke_color=ink, background_color=PAPER, width=CANVAS_PX,
+                           height=CANVAS_PX, drawing_mode="freedraw", return_image_data=True,
+                           key=f"{key}_canvas_{session.canvas_generation(key)}",
+                           on_change=(lambda: on_change(*args)) if on_change is not None else None)
+        return result.json_data, _data_url(result)
+
+    slot = st.empty()  # where a fresh canvas replaces one whose value was refused, in the same run
+    with slot:
+        value = _well_formed(canvas)
+    if value is None:
+        # The component keeps its value per key and sends it again on every rerun (after Draw is switched off and on
+        # too): a new key is a fresh, empty canvas, so the refusal is said once and the session draws on.
+        session.clear_canvas(key)
+        with slot:
+            _well_formed(canvas)
     # No tooltip on Clear: it would float over the canvas's bottom edge and swallow the next stroke.
     st.button("Clear", key=f"{key}_clear", on_click=session.clear_canvas, args=(key,), icon=":material/ink_eraser:")
-    if not has_strokes(result.json_data):
+    if value is None:
+        return MalformedCanvas()
+    json_data, url = value
+    return url if has_strokes(json_data) else None
+
+
+def _well_formed(canvas: Callable[[], tuple[object, object]]) -> tuple[dict | None, object] | None:
+    """The canvas's Fabric.js JSON and data URL, or None when the value the browser sent is not of the package's
+    shape. A student's script can send any JSON as the component's value; `st_canvas` reads it with `.get` and `[]`
+    (a `drawing` that is a string, a `backgroundFit` of `{}`: AttributeError, KeyError, TypeError), and the
+    drawing's JSON must be a dict of objects. The URL itself is `canvas_png`'s to check."""
+    try:
+        json_data, url = canvas()
+    except (AttributeError, KeyError, TypeError):
         return None
-    return _data_url(result)
+    if json_data is not None and not (isinstance(json_data, dict) and isinstance(json_data.get("objects", []), list)):
+        return None
+    if url is not None and not isinstance(url, str):
+        return None
+    return json_data, url

@@ -45,6 +45,8 @@ def image_and_source_ui(model_name: str, canvas_area=None) -> tuple[ImageChoice,
             drawing = draw.draw_ui(session.K_DRAW, on_change=session.set_image_source, args=("draw",))
 
     source = session.image_source()
+    if isinstance(drawing, draw.MalformedCanvas):
+        source = "draw"  # the canvas sent a value, whatever its shape: refused below, in this run only
     from_canvas = source == "draw" and drawing is not None
     shown_example = None
     if source == "upload" and upload is not None:

@@ -19,10 +19,11 @@ from PIL import Image
 
 from conftest import assert_healthy, run_app
 from dashboard import caches, draw, session
-from tools.hostile.canvas import canvas_drawing, data_url, hostile_canvas_values
+from tools.hostile.canvas import canvas_drawing, data_url, hostile_canvas_values, malformed_canvas_values
 from vit_core import ImageError
 
 HOSTILE = hostile_canvas_values()
+MALFORMED = malformed_canvas_values()
 
 
 @pytest.fixture
@@ -156,3 +157,61 @@ def test_the_canvas_sits_beside_the_drawings_result_and_clear_says_the_example_i
     assert_healthy(at)
     assert any("canvas is empty" in i.value and "the example" in i.value for i in at.main.info), [i.value for i in at.info]
     assert any("(example)" in m.value and m.value.startswith("Model **") for m in at.markdown)
+
+
+class FakeComponent:
+    """The canvas component's `out` as the frontend's stored value reaches the package's `st_canvas`: `values` maps a
+    widget key to the whole value the browser sent (no entry: the component's default, a fresh canvas)."""
+
+    def __init__(self):
+        self.values: dict[str, object] = {}
+        self.keys: list[str] = []  # every key the page asked for, in order
+        self._told: dict[str, object] = {}
+
+    def __call__(self, *, key, default, on_drawing_change, **kwargs):
+        self.keys.append(key)
+        value = self.values.get(key, default)
+        if key in self.values and self._told.get(key) is not value:
+            on_drawing_change()  # as when the browser sends a new value
+        self._told[key] = value
+        return value
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_canvas_value_of_the_wrong_shape_is_refused_once_and_the_canvas_starts_afresh(case, tiny_env, monkeypatch):
+    at = run_app(view="Attention")
+    at.toggle(key=session.K_DRAW_ON).set_value(True).run()  # imports the package
+    assert_healthy(at)
+    component = FakeComponent()
+    monkeypatch.setattr(sys.modules["streamlit_drawable_canvas"], "out", component)
+    at.run()
+    component.values[component.keys[-1]] = {"drawing": {"raw": {"objects": [{"type": "path"}]},
+                                                        "data": data_url(canvas_drawing())}, "backgroundFit": None}
+    at.run()
+    assert_healthy(at)
+    assert not at.error and any("drawing.png" in m.value for m in at.markdown)
+    drawing_shown = shown_images(at)
+
+    refused_key = component.keys[-1]
+    component.values[refused_key] = MALFORMED[case]
+    at.run()
+    assert_healthy(at)
+    errors = [e.value for e in at.main.error]
+    assert len(errors) == 1 and errors[0].startswith("drawing.png: "), errors
+    assert re.fullmatch(r"[^.]*\.", errors[0].removeprefix("drawing.png: ")), errors  # one sentence
+    assert shown_images(at) == drawing_shown  # the previous image stays
+    assert component.keys[-1] != refused_key  # a fresh canvas took the refused one's place in the same run
+
+    at.run()  # the next rerun: the fresh canvas, nothing refused again
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    at.toggle(key=session.K_DRAW_ON).set_value(False).run()
+    assert_healthy(at)
+    at.toggle(key=session.K_DRAW_ON).set_value(True).run()
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    component.values[component.keys[-1]] = {"drawing": {"raw": {"objects": [{"type": "path"}]},
+                                                        "data": data_url(canvas_drawing(seed=3))}, "backgroundFit": None}
+    at.run()  # and the next drawing is shown
+    assert_healthy(at)
+    assert not at.error and shown_images(at) != drawing_shown

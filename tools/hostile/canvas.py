@@ -67,3 +67,20 @@ def hostile_canvas_values() -> dict[str, str]:
         "png_twice_the_canvas": data_url(png_header_only(464, 464)),
         "not_base64": CANVAS_DATA_URL + "%%%%",
     }
+
+
+def malformed_canvas_values() -> dict[str, dict]:
+    """id -> a whole component value (what the frontend stores per canvas) not of the package's shape
+    ({"drawing": {"raw": {...}, "data": "data:..."}, "backgroundFit": {...} or None}): `st_canvas` reads it with
+    `.get` and `[]`, so each raised AttributeError, KeyError or TypeError on every rerun until it was refused."""
+    url = data_url(canvas_drawing())
+    raw = {"objects": [{"type": "path"}]}
+    return {
+        "drawing_string": {"drawing": "a drawing", "backgroundFit": None},
+        "drawing_list": {"drawing": [raw, url], "backgroundFit": None},
+        "raw_list": {"drawing": {"raw": [{"type": "path"}], "data": url}, "backgroundFit": None},
+        "objects_string": {"drawing": {"raw": {"objects": "path"}, "data": url}, "backgroundFit": None},
+        "data_dict": {"drawing": {"raw": raw, "data": {"url": url}}, "backgroundFit": None},
+        "background_fit_empty": {"drawing": {"raw": raw, "data": url}, "backgroundFit": {}},
+        "background_fit_list": {"drawing": {"raw": raw, "data": url}, "backgroundFit": [1, 2]},
+    }
