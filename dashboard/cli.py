@@ -14,9 +14,6 @@ before numpy is imported (see dashboard.serve).
 
 from __future__ import annotations
 
-import atexit
-import logging
-import os
 import sys
 
 from vit_core.runtime import one_blas_thread  # a light module: no torch, no numpy
@@ -36,18 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         if not whole_process:
             serve.main(argv[1:], whole_process=False)
             return 0
-        status: list[int] = []  # the server's exit status, once it has stopped
-        atexit.register(_end_quietly, status)  # before the server imports anything: it runs after their handlers
-        try:
-            serve.main(argv[1:], whole_process=True)
-        except SystemExit as stop:  # how the server returns (Streamlit's own stop on Ctrl-C or SIGTERM included)
-            status.append(stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1)
-            raise
-        except KeyboardInterrupt:  # Ctrl-C before Streamlit's server has started (it takes Ctrl-C itself after)
-            print("vit-lens dashboard: interrupted", file=sys.stderr)
-            status.append(130)
-            return 130
-        return 0
+        return serve.run_as_process(argv[1:])
 
     from vit_core import __main__ as core_cli
 
@@ -55,23 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(DASHBOARD, add_help=False, help="start the dashboard; --device D picks the models' device, other "
                         "options go to `streamlit run` (e.g. --server.port 8502); the server settings come with the package")
     return core_cli.run(parser.parse_args(argv))
-
-
-def _end_quietly(status: list[int]) -> None:
-    """The dashboard process's last exit handler: once the server has stopped, its threads are joined and the other
-    exit handlers have run, the process ends with the server's status before the interpreter tears its modules down.
-    That teardown has nothing of ours to write; it is where triton's nanobind bindings (imported with timm, through
-    torch) list the objects still alive, some thirty lines of "nanobind: leaked ..." on every stop. After anything
-    other than the server's own exit (an uncaught exception: status unknown) the interpreter ends as usual."""
-    if not status:
-        return
-    logging.shutdown()  # registered before this handler, so it would run after it: flushed here instead
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken stream: nothing more can reach it
-            pass
-    os._exit(status[0])
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ through `vit_core.settings`, which imports nothing heavy, so the restart happens
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -125,5 +127,39 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
         server_stopped.set()
 
 
+def run_as_process(argv: list[str]) -> int:
+    """The server as all this process is for (`vit-lens dashboard`, `python -m dashboard.serve`, the huge-pages
+    restart): its exit status, the one-line message of a refused start, and a quiet end (`_end_quietly`)."""
+    status: list[int] = []  # the server's exit status, once it has stopped
+    atexit.register(_end_quietly, status)  # before the server imports anything: it runs after their handlers
+    try:
+        main(argv, whole_process=True)
+    except SystemExit as stop:  # how the server returns (Streamlit's own stop on Ctrl-C or SIGTERM included)
+        status.append(stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1)
+        raise
+    except KeyboardInterrupt:  # Ctrl-C before Streamlit's server has started (it takes Ctrl-C itself after)
+        print("vit-lens dashboard: interrupted", file=sys.stderr)
+        status.append(130)
+        return 130
+    return 0
+
+
+def _end_quietly(status: list[int]) -> None:
+    """The server process's last exit handler: once the server has stopped, its threads are joined and the other
+    exit handlers have run, the process ends with the server's status before the interpreter tears its modules down.
+    That teardown has nothing of ours to write; it is where triton's nanobind bindings (imported with timm, through
+    torch) list the objects still alive, some thirty lines of "nanobind: leaked ..." on every stop. After anything
+    other than the server's own exit (an uncaught exception: status unknown) the interpreter ends as usual."""
+    if not status:
+        return
+    logging.shutdown()  # registered before this handler, so it would run after it: flushed here instead
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can reach it
+            pass
+    os._exit(status[0])
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_as_process(sys.argv[1:]))
