@@ -155,27 +155,40 @@ _ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")  # signature, size, versions, disks, e
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # ..., name length, extra length: 30 bytes before the name
 
 
-def declared_directory(data: bytes) -> tuple[int, int] | None:
-    """(entries, directory bytes) as the zip's end-of-central-directory record declares them, the zip64 record's
-    where the classic one points at it; read as zipfile finds the record (the last one, within the final 64 KiB
-    comment), before zipfile parses anything. None without such a record (zipfile then refuses the file)."""
-    at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF))
-    if at < 0 or len(data) - at < _EOCD.size:
-        return None
-    _, _, _, here, entries, size, offset, _ = _EOCD.unpack_from(data, at)
+def declared_directory(zip_name: str, data: bytes) -> tuple[int, int] | None:
+    """(entries, directory bytes) of the directory CPython's zipfile will read, from the end records it reads,
+    found as it finds them, before it parses anything; None without an end record (zipfile then refuses the file).
+
+    zipfile takes the file's last 22 bytes as the end record when they start with its signature and declare no
+    comment, else the last signature within the final 64 KiB (and 22 bytes); where a zip64 locator stands just
+    before that record it reads the zip64 record just before the locator, whatever offset the locator gives. A zip
+    on which other readers would see another directory than zipfile's (a locator pointing elsewhere, the
+    signature again inside the end record) is a trick to hide its directory: SetError."""
+    at = len(data) - _EOCD.size
+    if not (at >= 0 and data[at:at + 4] == b"PK\x05\x06" and data[-2:] == b"\0\0"):
+        window = max(0, len(data) - _EOCD.size - 0x10000)
+        at = data.rfind(b"PK\x05\x06", window)
+        if at < 0 or len(data) - at < _EOCD.size:
+            return None
+    elif data.find(b"PK\x05\x06", at + 1) >= 0:
+        raise SetError(f"{zip_name} hides its end record's signature inside that record, so it is refused.")
+    _, _, _, here, entries, size, _, _ = _EOCD.unpack_from(data, at)
     locator = at - _ZIP64_LOCATOR.size
-    if locator >= 0 and data[locator:locator + 4] == b"PK\x06\x07":
-        record = _ZIP64_LOCATOR.unpack_from(data, locator)[2]
-        if 0 <= record <= len(data) - _ZIP64_EOCD.size and data[record:record + 4] == b"PK\x06\x06":
-            fields = _ZIP64_EOCD.unpack_from(data, record)  # zipfile then reads these, not the classic record's
-            return max(fields[6], fields[7]), fields[8]
-    return max(entries, here), size
+    if locator < 0 or data[locator:locator + 4] != b"PK\x06\x07":
+        return max(entries, here), size
+    record = locator - _ZIP64_EOCD.size  # where zipfile reads it: it assumes no zip64 extensible data
+    if record < 0 or data[record:record + 4] != b"PK\x06\x06":
+        return max(entries, here), size  # zipfile then keeps the classic record's values
+    if _ZIP64_LOCATOR.unpack_from(data, locator)[2] != record:
+        raise SetError(f"{zip_name} has a zip64 locator that points away from its zip64 end record, so it is refused.")
+    fields = _ZIP64_EOCD.unpack_from(data, record)
+    return max(fields[6], fields[7]), fields[8]
 
 
 def check_zip_directory(zip_name: str, data: bytes) -> None:
     """Refuse a zip whose end record declares more entries, or a larger directory, than a set may have: in
     microseconds, where zipfile would parse a directory of 500,000 entries for seconds and hundreds of MB."""
-    declared = declared_directory(data)
+    declared = declared_directory(zip_name, data)
     if declared is None:
         return  # not a zip: zipfile says so
     entries, size = declared
@@ -219,11 +232,14 @@ def _without_common_root(paths: Sequence[str]) -> list[PurePosixPath]:
     return [PurePosixPath(*p) for p in parts]
 
 
-def zip_labels(loaded: LoadedModel, paths: Sequence[str]) -> list[int | None] | None:
+def zip_labels(loaded: LoadedModel, paths: Sequence[str], zip_name: str = "This zip") -> list[int | None] | None:
     """Labels from the first-level folders of paths inside a zip, named as the CLI's class folders are
     (a class index, a label name, an ImageNet synset id): `vit_core.dataset.folder_labels` on those paths."""
     root = Path("/zip")  # folder_labels reads only the paths' parts below the root, never the disk
-    return dataset.folder_labels(loaded, root, [root / p for p in _without_common_root(paths)])
+    try:
+        return dataset.folder_labels(loaded, root, [root / p for p in _without_common_root(paths)])
+    except ValueError as e:  # a folder name the rules misread (int() refuses '²', 5,000 digits): a sentence, no trace
+        raise SetError(f"{zip_name} has a class folder whose name can't be read as a class, so it is refused.") from e
 
 
 def uploaded_set(loaded: LoadedModel, files: Sequence[tuple[str, bytes]]) -> ImageSet:
@@ -242,7 +258,7 @@ def uploaded_set(loaded: LoadedModel, files: Sequence[tuple[str, bytes]]) -> Ima
     for name, data in files:  # each zip checked against what the set holds already, before it is unpacked
         if name.lower().endswith(".zip"):
             members, not_images = zip_members(name, data, len(sources), sum(len(d) for _, d in sources))
-            member_labels = zip_labels(loaded, [m for m, _ in members]) if members else None
+            member_labels = zip_labels(loaded, [m for m, _ in members], name) if members else None
             sources += [(f"{name}/{m}", content) for m, content in members]
             labels += member_labels or [None] * len(members)
             skipped += [f"{name}/{m}" for m in not_images]

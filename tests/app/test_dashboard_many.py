@@ -224,6 +224,42 @@ def test_a_refused_set_says_why_in_one_sentence_and_keeps_the_previous_result(ti
     assert len(at.get("download_button")) == 4 and len(at.get("image")) == 1
 
 
+@pytest.mark.parametrize("folder", ["\u00b2", "7" * 5_000])
+def test_class_folders_named_by_digits_int_refuses_say_no_value_error(tiny_env, runtime, folder):
+    """`str.isdigit()` accepts '²' and 5,000 digits, `int()` refuses them: such a folder names no class (the run goes
+    on, its images unlabelled), or the zip is refused in one sentence; never a ValueError on the page."""
+    at = run_clicked(upload(open_page(runtime), ("digits.zip", zipped({f"{folder}/a.png": png(0), "0/b.png": png(1)}))))
+    shown = [e.value for e in at.error] + [w.value for w in at.warning] + [m.value for m in at.markdown]
+    assert not any("ValueError" in text or "int()" in text for text in shown)
+    errors = [as_written(e.value) for e in at.error]
+    if errors:
+        assert len(errors) == 1 and errors[0].startswith("digits.zip ") and one_sentence(errors[0]), errors
+    else:
+        assert successes(at)[0].startswith("2 images analysed")
+        assert next(m for m in at.metric if m.label.startswith("Top-1 accuracy")).label == (
+            "Top-1 accuracy over 1 labelled images")
+
+
+def test_a_folder_name_the_label_rules_choke_on_refuses_the_zip_in_one_sentence(tiny_model, monkeypatch):
+    def choke(*args):
+        raise ValueError("invalid literal for int() with base 10: '\u00b2'")
+
+    monkeypatch.setattr(dataset, "folder_labels", choke)
+    with pytest.raises(SetError) as refused:
+        uploaded_set(tiny_model, [("digits.zip", zipped({"\u00b2/a.png": png(0)}))])
+    assert str(refused.value) == "digits.zip has a class folder whose name can't be read as a class, so it is refused."
+
+
+@pytest.mark.parametrize("make", [hostile.zip_with_decoy_zip64_record, hostile.zip_with_signature_in_end_record])
+def test_a_zip_hiding_its_directory_is_refused_on_the_page_in_one_sentence(tiny_env, runtime, make):
+    at = run_clicked(upload(open_page(runtime), ("good.png", png(0))))
+    before = successes(at)
+    run_clicked(upload(at, ("hidden.zip", make(2_000))))
+    errors = [as_written(e.value) for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("hidden.zip ") and one_sentence(errors[0]), errors
+    assert successes(at) == before
+
+
 @pytest.mark.skipif(not teaching_model_available(), reason="the bundled Shapes ViT's weights are not here")
 def test_the_shapes_vit_on_a_shapes_batch_shows_accuracy_and_the_logit_lens(monkeypatch, runtime):
     monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)

@@ -1,6 +1,6 @@
 """Hostile weights headers, label files and zips, generated at test time: each small on disk, each
-costly to a parser that trusts it. Used by tests/unit/test_hostile_inputs.py, test_cli.py and
-tests/app/test_dashboard_many.py, and by tools/benchmarks/hostile_uploads.py (docs/performance/2026-11-25.md,
+costly to a parser that trusts it. Used by tests/unit/test_hostile_inputs.py, test_cli.py,
+tests/unit/test_zip_check.py and tests/app/test_dashboard_many.py, and by tools/benchmarks/hostile_uploads.py (docs/performance/2026-11-25.md,
 "Hostile uploads").
 """
 
@@ -88,9 +88,8 @@ def zip_claiming_entries(entries: int) -> bytes:
                                                 0xFFFFFFFF, 0xFFFFFFFF, 0)
 
 
-def zip_of_many_entries(entries: int) -> bytes:
-    """A real zip of `entries` empty stored members (names of a few characters): 500,000 are about 40 MB, what
-    zipfile takes seconds and hundreds of MB to parse unless the count is refused first."""
+def _empty_members(entries: int) -> tuple[bytes, bytes]:
+    """The local headers and the central directory of `entries` empty stored members (names of a few characters)."""
     local, central = io.BytesIO(), io.BytesIO()
     crc = zlib.crc32(b"")
     for i in range(entries):
@@ -99,7 +98,13 @@ def zip_of_many_entries(entries: int) -> bytes:
         local.write(struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0) + name)
         central.write(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0, 0, 0,
                                   0, 0, offset) + name)
-    body, directory = local.getvalue(), central.getvalue()
+    return local.getvalue(), central.getvalue()
+
+
+def zip_of_many_entries(entries: int) -> bytes:
+    """A real zip of `entries` empty stored members (names of a few characters): 500,000 are about 40 MB, what
+    zipfile takes seconds and hundreds of MB to parse unless the count is refused first."""
+    body, directory = _empty_members(entries)
     if entries <= 0xFFFF:
         return body + directory + _eocd(entries, len(directory), len(body))
     record = len(body) + len(directory)
@@ -132,3 +137,26 @@ def zip_with_overlap(names: list[str], data: bytes) -> bytes:
     fixed, rest = entry[:46], entry[46 + name_length:]
     directory = b"".join(fixed[:28] + struct.pack("<H", len(n.encode())) + fixed[30:] + n.encode() + rest for n in names)
     return real[:at] + directory + _eocd(len(names), len(directory), at)
+
+
+def zip_with_decoy_zip64_record(entries: int) -> bytes:
+    """A real zip of `entries` empty members whose zip64 locator points at a decoy zip64 end record (one entry, a
+    directory of 49 bytes) put before the directory, while the zip64 record just before the locator declares them all.
+    CPython's zipfile ignores the locator's offset and reads the record before it, so a check that follows the
+    locator sees one entry while zipfile parses all `entries`."""
+    body, directory = _empty_members(entries)
+    decoy = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, 49, len(body))
+    real = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, len(directory),
+                       len(body) + len(decoy))
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body), 1)  # points at the decoy
+    return body + decoy + directory + real + locator + _eocd(0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def zip_with_signature_in_end_record(entries: int) -> bytes:
+    """A real zip of `entries` (at most 65,535) empty members whose end record's two disk numbers read `PK\\x05\\x06`
+    (0x4B50 and 0x0605): zipfile takes the record at the file's last 22 bytes as it is (it has no comment) and
+    checks no disk number there, while a check that looks for the record's signature from the end finds the one
+    inside it, 18 bytes from the end, too short to be a record: it saw no record and let zipfile parse them all."""
+    body, directory = _empty_members(entries)
+    return body + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0x4B50, 0x0605, entries, entries,
+                                          len(directory), len(body), 0)
