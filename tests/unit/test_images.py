@@ -189,6 +189,55 @@ def test_exif_rotated_jpeg_is_turned_upright():
     assert any("EXIF" in note for note in decoded.notes)
 
 
+@pytest.mark.parametrize("orientation", [0, 9, 300])
+def test_an_exif_orientation_outside_1_to_8_is_ignored_without_a_note(orientation):
+    """1 is upright and 2-8 the turns and flips; other values name none, so nothing is turned and nothing said."""
+    im = np.zeros((20, 40, 3), dtype=np.uint8)
+    im[:, :20] = (255, 0, 0)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    decoded = decode_here(encoded(Image.fromarray(im), "JPEG", exif=exif, quality=95))
+    assert decoded.image.size == (40, 20)
+    assert not any("EXIF" in note or "Rotated" in note for note in decoded.notes), decoded.notes
+
+
+def float_tiff(values: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(values.astype(np.float32), mode="F").save(buffer, format="TIFF")
+    return buffer.getvalue()
+
+
+GRADIENT = np.tile(np.linspace(0.0, 1.0, 64), (64, 1))  # (64, 64): black on the left, white on the right
+
+
+@pytest.mark.parametrize("odd,shown", [(np.nan, 0), (np.inf, 255), (-np.inf, 0), (3e38, 255), (-3e38, 0)])
+def test_a_float_tiff_is_scaled_by_its_finite_values_and_one_extreme_pixel_flattens_nothing(odd, shown):
+    """One NaN or inf pixel made the whole image black, one 3e38 pixel its gradient one grey: now the finite values
+    set the range (its 0.1 % extremes clipped), NaN and -inf are black, +inf white."""
+    values = GRADIENT.copy()
+    values[0, 0] = odd
+    decoded = decode_here(float_tiff(values))
+    gray = np.asarray(decoded.image)[..., 0].astype(int)  # (64, 64)
+    assert gray[0, 0] == shown
+    expected = np.round(GRADIENT[1:] * 255)  # the rows without the odd pixel: the plain gradient
+    assert np.abs(gray[1:] - expected).max() <= 1
+    assert gray[1:, 0].max() == 0 and gray[1:, -1].min() == 255
+
+
+def test_a_float_tiff_of_no_finite_value_is_black_and_a_flat_one_stays_flat():
+    assert np.asarray(decode_here(float_tiff(np.full((8, 8), np.nan))).image).max() == 0
+    flat = np.full((8, 8), 2.5)
+    flat[3, 3] = np.inf
+    gray = np.asarray(decode_here(float_tiff(flat)).image)[..., 0]
+    assert gray[3, 3] == 255 and np.delete(gray.ravel(), 3 * 8 + 3).max() == 0
+
+
+def test_a_small_float_image_keeps_its_own_minimum_and_maximum():
+    values = np.arange(16, dtype=np.float64).reshape(4, 4)  # too few pixels for the clipping to take one
+    gray = np.asarray(decode_image(float_tiff(values)).image)[..., 0]
+    assert gray.min() == 0 and gray.max() == 255 and gray[0, 1] == 17
+
+
 @pytest.mark.parametrize("size", [(1, 1), (4000, 10), (10, 4000)])  # resized to 99,200 x 248: 25 MP
 def test_extreme_aspect_ratios_reach_the_model(tiny, size):
     decoded = decode_image(encoded(Image.new("RGB", size, (10, 200, 30)), "PNG"))

@@ -108,7 +108,7 @@ def to_rgb(im: Image.Image) -> Image.Image:
 
     Transparency is composited on white (what a browser shows for a PNG on a white page); 16- and
     32-bit integer data is scaled to 8 bits rather than clipped (Pillow's plain `convert("RGB")`
-    keeps only values below 256); float data is min-max scaled.
+    keeps only values below 256); float data is scaled by its finite values (`_float_to_8_bits`).
     """
     mode = im.mode
     if mode == "RGB":
@@ -122,11 +122,31 @@ def to_rgb(im: Image.Image) -> Image.Image:
     if mode.startswith("I"):  # "I", "I;16", "I;16B", "I;16L", "I;16N": 16-bit data in PNG/TIFF
         return Image.fromarray(_scaled_to_8_bits(im, sixteen_bit=mode.startswith("I;16")), mode="L").convert("RGB")
     if mode == "F":
-        values = np.asarray(im, dtype=np.float64)
-        lo, hi = float(values.min(initial=0)), float(values.max(initial=0))
-        gray = np.zeros_like(values) if hi <= lo else (values - lo) / (hi - lo)
-        return Image.fromarray(np.round(gray * 255).astype(np.uint8), mode="L").convert("RGB")
+        return Image.fromarray(_float_to_8_bits(np.asarray(im, dtype=np.float64)), mode="L").convert("RGB")
     return im.convert("RGB")  # "1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV"
+
+
+# The share of the finite values clipped at each end when a float image is scaled, as a viewer's auto-contrast does:
+# min-max scaling let one pixel of 3e38 turn the rest of the image to one grey.
+_FLOAT_CLIP_PERCENT = 0.1
+
+
+def _float_to_8_bits(values: np.ndarray) -> np.ndarray:
+    """A float image (H, W) -> (H, W) uint8: its finite values from the 0.1th to the 99.9th percentile (the nearest
+    values the image holds, so an image of a few hundred pixels keeps its own minimum and maximum) scaled to 0..255,
+    beyond them clipped. NaN is black, +inf white, -inf black: with them in the range, one NaN made every pixel
+    NaN (black) and one inf every finite pixel 0. An image without two distinct finite values: black, and white
+    what lies above its one value."""
+    finite = values[np.isfinite(values)]  # (n,)
+    if finite.size == 0:
+        lo = hi = 0.0
+    else:
+        lo, hi = (float(v) for v in np.percentile(finite, [_FLOAT_CLIP_PERCENT, 100 - _FLOAT_CLIP_PERCENT],
+                                                  method="nearest"))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf and NaN: mapped below, not warned about
+        gray = (values > hi).astype(np.float64) if hi <= lo else (values - lo) / (hi - lo)
+    gray = np.nan_to_num(gray, nan=0.0, posinf=1.0, neginf=0.0)
+    return np.round(np.clip(gray, 0.0, 1.0) * 255).astype(np.uint8)
 
 
 _ROWS_AT_ONCE = 256  # rows of a 16-bit image scaled at a time: a few MB in flight, not 8 bytes per pixel
@@ -393,7 +413,9 @@ def _pixels(im: Image.Image, notes: list[str]) -> Image.Image:
     except (OSError, ValueError, SyntaxError) as e:  # Pillow raises all three for damaged data
         raise ImageError(f"The image file is damaged or truncated ({e}).") from e
     try:  # the EXIF block and the mode conversion read more of the file: damaged data can still surface here
-        rotated = im.getexif().get(_EXIF_ORIENTATION, 1) != 1
+        # 1 is upright and 2-8 the turns and flips; anything else names none (exif_transpose then turns nothing),
+        # so it is ignored without a note
+        rotated = im.getexif().get(_EXIF_ORIENTATION, 1) in range(2, 9)
         if rotated:
             notes.append("Rotated according to the camera's EXIF orientation.")
         transposed = ImageOps.exif_transpose(im) if rotated else im  # (exif_transpose copies even when upright)
