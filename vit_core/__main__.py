@@ -95,7 +95,7 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                          help="images; results are named after each stem, or <stem>-<8 hex digits of a hash of "
                               "its absolute path> when inputs share a stem")
     _add_model_arguments(analyze)
-    analyze.add_argument("--topk", type=int, default=5, help="predictions in the .json (default 5)")
+    analyze.add_argument("--topk", type=_positive, default=5, help="predictions in the .json (default 5)")
     analyze.add_argument("--explain", action="store_true",
                          help="add relevance maps, logit lens, token norms and deletion/insertion curves")
     analyze.add_argument("--target", metavar="K",
@@ -355,10 +355,22 @@ def _present(images: list[Path], masks: list[Path] | None) -> tuple[list[Path], 
     return kept, kept_masks if masks else None
 
 
+def _steps_refused(args: argparse.Namespace, loaded: LoadedModel) -> bool:
+    """Says in one line whether --steps asks for more steps than the model has patches (True: the command stops): a
+    curve removes at least one patch per step, and each step holds a copy of the image in memory."""
+    patches = loaded.geometry.num_patches
+    if args.explain and args.steps > patches:
+        _fail(f"--steps {args.steps}: {args.model} has {patches} patches, so at most {patches} steps")
+        return True
+    return False
+
+
 def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
     """`analyze`'s loop: each image read (a regular file, at most images.MAX_FILE_BYTES), analysed and written; a failure
     is one line and the next image goes on; a result written is one line on stdout (`_result_line`). Returns the
     exit status."""
+    if _steps_refused(args, loaded):
+        return EXIT_FAILURES
     from .capture import run_with_capture
     from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
     from .images import MAX_FILE_BYTES, load_image
@@ -509,11 +521,14 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
     not done yet analysed (each one's part written when done), and when every shard is done the files written."""
     from .dataset import DatasetError, PartStore, manifest_of, plan_run
 
+    if _steps_refused(args, loaded):
+        return EXIT_FAILURES
     store = PartStore(args.out)
     try:
         found = store.manifest()
-        count = args.shard[1] if args.shard else args.shards or (found or {}).get("shards")
-        plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=count, outputs=args.out)
+        count = args.shard[1] if args.shard else args.shards
+        plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=count, outputs=args.out,
+                        resumed_shards=(found or {}).get("shards"))
         if not plan.paths:
             raise DatasetError("There are no images to analyse.")
         manifest = manifest_of(loaded, plan, weights_file=args.weights, labels_file=args.labels, limit=args.limit,
@@ -592,9 +607,16 @@ def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, st
 
 def _shards_written(store: PartStore, plan: RunPlan, todo: list[Shard], files_sha256: str) -> int:
     """After a run that leaves shards to do: this run's failures, one line each, and where the run stands."""
+    from .dataset import PartsError
+
     failures = 0
     for shard in todo:
-        totals, _ = store.read(shard, files_sha256)
+        try:
+            totals, _ = store.read(shard, files_sha256)
+        except PartsError as e:  # a part changed under the run: said, and the others still counted
+            failures += 1
+            _fail(str(e))
+            continue
         for name, reason in totals.failures:
             failures += 1
             _fail(f"{name}: {reason}")

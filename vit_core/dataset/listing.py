@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
@@ -33,10 +34,36 @@ class ShardError(ViTLensError, ValueError):
 # Files
 
 
+def _visible_entries(folder: Path) -> list[tuple[Path, str | None]]:
+    """Every visible entry under `folder` (recursively; hidden files and folders, ".name", left out), sorted by path,
+    each with None where it is a file that can be read, else why it can't: a broken link, a FIFO or a folder named
+    like an image would otherwise vanish from the listing without a word. Plain folders are walked, not listed."""
+    entries = []
+    for path in sorted(folder.rglob("*")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        try:
+            mode = path.stat().st_mode  # follows a link: its target is what would be read
+        except OSError as e:
+            if path.is_symlink():
+                entries.append((path, "A link whose target can't be reached (a broken link); nothing to read."))
+            else:
+                entries.append((path, f"It can't be read ({e.strerror or e})."))
+            continue
+        if stat.S_ISREG(mode):
+            entries.append((path, None))
+        elif stat.S_ISDIR(mode):
+            if is_image_path(path) or path.is_symlink():  # a link to a folder is not followed
+                what = "A link to a folder" if path.is_symlink() else "A folder"
+                entries.append((path, f"{what}, not an image file; ViT Lens reads regular files only."))
+        else:
+            entries.append((path, "Not a regular file (a FIFO, socket or device); ViT Lens reads regular files only."))
+    return entries
+
+
 def _visible_files(folder: Path) -> list[Path]:
     """Every regular file under `folder` (recursively), hidden files and folders (".name") left out, sorted by path."""
-    return sorted(path for path in folder.rglob("*")
-                  if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts))
+    return [path for path, unreadable in _visible_entries(folder) if unreadable is None]
 
 
 def is_image_path(path: str | Path) -> bool:
@@ -61,8 +88,10 @@ def not_image_reason(path: str | Path) -> str:
 
 
 def list_not_images(folder: Path) -> list[tuple[Path, str]]:
-    """Every other visible file under `folder` (what `list_images` leaves out), sorted, with the reason it is skipped."""
-    return [(path, not_image_reason(path)) for path in _visible_files(Path(folder)) if not is_image_path(path)]
+    """Every other visible file under `folder` (what `list_images` leaves out), sorted, with the reason it is skipped;
+    entries that can't be read as files (a broken link, a FIFO, a folder named like an image) too."""
+    return [(path, unreadable or not_image_reason(path)) for path, unreadable in _visible_entries(Path(folder))
+            if unreadable is not None or not is_image_path(path)]
 
 
 def relative_name(folder: Path, path: Path) -> str:
@@ -104,14 +133,28 @@ def _synsets(loaded: LoadedModel) -> dict[str, int]:
     return {synset: index for index, synset in enumerate(ImageNetInfo(subset).label_names())}
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²' and other digits that int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
+def class_index(digits: str, num_classes: int) -> int | None:
+    """The class index ASCII `digits` name, or None outside 0..num_classes-1. The length is checked before int():
+    int() refuses more than 4,300 digits, and so many are out of range anyway."""
+    if len(digits.lstrip("0")) > len(str(num_classes)):
+        return None
+    index = int(digits)
+    return index if index < num_classes else None
+
+
 def class_of_folder(loaded: LoadedModel, name: str, names: dict[str, int] | None = None,
                     synsets: dict[str, int] | None = None) -> int | None:
     """The class a folder name stands for: a class index ("0".."C-1"), a label name (the whole name or its
     first comma-separated part, case-insensitive), or an ImageNet synset id; None when it names none."""
     num_classes = loaded.geometry.num_classes
     wanted = name.strip().lower()
-    if wanted.isdigit():
-        return int(wanted) if int(wanted) < num_classes else None
+    if is_decimal(wanted):
+        return class_index(wanted, num_classes)
     names = _class_names(loaded) if names is None else names
     if wanted in names:
         return names[wanted]

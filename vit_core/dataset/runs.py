@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,9 +31,9 @@ from ..images.files import OutputFolder
 from ..loading.model import Geometry, LoadedModel
 from ..runtime.devices import describe_device
 from .analyze import DatasetError, Masks, Progress, class_names, consecutive_batches, reduce_sources
-from .listing import Shard, files_digest, folder_labels, list_images, list_not_images, relative_name, shards
+from .listing import Shard, ShardError, files_digest, folder_labels, list_images, list_not_images, relative_name, shards
 from .result import DatasetResult, result_of
-from .totals import Totals
+from .totals import NO_LABEL, Totals
 
 _logger = logging.getLogger(__name__)
 
@@ -77,16 +78,21 @@ class RunPlan:
 
 
 def plan_run(loaded: LoadedModel, folder: Path, *, limit: int | None = None, num_shards: int | None = None,
-             outputs: Path | None = None) -> RunPlan:
+             outputs: Path | None = None, resumed_shards: int | None = None) -> RunPlan:
     """The run over `folder`: its images in sorted order (the first `limit`), labels from class-named subfolders,
     every other file with its reason, cut into `num_shards` shards (default: one per SHARD_IMAGES images).
     `outputs`: the run's output folder; where it lies inside `folder` (`vit-lens dataset .`), the run's own files
-    there (OUTPUT_NAMES, parts/) are not listed, so a rerun sees the same files."""
+    there (OUTPUT_NAMES, parts/) are not listed, so a rerun sees the same files. `num_shards` is at most the
+    images (ShardError). `resumed_shards`: the count of the parts already in the output folder, used when
+    `num_shards` is None; its manifest bounds it, so a rerun over other files is told what differs instead."""
     folder = Path(folder)
     own = _own_outputs(outputs, folder)
     paths = tuple(path for path in list_images(folder) if not own(path))[:limit]
     labels = folder_labels(loaded, folder, paths)
-    count = num_shards or default_shards(len(paths))
+    count = num_shards or resumed_shards or default_shards(len(paths))
+    if num_shards and count > max(1, len(paths)):  # beyond that a shard is empty: refused before N Shard objects and N part files
+        raise ShardError(f"{count:,} shards for {len(paths):,} images: a run has at most one shard per image "
+                         f"({max(1, len(paths)):,} here).")
     return RunPlan(folder, paths, tuple(labels) if labels is not None else None,
                    tuple((relative_name(folder, path), reason) for path, reason in list_not_images(folder) if not own(path)),
                    tuple(shards(len(paths), count)))
@@ -154,6 +160,171 @@ def _differences(wanted: dict[str, Any], found: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(INPUTS[key] for key in INPUTS if wanted.get(key) != found.get(key)))
 
 
+# ----------------------------------------------------------------------------------------------
+# Checking what a manifest and a part hold: files that travel between machines, read back as data, never trusted
+
+_GEOMETRY_FIELDS = {field.name: field.type for field in dataclasses.fields(Geometry)}
+
+
+def _is_count(value: Any, least: int = 0) -> bool:
+    """A JSON whole number >= least (JSON's true and false are not numbers)."""
+    return type(value) is int and value >= least
+
+
+def _is_optional(value: Any, kind: type) -> bool:
+    return value is None or type(value) is kind
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What makes `manifest` unusable, in a few words, or None: every entry of `manifest_of` of its type, the shard
+    count from 1 to the images (at least 1), and the geometry and class names of a model."""
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    if manifest.get("format") != FORMAT:
+        return f"its format is not {FORMAT!r}"
+    strings = ("model", "weights", "files_sha256", "folder")
+    wrong = [key for key in strings if type(manifest.get(key)) is not str]
+    wrong += [key for key in ("weights_sha256", "labels_sha256", "masks_sha256") if not _is_optional(manifest.get(key), str)]
+    wrong += [key for key in ("explain",) if type(manifest.get(key)) is not bool]
+    if wrong:
+        return f"{', '.join(wrong)} missing or not of its type"
+    images = manifest.get("num_images")
+    if not _is_count(images):
+        return "num_images is not a whole number >= 0"
+    if not _is_count(manifest.get("shards"), 1) or manifest["shards"] > max(1, images):
+        return f"shards must be a whole number from 1 to the {max(1, images)} images, not {manifest.get('shards')!r:.40}"
+    if manifest.get("limit") is not None and not _is_count(manifest["limit"], 1):
+        return "limit is not a whole number >= 1"
+    if manifest.get("steps") is not None and not _is_count(manifest["steps"], 2):
+        return "steps is not a whole number >= 2"
+    tests = manifest.get("tests")
+    if tests is not None and not (isinstance(tests, list) and all(type(t) is str for t in tests)):
+        return "tests is not a list of names"
+    names = manifest.get("class_names")
+    if not (isinstance(names, list) and all(type(n) is str for n in names)):
+        return "class_names is not a list of names"
+    return _geometry_problem(manifest.get("geometry"), len(names))
+
+
+def _geometry_problem(geometry: Any, num_names: int) -> str | None:
+    """What makes a manifest's geometry no model's, or None."""
+    if not isinstance(geometry, dict) or set(geometry) != set(_GEOMETRY_FIELDS):
+        return f"its geometry must have exactly {', '.join(_GEOMETRY_FIELDS)}"
+    for key in ("img_size", "patch_size", "grid"):
+        value = geometry[key]
+        if not (isinstance(value, list) and len(value) == 2 and all(_is_count(v, 1) for v in value)):
+            return f"geometry {key} is not two whole numbers >= 1"
+    if not (isinstance(geometry["prefix_names"], list) and all(type(n) is str for n in geometry["prefix_names"])):
+        return "geometry prefix_names is not a list of names"
+    if type(geometry["no_embed_class"]) is not bool or type(geometry["has_pos_embed"]) is not bool:
+        return "geometry no_embed_class and has_pos_embed must be true or false"
+    if not all(_is_count(geometry[key], 1) for key in ("num_layers", "num_heads", "embed_dim")):
+        return "geometry num_layers, num_heads and embed_dim must be whole numbers >= 1"
+    if not _is_count(geometry["num_classes"]):
+        return "geometry num_classes is not a whole number >= 0"
+    if geometry["num_classes"] and num_names != geometry["num_classes"]:
+        return f"{num_names} class names for {geometry['num_classes']} classes"
+    return None
+
+
+def _scalar(value: Any, kind: type) -> Any:
+    """A 0-d array of `kind`'s numpy kind (int: integers, str: unicode) as that Python value, else None."""
+    if not isinstance(value, np.ndarray) or value.shape != ():
+        return None
+    if kind is int and value.dtype.kind in "iu":
+        return int(value)
+    if kind is str and value.dtype.kind == "U":
+        return str(value)
+    return None
+
+
+def _moments_problem(arrays: dict[str, np.ndarray], prefix: str, shape: tuple[int, ...]) -> str | None:
+    """What is wrong with the ExactMoments.arrays of `prefix`, whose values are each of `shape`, or None."""
+    count = _scalar(arrays.get(f"{prefix}_count"), int)
+    if count is None or count < 0:
+        return f"{prefix}_count is not a whole number >= 0"
+    if count == 0:
+        return None
+    for suffix in ("total", "squares"):
+        value = arrays.get(f"{prefix}_{suffix}")
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "U" or value.shape != shape:
+            return f"{prefix}_{suffix} is not hexadecimal text of shape {shape}"  # never broadcast to it
+        try:
+            numbers = [int(str(text), 16) for text in value.flat]
+        except ValueError:
+            return f"{prefix}_{suffix} is not hexadecimal text"
+        if suffix == "squares" and any(n < 0 for n in numbers):
+            return f"{prefix}_squares holds a negative sum of squares"
+    not_finite = arrays.get(f"{prefix}_not_finite")
+    if (not isinstance(not_finite, np.ndarray) or not_finite.dtype.kind not in "iu" or not_finite.shape != shape
+            or (not_finite < 0).any() or (not_finite > count).any()):
+        return f"{prefix}_not_finite is not counts of shape {shape}"
+    return None
+
+
+def _vector_problem(arrays: dict[str, np.ndarray], key: str, kinds: str, length: int) -> str | None:
+    value = arrays.get(key)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.shape[:1] != (length,):
+        return f"{key} is not {length} values of its type"
+    return None
+
+
+def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard) -> str | None:
+    """What makes a part's arrays (Totals.arrays) unusable for a shard of a run with this `geometry`, or None: every
+    array of its type and shape (L blocks, H heads, C classes, n analysed images), the counts consistent, and the
+    analysed and failed images together the shard's size. A shape that differs is refused, never broadcast."""
+    layers, heads, classes = geometry.num_layers, geometry.num_heads, geometry.num_classes
+    for prefix, shape in (("distance", (layers, heads)), ("distance_renorm", (layers, heads)),
+                          ("high_norm_rate", (layers + 1,))):
+        problem = _moments_problem(arrays, prefix, shape)
+        if problem:
+            return problem
+    n = _scalar(arrays["distance_count"], int)
+    if any(_scalar(arrays.get(f"{prefix}_count"), int) != n for prefix in ("distance_renorm", "high_norm_rate")):
+        return "its arrays count different numbers of images"
+    for key, kinds, length in (("rows_file", "U", n), ("rows_label", "iu", n), ("rows_predicted", "iu", n),
+                               ("rows_probability", "f", n), ("rows_explained", "f", n), ("rows_explained_keys", "U", None),
+                               ("explained_keys", "U", None), ("failure_file", "U", None), ("failure_reason", "U", None),
+                               ("not_image_file", "U", None), ("not_image_reason", "U", None)):
+        value = arrays.get(key)
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.ndim != (2 if key == "rows_explained" else 1):
+            return f"{key} is missing or not of its type"
+        if length is not None and len(value) != length:
+            return f"{key} has {len(value)} rows for {n} images"
+    if arrays["rows_explained"].shape[1] != len(arrays["rows_explained_keys"]):
+        return "rows_explained has not one column per key"
+    if len(arrays["failure_file"]) != len(arrays["failure_reason"]) or \
+            len(arrays["not_image_file"]) != len(arrays["not_image_reason"]):
+        return "its skipped files and their reasons differ in number"
+    if n + len(arrays["failure_file"]) != shard.size:
+        return f"{n} images analysed and {len(arrays['failure_file'])} failed in a shard of {shard.size}"
+    probability = arrays["rows_probability"]
+    if not ((probability >= 0) & (probability <= 1)).all():  # NaN fails both
+        return "rows_probability holds values outside 0..1"
+    predicted, label = arrays["rows_predicted"], arrays["rows_label"]
+    top = max(classes, 1) if classes else None  # without a head, top-1 indexes the pooled features
+    if (predicted < 0).any() or (top is not None and (predicted >= top).any()):
+        return "rows_predicted holds classes the model doesn't have"
+    if (label < NO_LABEL).any() or (label >= max(classes, 1)).any():
+        return "rows_label holds classes the model doesn't have"
+    labelled, correct = _scalar(arrays.get("labelled"), int), _scalar(arrays.get("correct"), int)
+    if labelled is None or correct is None or not 0 <= correct <= labelled <= n:
+        return "labelled and correct are not counts of its images"
+    confusion = arrays.get("confusion")
+    if (not isinstance(confusion, np.ndarray) or confusion.dtype.kind not in "iu" or confusion.ndim != 2
+            or confusion.shape[1] != 3 or (confusion < 0).any() or confusion[:, 2].sum() != labelled):
+        return "confusion is not (true, predicted, images) rows over its labelled images"
+    lens = arrays.get("lens_correct")
+    if lens is not None and (lens.dtype.kind not in "iu" or lens.shape != (layers + 1,) or (lens < 0).any()
+                             or (lens > labelled).any()):
+        return f"lens_correct is not {layers + 1} counts of its labelled images"
+    for i in range(len(arrays["explained_keys"])):
+        problem = _moments_problem(arrays, f"explained{i}", ())
+        if problem:
+            return problem
+    return None
+
+
 def geometry_of(manifest: dict[str, Any]) -> Geometry:
     """The model's geometry as the manifest keeps it (JSON lists back to tuples)."""
     fields = {key: tuple(value) if isinstance(value, list) else value for key, value in manifest["geometry"].items()}
@@ -177,12 +348,18 @@ class PartStore:
         return cls(folder.parent) if (folder / MANIFEST).is_file() else cls(folder)
 
     def manifest(self) -> dict[str, Any] | None:
+        """The manifest there, checked (`manifest_problem`), or None where there is none. Raises PartsError."""
         try:
-            return json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise PartsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.path} to start again.") from None
+        problem = manifest_problem(manifest)
+        if problem:
+            raise PartsError(f"{self.path / MANIFEST} is not a `dataset` run's manifest ({problem}); remove {self.path} "
+                             "to start again.")
+        return manifest
 
     def open(self, manifest: dict[str, Any]) -> None:
         """Write the manifest, or check that the one there names the same inputs. Raises PartsError with what differs."""
@@ -211,17 +388,32 @@ class PartStore:
             out.write(self.part_path(shard).name, npz_bytes(arrays))
         _logger.info("%s: %d images -> %s", shard.name, totals.num_images, self.part_path(shard))
 
-    def read(self, shard: Shard, files_sha256: str) -> tuple[Totals, str]:
-        """A part's totals and the device that made them. Raises PartsError for a part of another run."""
+    def read(self, shard: Shard, files_sha256: str, geometry: Geometry | None = None) -> tuple[Totals, str]:
+        """A part's totals and the device that made them, its arrays checked against the model's `geometry` (default:
+        the manifest's) and the shard's size (`part_problem`). Raises PartsError for a part of another run, or one
+        that is damaged."""
         path = self.part_path(shard)
+        if geometry is None:
+            manifest = self.manifest()
+            if manifest is None:
+                raise PartsError(f"No {MANIFEST} in {self.path}: not the output of a `dataset` run.")
+            geometry = geometry_of(manifest)
         try:
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {key: npz[key] for key in npz.files}
-        except (OSError, ValueError, KeyError) as e:
-            raise PartsError(f"{path} can't be read ({e}); remove it and run that shard again.") from None
-        if str(arrays["files_sha256"]) != files_sha256 or int(arrays["shards"]) != shard.count:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # EOFError: a 0-byte file
+            raise PartsError(f"{path} can't be read ({e or type(e).__name__}); remove it and run that shard again.") from None
+        own = {key: arrays.get(key) for key in ("files_sha256", "shards", "shard", "device")}
+        if any(_scalar(value, str if key in ("files_sha256", "device") else int) is None for key, value in own.items()):
+            raise PartsError(f"{path} is not a shard's part (it lacks its run's digest, shard or device); remove it "
+                             "and run that shard again.")
+        if (str(own["files_sha256"]) != files_sha256 or int(own["shards"]) != shard.count
+                or int(own["shard"]) != shard.number):
             raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
-        return Totals.from_arrays(arrays), str(arrays["device"])
+        problem = part_problem(arrays, geometry, shard)
+        if problem:
+            raise PartsError(f"{path} is damaged ({problem}); remove it and run that shard again.")
+        return Totals.from_arrays(arrays), str(own["device"])
 
 
 def merged_result(stores: Sequence[PartStore]) -> tuple[DatasetResult, Geometry, dict[str, Any]]:
@@ -252,7 +444,7 @@ def merged_result(stores: Sequence[PartStore]) -> tuple[DatasetResult, Geometry,
                          "(the same command with --shard I/N) and merge again.")
     totals, devices = Totals(), []
     for shard in all_shards:
-        part, device = holder[shard.number].read(shard, first["files_sha256"])
+        part, device = holder[shard.number].read(shard, first["files_sha256"], geometry_of(first))
         totals.merge(part)
         devices.append(device)
     if totals.num_images == 0:

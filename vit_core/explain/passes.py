@@ -50,7 +50,10 @@ def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | 
         return int(np.argmax(logits))  # argmax returns the first maximum: the lower index wins ties
     if isinstance(target, str):
         wanted = target.strip().lower()
-        if wanted.isdigit():
+        if wanted.isascii() and wanted.isdigit():  # str.isdigit() alone accepts '²', which int() refuses
+            if len(wanted.lstrip("0")) > len(str(num_classes)):  # int() refuses over 4,300 digits: out of range anyway
+                raise TargetError(f"class index {wanted[:12]}{'...' if len(wanted) > 12 else ''} is outside "
+                                  f"0..{num_classes - 1}")
             return resolve_target(loaded, logits, int(wanted))
         for i in range(num_classes):
             label = loaded.label(i).lower()

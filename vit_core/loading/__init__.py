@@ -17,6 +17,7 @@ from typing import Any
 import timm.data
 import torch
 
+from ..errors import ModelError
 from ..runtime.devices import resolve_device
 from ..teaching.model import TEACHING_MODEL
 from .create import create_model, teaching_model_available
@@ -58,7 +59,10 @@ def load_model(
     """
     started = time.perf_counter()
     target_device = resolve_device(device)
-    weights_file = Path(weights) if weights is not None and name != TEACHING_MODEL else None
+    if weights is not None and name == TEACHING_MODEL:  # never ignored without a word
+        raise ModelError(f"{TEACHING_MODEL} comes with its own weights and takes no weights file; to load a file, name "
+                         "the timm architecture it was trained for (e.g. vit_tiny_patch16_224).")
+    weights_file = Path(weights) if weights is not None else None
     probe = resolve_name(name, model_kwargs)
     model, source = create_model(name, probe, pretrained=pretrained and weights_file is None, seed=seed, **model_kwargs)
     if weights_file is not None:

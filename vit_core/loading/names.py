@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from typing import Any
 
 import timm
@@ -28,10 +29,29 @@ def resolve_name(name: str, model_kwargs: dict[str, Any]) -> torch.nn.Module | N
 
     Returns the architecture built on 'meta', or None where it is not built there (the bundled teaching model, an
     "hf-hub:" id, a model that can't be built on 'meta'): `create_model` checks the real model then."""
-    if name == TEACHING_MODEL or name.startswith("hf-hub:"):
+    if name.startswith("hf-hub:"):
+        check_hub_id(name)
+        return None
+    if name == TEACHING_MODEL:
         return None
     _check_name(name)
     return _probe_family(name, model_kwargs)
+
+
+# A hub repository id as the hub itself allows one (huggingface_hub's validate_repo_id): an optional owner and a name
+# of letters, digits, '-', '_' and '.', at most 96 characters, no '--' or '..'; timm takes an '@revision' after it.
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*(?:@[\w./-]+)?$", re.ASCII)
+
+
+def check_hub_id(name: str) -> None:
+    """Refuse an "hf-hub:" name that is no hub repository id (`hf-hub:../../etc/passwd`) in one sentence, before
+    timm or huggingface_hub sees it (each would raise its own error, or build a path from it)."""
+    hub_id = name[len("hf-hub:"):]
+    repo = hub_id.split("@", 1)[0]
+    if (not _HUB_ID.match(hub_id) or len(repo) > 96 or ".." in hub_id or "--" in repo
+            or repo.endswith((".", "-"))):
+        raise ModelError(f"{name[:120]!r} is not a Hugging Face hub id: write hf-hub:OWNER/NAME (letters, digits, "
+                         "'-', '_' and '.'), e.g. hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k.")
 
 
 def _check_name(name: str) -> None:

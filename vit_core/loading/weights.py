@@ -48,6 +48,16 @@ def load_weights(model: VisionTransformer, path: Path, name: str, *, keep_head: 
         with torch.random.fork_rng():  # the new head's init is overwritten by the file: the global RNG stays as it was
             model.reset_classifier(classes)
     load_weights_into(model, path, state, name)
+    check_finite(model, path)
+
+
+def check_finite(model: torch.nn.Module, path: Path) -> None:
+    """Refuse weights that hold NaN or infinite values, naming the first such tensor: such a model answers NaN
+    logits, which every analysis would turn into numbers that look real (a top-1 of class 0, an accuracy)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WeightsError(f"{path.name}: tensor {name[:80]!r} holds NaN or infinite values (a diverged training "
+                               "run or a damaged file): refused.")
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
