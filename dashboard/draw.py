@@ -173,7 +173,7 @@ def _well_formed(canvas: Callable[[], tuple[object, object]]) -> tuple[dict | No
     """The canvas's Fabric.js JSON and data URL, or None when the value the browser sent is not of the package's
     shape. A student's script can send any JSON as the component's value; `st_canvas` reads it with `.get` and `[]`
     (a `drawing` that is a string, a `backgroundFit` of `{}`: AttributeError, KeyError, TypeError), and the
-    drawing's JSON must be a dict of objects. The URL itself is `canvas_png`'s to check."""
+    drawing's JSON must be a dict of objects and its URL a string (what the string holds is `canvas_png`'s to check)."""
     try:
         json_data, url = canvas()
     except (AttributeError, KeyError, TypeError):
