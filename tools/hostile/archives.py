@@ -1,7 +1,7 @@
 """Hostile weights headers, label files and zips, generated at test time: each small on disk, each
 costly to a parser that trusts it. Used by tests/unit/test_hostile_inputs.py, test_cli.py,
-tests/unit/test_zip_check.py and tests/app/test_dashboard_many.py, and by tools/benchmarks/hostile_uploads.py (docs/performance/2026-11-25.md,
-"Hostile uploads").
+tests/unit/test_zip_check.py and tests/app/test_dashboard_many.py, and by tools/benchmarks/hostile_uploads.py
+(docs/performance/2026-11-25.md, "Hostile uploads").
 """
 
 from __future__ import annotations
