@@ -2,7 +2,8 @@
 
 A folder's files are listed once, sorted by path: the images (a suffix of images.UPLOAD_EXTENSIONS) in that order
 are what a run analyses, and every other file is reported as skipped with its reason (a `notes.txt`, a phone's
-`.heic` photo), never dropped without a word. Shard i of N is a contiguous slice of the sorted images, so any N
+`.heic` photo), never dropped without a word; so is an entry that can't be read as a file (a broken link, a FIFO, a
+folder named like an image). Shard i of N is a contiguous slice of the sorted images, so any N
 covers every image exactly once (no padding, as torch's DistributedSampler would add).
 """
 

@@ -47,7 +47,8 @@ def load_model(
 
     name: a timm model name (optionally with a pretrained tag), an "hf-hub:" id, or TEACHING_MODEL.
     weights: a local weights file (.safetensors, .pth/.pt/.bin loaded with weights_only, or a JAX
-        .npz); the head size is taken from the file. Overrides `pretrained`.
+        .npz); the head size is taken from the file. Overrides `pretrained`. Refused (ModelError) with
+        TEACHING_MODEL, which has its own weights: a file is never ignored without a word.
     pretrained: False for an explicit random init (deterministic under `seed`).
     labels: class names, or a label file (txt: one per line; json). Default: a label file beside
         the weights, else ImageNet names when the head has 1000/21k classes, else indices.
