@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from conftest import drawn_image
 from vit_core import __main__ as core_cli
 from vit_core import load_model
-from vit_core.dataset import PartStore, PartsError, class_of_folder, list_images, list_not_images
+from vit_core.dataset import PartsError, PartStore, class_of_folder, list_images, list_not_images
 from vit_core.errors import ModelError, WeightsError
 from vit_core.explain.passes import TargetError, resolve_target
 from vit_core.loading import TEACHING_MODEL

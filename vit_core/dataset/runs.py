@@ -262,13 +262,6 @@ def _moments_problem(arrays: dict[str, np.ndarray], prefix: str, shape: tuple[in
     return None
 
 
-def _vector_problem(arrays: dict[str, np.ndarray], key: str, kinds: str, length: int) -> str | None:
-    value = arrays.get(key)
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.shape[:1] != (length,):
-        return f"{key} is not {length} values of its type"
-    return None
-
-
 def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard) -> str | None:
     """What makes a part's arrays (Totals.arrays) unusable for a shard of a run with this `geometry`, or None: every
     array of its type and shape (L blocks, H heads, C classes, n analysed images), the counts consistent, and the
@@ -286,8 +279,8 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
                                ("rows_probability", "f", n), ("rows_explained", "f", n), ("rows_explained_keys", "U", None),
                                ("explained_keys", "U", None), ("failure_file", "U", None), ("failure_reason", "U", None),
                                ("not_image_file", "U", None), ("not_image_reason", "U", None)):
-        value = arrays.get(key)
-        if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.ndim != (2 if key == "rows_explained" else 1):
+        value, ndim = arrays.get(key), 2 if key == "rows_explained" else 1  # rows_explained: (n, K)
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.ndim != ndim:
             return f"{key} is missing or not of its type"
         if length is not None and len(value) != length:
             return f"{key} has {len(value)} rows for {n} images"
