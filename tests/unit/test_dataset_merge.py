@@ -254,7 +254,8 @@ def test_shards_run_apart_and_merged_equal_the_one_process_run(folder, one_proce
         assert not (out / "dataset.npz").exists()
     status, lines, errors = _run(capsys, "merge", *outs[::-1], "--out", tmp_path / "merged")  # any order
     assert status == 2 and len(errors) == 1 and "broken.png" in errors[0]
-    assert lines == [f"{len(IMAGES)} images analysed, 3 files skipped (listed in dataset.json) -> {tmp_path / 'merged'}"]
+    assert lines[0] == f"{len(IMAGES)} images analysed, 3 files skipped (listed in dataset.json) -> {tmp_path / 'merged'}"
+    assert len(lines) == 2 and lines[1].startswith("top-1 accuracy ") and "of 6 labelled images" in lines[1]
     assert_same_outputs(_outputs(tmp_path / "merged"), expected)
 
     status, _, errors = _run(capsys, "merge", outs[0], outs[2], "--out", tmp_path / "partial")
