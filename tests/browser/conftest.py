@@ -62,3 +62,17 @@ def shapes_server(request):
 def page(server):
     with chromium_page(server) as page:
         yield page
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium (Debian's binary, the load test's flags) for a module's pages at their own sizes
+    (`support.browser.page_at`)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

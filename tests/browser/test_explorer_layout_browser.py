@@ -13,15 +13,13 @@ Screenshots go to tests/artifacts/explorer_*.png (gitignored).
 
 from __future__ import annotations
 
-import contextlib
 from urllib.parse import quote
 
 import pytest
 
 from dashboard.models import MODEL_CHOICES
 from dashboard.views import RENAMED
-from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, settle
-from tools import loadtest
+from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, page_at, settle
 from vit_core import TEACHING_MODEL, explain
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
@@ -41,27 +39,6 @@ BOXES_JS = """(selector) => {
 @pytest.fixture(scope="module")
 def server(shapes_server) -> str:
     return shapes_server
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@contextlib.contextmanager
-def page_at(browser, size: tuple[int, int]):
-    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
-    try:
-        yield page
-    finally:
-        page.close()
 
 
 def open_view(page, server: str, view: str) -> None:

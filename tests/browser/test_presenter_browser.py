@@ -27,15 +27,13 @@ Screenshots go to tests/artifacts/presenter_*.png (gitignored).
 from __future__ import annotations
 
 import base64
-import contextlib
 from urllib.parse import quote, urljoin
 
 import pytest
 
 from dashboard.figures.base import image_size, recorded_text_px
 from dashboard.views import LESSON_VIEWS, RENAMED, VIEWS
-from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, settle
-from tools import loadtest
+from support.browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, no_exception, page_at, settle
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
@@ -67,27 +65,6 @@ FIGURES_JS = """() => {
 @pytest.fixture(scope="module")
 def server(shapes_server) -> str:
     return shapes_server
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=loadtest.CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@contextlib.contextmanager
-def page_at(browser, size: tuple[int, int]):
-    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
-    try:
-        yield page
-    finally:
-        page.close()
 
 
 def open_view(page, server: str, view: str) -> list[dict]:

@@ -36,6 +36,16 @@ def chromium_page(url: str) -> Iterator:
             browser.close()
 
 
+@contextlib.contextmanager
+def page_at(browser, size: tuple[int, int]) -> Iterator:
+    """A new page of `browser` with a `size` (width, height) viewport, closed after the block."""
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    try:
+        yield page
+    finally:
+        page.close()
+
+
 def settle(page, timeout: float = 90_000) -> None:
     """Wait until the app is connected, its script has finished and nothing is still loading."""
     page.wait_for_timeout(400)
