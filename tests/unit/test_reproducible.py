@@ -46,7 +46,7 @@ def assert_same_npz(a: Path, b: Path) -> None:
 
 
 def test_analyze_twice_at_other_thread_counts_writes_the_same_bytes(tmp_path):
-    """The capture, the relevance maps (gradient passes at one thread: runtime.gradient_threads), the faithfulness
+    """The capture, the relevance maps (gradient passes at the machine's thread count: runtime.gradient_threads), the faithfulness
     tests (perturbed forwards at one thread each, in batches of one shape) and the verdicts."""
     drawn_image(7, (150, 200)).save(tmp_path / "photo.png")
     for threads in (1, 2):
@@ -83,3 +83,23 @@ def test_dataset_in_one_process_in_shards_and_at_another_batch_size_writes_the_s
         assert _dataset_files(run) == _dataset_files(whole)
     with np.load(whole / "dataset.npz") as npz:
         assert int(npz["num_images"]) == 7 and any(key.startswith("deletion_auc_") for key in npz.files)
+
+
+def test_a_gradient_pass_is_the_same_bits_whatever_the_callers_thread_count(image):
+    """torch's softmax backward splits its sums by thread count (on the Shapes ViT, Chefer's input moved at 1 against
+    2 threads): the pass takes the machine's count, not the caller's."""
+    import torch
+
+    from vit_core import capture, load_model
+    from vit_core.explain import relevance
+    from vit_core.runtime import torch_threads
+
+    loaded = load_model("vit-lens/shapes-vit")
+    x = capture.preprocess(loaded, image)[1]
+    passes = []
+    for threads in (1, 2):
+        with torch_threads(threads):
+            passes.append(relevance._gradient_pass(loaded, x, None))
+            assert torch.get_num_threads() == threads, "the caller's count is restored"
+    assert passes[0].pattern_grad.tobytes() == passes[1].pattern_grad.tobytes()
+    assert passes[0].last_norm1_grad.tobytes() == passes[1].last_norm1_grad.tobytes()

@@ -66,8 +66,9 @@ def torch_threads(threads: int | None) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def gradient_threads() -> int | None:
-    """torch threads for a gradient pass ($VIT_LENS_GRADIENT_THREADS, default 1; None: as the caller has them). A
-    backward's kernels may split their sums by thread count (torch's softmax backward does), so a fixed count keeps
-    explanations the same bits in the CLI, a Ray worker and the dashboard's server, whatever their threads."""
-    return settings.GRADIENT_THREADS.number() or None
+def gradient_threads() -> int:
+    """torch threads for a gradient pass: $VIT_LENS_GRADIENT_THREADS, or by default the CPUs a process may use here
+    (`cpu_quota`). A backward's kernels may split their sums by thread count (torch's softmax backward does), so
+    the count comes from the machine, not from the process's own thread setting: the CLI at `VIT_LENS_THREADS=1`,
+    a Ray worker and the dashboard's server make the same maps, bit for bit, at the machine's full speed."""
+    return settings.GRADIENT_THREADS.number() or cpu_quota()
