@@ -8,7 +8,6 @@ equal), so these tests check which operator ran, never that the numbers differ."
 
 from __future__ import annotations
 
-import os
 import platform
 import threading
 
@@ -29,22 +28,7 @@ ONEDNN_LINEAR_ENV = settings.ONEDNN_LINEAR.name
 CPU = torch.device("cpu")
 ONEDNN_OP, MKL_OP = "mkldnn::_linear_pointwise", "aten::addmm"
 
-def _onednn_available() -> bool:
-    """Whether this torch and CPU have oneDNN's linear, asked with the setting on (it is off by default)."""
-    before = os.environ.get(ONEDNN_LINEAR_ENV)
-    os.environ[ONEDNN_LINEAR_ENV] = "on"
-    onednn_linear.cache_clear()
-    try:
-        return onednn_linear() is not None
-    finally:
-        if before is None:
-            del os.environ[ONEDNN_LINEAR_ENV]
-        else:
-            os.environ[ONEDNN_LINEAR_ENV] = before
-        onednn_linear.cache_clear()
-
-
-needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="no oneDNN linear in this torch or on this CPU")
+needs_onednn = pytest.mark.skipif(onednn.available_linear() is None, reason="no oneDNN linear in this torch or on this CPU")
 
 
 def ops_run(fn) -> set[str]:
@@ -61,15 +45,12 @@ def mlp() -> torch.nn.Module:
 
 @pytest.fixture
 def onednn_setting(monkeypatch):
-    """Sets $VIT_LENS_ONEDNN_LINEAR and forgets the process's cached answer (and forgets it again after)."""
+    """Sets $VIT_LENS_ONEDNN_LINEAR for the test (read at every pass, never cached)."""
 
     def set_to(value: str) -> None:
         monkeypatch.setenv(ONEDNN_LINEAR_ENV, value)
-        onednn_linear.cache_clear()
 
-    yield set_to
-    monkeypatch.undo()
-    onednn_linear.cache_clear()
+    return set_to
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +193,6 @@ def test_a_capture_on_onednn_equals_one_on_mkl_within_float32_tolerance(family, 
 def test_by_default_every_linear_runs_on_torchs_own_library(tiny, image, monkeypatch):
     """Off unless asked: a choice made by timing would let two runs of the same input differ in the last bits."""
     monkeypatch.delenv(ONEDNN_LINEAR_ENV)
-    onednn_linear.cache_clear()
     assert settings.ONEDNN_LINEAR.mode() == "off" and onednn_linear() is None
     ran = ops_run(lambda: vit_core.run_with_capture(tiny, image))
     assert ONEDNN_OP not in ran and MKL_OP in ran
@@ -232,7 +212,12 @@ def test_the_setting_turns_it_off_and_on(onednn_setting):
 def test_a_torch_without_the_op_keeps_mkl(onednn_setting, monkeypatch):
     monkeypatch.setattr(onednn, "_LINEAR_SOURCE", onednn._LINEAR_SOURCE.replace("_linear_pointwise", "_no_such_op"))
     onednn_setting("on")
-    assert onednn_linear() is None
+    onednn.available_linear.cache_clear()
+    try:
+        assert onednn_linear() is None
+    finally:
+        monkeypatch.undo()
+        onednn.available_linear.cache_clear()  # the real op again for the tests after
 
 
 @pytest.mark.parametrize("mkl, onednn_times, expected", [

@@ -50,12 +50,17 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-@functools.cache
 def onednn_linear() -> Linear | None:
-    """oneDNN's float32 linear `(x (..., D_in), weight (D_out, D_in), bias (D_out,) | None) -> (..., D_out)`, or None
-    where it is off (see the module docstring). Checked once per process against `F.linear` on a small probe."""
-    if settings.ONEDNN_LINEAR.mode() == "off":
-        return None
+    """oneDNN's float32 linear where $VIT_LENS_ONEDNN_LINEAR opts in and this torch and CPU have it
+    (`available_linear`), else None."""
+    return None if settings.ONEDNN_LINEAR.mode() == "off" else available_linear()
+
+
+@functools.cache
+def available_linear() -> Linear | None:
+    """oneDNN's float32 linear `(x (..., D_in), weight (D_out, D_in), bias (D_out,) | None) -> (..., D_out)` of this
+    torch and CPU, whatever the setting, or None (see the module docstring). Checked once per process against
+    `F.linear` on a small probe."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return None
     try:
