@@ -15,7 +15,7 @@ import contextvars
 import functools
 import gc
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from vit_core.runtime import configure_threads, cpu_quota
 from vit_core.serving import (
@@ -29,26 +29,23 @@ from vit_core.serving import (
 )
 from vit_core.serving.priority import EXPORT_LANE_NAME, become_a_lane
 
-if TYPE_CHECKING:
-    from dashboard.server.uploads import UploadLimits
-
 T = TypeVar("T")
 
 
 @functools.cache
-def prepare_process(upload_limits: Callable[[], UploadLimits] | None = None) -> None:
+def prepare_process() -> None:
     """Once per process, before any session runs: the modules that sessions share imported, torch's threads and the
-    forwards' scheduling set from the CPU quota, made downloads kept on their shelf for a while, and, given the app's
-    `upload_limits` (dashboard.upload_limits, made above the server wing), every upload held to them
-    (streamlit_internals.install_upload_budget). The server's start calls it before Streamlit starts; `streamlit run
-    dashboard/app.py` gets it from the app's first run, with the same limits."""
+    forwards' scheduling set from the CPU quota, made downloads kept on their shelf for a while, and every upload held
+    to the app's limits (dashboard.server.uploads.upload_limits; streamlit_internals.install_upload_budget). The server's
+    start calls it before Streamlit starts; `streamlit run dashboard/app.py` gets it from the app's first run."""
     _import_shared_modules()
     _configure_forwards()
     from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
 
     streamlit_internals.shelve_made_downloads()
-    if upload_limits is not None:
-        streamlit_internals.install_upload_budget(upload_limits())
+    from dashboard.server import uploads
+
+    streamlit_internals.install_upload_budget(uploads.upload_limits())
 
 
 def _import_shared_modules() -> None:
@@ -73,11 +70,11 @@ def _configure_forwards() -> None:
 
 
 @contextlib.contextmanager
-def serving(upload_limits: Callable[[], UploadLimits] | None = None) -> Iterator[None]:
-    """Around a script run of the app: the process prepared first (`prepare_process` with the app's `upload_limits`,
-    once), and after the first run that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`).
-    A run that stops early (a rerun asked for, an exception) freezes nothing."""
-    prepare_process(upload_limits)
+def serving() -> Iterator[None]:
+    """Around a script run of the app: the process prepared first (`prepare_process`, once), and after the first run
+    that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`). A run that stops early (a
+    rerun asked for, an exception) freezes nothing."""
+    prepare_process()
     from dashboard.server import streamlit_internals
 
     streamlit_internals.upload_run_started()  # the run's uploaders claim their files; what none claims is dropped

@@ -1,5 +1,5 @@
 """The server's upload budget: Streamlit's upload manager bounded (streamlit_internals), with the app's limits
-(dashboard.upload_limits). A live server under `streamlit run dashboard/app.py`: tests/live."""
+(dashboard.server.uploads.upload_limits). A live server under `streamlit run dashboard/app.py`: tests/live."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from starlette.exceptions import HTTPException
 from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
 from streamlit.runtime.uploaded_file_manager import UploadedFileRec
 
-from dashboard import upload_limits as limits_of_the_app
 from dashboard.server import streamlit_internals, uploads
 
 MB = 2**20
@@ -100,19 +99,19 @@ def test_limits_follow_the_pages_numbers(monkeypatch):
     from dashboard.image_choice import MAX_IMAGE_MB
     from dashboard.views.attention import MAX_BATCH_IMAGES
 
-    assert limits_of_the_app.BATCH_IMAGES_HELD == MAX_BATCH_IMAGES
+    assert uploads.BATCH_IMAGES_HELD == MAX_BATCH_IMAGES
     assert uploads.UNCLAIMED_GRACE_S == streamlit_internals.UNCLAIMED_GRACE_S
     monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", "off")
-    off = limits_of_the_app.upload_limits(memory_bytes=8 * 2**30)
+    off = uploads.upload_limits(memory_bytes=8 * 2**30)
     assert (off.server_mb, off.image_bytes, off.weights_bytes) == (MAX_IMAGE_MB, MAX_IMAGE_MB * MB, 0)
     assert off.zip_bytes == image_sets.upload_limit_mb(off.server_mb) * MB  # what the Many images page says
     assert off.file_cap("w.safetensors") == 0 and off.file_cap("x.JPG") == MAX_IMAGE_MB * MB
     monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", "on")
-    on = limits_of_the_app.upload_limits(memory_bytes=64 * 2**30)
+    on = uploads.upload_limits(memory_bytes=64 * 2**30)
     assert on.server_mb == models.MAX_WEIGHTS_MB and on.file_cap("w.pth") == models.MAX_WEIGHTS_MB * MB
     assert on.file_cap("l.txt") == models.MAX_LABELS_MB * MB and on.zip_bytes == image_sets.MAX_ZIP_MB * MB
     assert on.total_bytes == uploads.MAX_UPLOADS_TOTAL_MB * MB and on.session_bytes <= on.total_bytes
-    assert limits_of_the_app.upload_limits(memory_bytes=2**30).total_bytes == on.session_bytes  # never under one session
+    assert uploads.upload_limits(memory_bytes=2**30).total_bytes == on.session_bytes  # never under one session
 
 
 def test_the_docs_say_the_budgets_enforced(monkeypatch):
@@ -121,5 +120,5 @@ def test_the_docs_say_the_budgets_enforced(monkeypatch):
     text = (REPO / "docs" / "serving.md").read_text()
     for weights in ("on", "off"):
         monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", weights)
-        assert f"{limits_of_the_app.upload_limits().session_bytes // MB} MB" in text
+        assert f"{uploads.upload_limits().session_bytes // MB} MB" in text
     assert f"{uploads.MIN_UPLOADS_TOTAL_MB} MB to {uploads.MAX_UPLOADS_TOTAL_MB // 1024} GB" in text
