@@ -35,17 +35,13 @@ T = TypeVar("T")
 @functools.cache
 def prepare_process() -> None:
     """Once per process, before any session runs: the modules that sessions share imported, torch's threads and the
-    forwards' scheduling set from the CPU quota, made downloads kept on their shelf for a while, and every upload held
-    to the app's limits (dashboard.server.uploads.upload_limits; streamlit_internals.install_upload_budget). The server's
+    forwards' scheduling set from the CPU quota, and made downloads kept on their shelf for a while. The server's
     start calls it before Streamlit starts; `streamlit run dashboard/app.py` gets it from the app's first run."""
     _import_shared_modules()
     _configure_forwards()
     from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
 
     streamlit_internals.shelve_made_downloads()
-    from dashboard.server import uploads
-
-    streamlit_internals.install_upload_budget(uploads.upload_limits())
 
 
 def _import_shared_modules() -> None:
@@ -75,15 +71,7 @@ def serving() -> Iterator[None]:
     that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`). A run that stops early (a
     rerun asked for, an exception) freezes nothing."""
     prepare_process()
-    from dashboard.server import streamlit_internals
-
-    streamlit_internals.upload_run_started()  # the run's uploaders claim their files; what none claims is dropped
-    completed = False
-    try:
-        yield
-        completed = True
-    finally:
-        streamlit_internals.upload_run_finished(completed)
+    yield
     freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap
 
 

@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 _logger = logging.getLogger(__name__)
@@ -83,69 +82,3 @@ def prune(folder: Path, keep: Path, max_bytes: int = UPLOADS_DISK_MB * 2**20) ->
             f.unlink(missing_ok=True)
     except OSError as e:  # another session pruning at the same time: harmless
         _logger.debug("pruning uploads: %s", e)
-
-
-# -- What the server takes in, before any script has looked at it.
-#
-# Streamlit keeps every file a browser PUTs in memory, by session, until that session ends, whether or not a script
-# ever reads it, and checks a PUT only against one server-wide size (server.maxUploadSize), not against the cap the
-# page states for the widget it came from. The limits below are enforced at the PUT (streamlit_internals'
-# bounded upload manager, installed by process.prepare_process): each file by what its name says it is, each session
-# and the whole server by bytes held.
-
-UPLOADS_TOTAL_SHARE = 8  # all sessions' held uploads together: an eighth of the memory (the captures get a quarter)
-MIN_UPLOADS_TOTAL_MB, MAX_UPLOADS_TOTAL_MB = 512, 4096
-BATCH_IMAGES_HELD = 32  # = dashboard.views.attention.MAX_BATCH_IMAGES (a test checks), not imported: no Streamlit here
-UNCLAIMED_GRACE_S = 2.0  # a file no script run has claimed is kept this long after its PUT (see streamlit_internals)
-
-
-@dataclass(frozen=True)
-class UploadLimits:
-    """The upload limits one server enforces, in bytes; `server_mb` is the server-wide cap on one PUT's body."""
-
-    image_bytes: int
-    zip_bytes: int
-    labels_bytes: int
-    weights_bytes: int  # 0: weights uploads are off, and a weights file is refused
-    session_bytes: int
-    total_bytes: int
-    server_mb: int
-
-    def file_cap(self, name: str) -> int:
-        """The largest file called `name` that some uploader of the app takes (by its suffix, as the uploaders
-        accept files by their names' suffixes: a file no uploader takes gets the image cap, the smallest but one)."""
-        from dashboard.image_choice import IMAGE_TYPES
-        from vit_core.loading.weights import WEIGHT_SUFFIXES
-
-        suffix = Path(name).suffix.lower()
-        if suffix == ".zip":
-            return self.zip_bytes
-        if suffix in (".txt", ".json"):
-            return self.labels_bytes
-        if suffix in WEIGHT_SUFFIXES and suffix.lstrip(".") not in IMAGE_TYPES:
-            return self.weights_bytes
-        return self.image_bytes
-
-
-def upload_limits(memory_bytes: int | None = None) -> UploadLimits:
-    """The limits for this server's settings: per file as the pages say them (dashboard.image_choice.MAX_IMAGE_MB,
-    dashboard.image_sets' zip cap, the label and weights caps of dashboard.models), per session the most one
-    session's uploaders can hold at once, and for all sessions an eighth of the memory (`memory_bytes`, default the
-    container's), between MIN_UPLOADS_TOTAL_MB and MAX_UPLOADS_TOTAL_MB and never under one session's."""
-    from dashboard import image_sets, models
-    from dashboard.image_choice import MAX_IMAGE_MB
-    from dashboard.server.byte_budget import _memory_limit_bytes
-
-    mb = 2**20
-    weights = models.weights_uploads_allowed()
-    server_mb = models.MAX_WEIGHTS_MB if weights else MAX_IMAGE_MB
-    zip_mb = image_sets.upload_limit_mb(server_mb)
-    # One session at most holds: its image, a batch for the distance tab, a set for Many images, and its weights
-    # and labels (the sidebar's, on every page).
-    session = (MAX_IMAGE_MB + BATCH_IMAGES_HELD * MAX_IMAGE_MB + max(image_sets.MAX_SET_MB, zip_mb)
-               + ((models.MAX_WEIGHTS_MB + models.MAX_LABELS_MB) if weights else 0)) * mb
-    memory = memory_bytes or _memory_limit_bytes() or 4 * 2**30
-    total = min(max(memory // UPLOADS_TOTAL_SHARE, MIN_UPLOADS_TOTAL_MB * mb), MAX_UPLOADS_TOTAL_MB * mb)
-    return UploadLimits(image_bytes=MAX_IMAGE_MB * mb, zip_bytes=zip_mb * mb, labels_bytes=models.MAX_LABELS_MB * mb,
-                        weights_bytes=models.MAX_WEIGHTS_MB * mb if weights else 0, session_bytes=session,
-                        total_bytes=max(total, session), server_mb=server_mb)
