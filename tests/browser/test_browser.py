@@ -40,6 +40,7 @@ def test_upload_visit_every_view_and_click_a_patch(page, tmp_path):
         panel = page.locator('[role="tabpanel"]:visible')
         figures = panel.locator('[data-testid="stImage"], [data-testid="stPlotlyChart"]')
         assert figures.count() > 0, f"{name}: no figure"
+        assert "stripes.png" in page.locator('[data-testid="stMain"]').inner_text(), f"{name}: the upload is gone"
         page.screenshot(path=str(ARTIFACTS / f"view_{name.lower().replace(' ', '_')}.png"), full_page=True)
 
     # the attention view: click patch 20 on the image, the query follows
