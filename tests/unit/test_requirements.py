@@ -107,3 +107,9 @@ def test_a_mismatch_is_caught(pyproject, name, line, message):
     lines[index] = line
     found = mismatches(pyproject, "\n".join(lines))
     assert any(message in problem for problem in found), found
+
+
+def test_the_web_extra_is_pinned_within_its_range(pyproject):
+    """`vit-lens export-web`'s optional dependencies (onnx, onnxruntime) are pinned as the runtime's are."""
+    web = {"project": {"dependencies": pyproject["project"]["optional-dependencies"]["web"]}}
+    assert mismatches(web, (REPO / "requirements.txt").read_text()) == []

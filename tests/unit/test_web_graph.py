@@ -1,0 +1,81 @@
+"""The static lesson's ONNX graph (vit_core.web.graph) run by onnxruntime against the library on the same tensor:
+`run_with_capture` (logits, attention, token norms), the logit lens, patch dropping and head ablation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+ort = pytest.importorskip("onnxruntime")
+
+from vit_core import load_model, run_with_capture  # noqa: E402
+from vit_core.explain.interventions import predict_intervened  # noqa: E402
+from vit_core.explain.lens import logit_lens  # noqa: E402
+from vit_core.web.graph import WebExportError, check_exportable, onnx_graph  # noqa: E402
+
+TOLERANCE = 1e-5
+
+
+def ring(size=(120, 100)) -> Image.Image:
+    image = Image.new("RGB", size, "white")
+    ImageDraw.Draw(image).ellipse((20, 15, 95, 85), outline=(30, 60, 200), width=7)
+    return image
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    loaded = load_model("vit-lens/shapes-vit")
+    session = ort.InferenceSession(onnx_graph(loaded), providers=["CPUExecutionProvider"])
+    return loaded, session
+
+
+def run_graph(session, loaded, x: np.ndarray, keep: np.ndarray | None = None, heads: np.ndarray | None = None):
+    """x (B, 3, H, W) -> the graph's four outputs."""
+    g = loaded.geometry
+    keep = np.ones((x.shape[0], g.num_patches), np.float32) if keep is None else keep
+    heads = np.ones((g.num_layers, g.num_heads), np.float32) if heads is None else heads
+    return session.run(None, {"pixels": x.astype(np.float32), "keep": keep.astype(np.float32), "head_mask": heads})
+
+
+def test_graph_equals_the_capture(shapes):
+    loaded, session = shapes
+    cap = run_with_capture(loaded, ring())
+    logits, attention, lens, norms = run_graph(session, loaded, cap.input_tensor[None])
+    assert np.abs(logits[0] - cap.logits).max() <= TOLERANCE
+    assert np.abs(attention[0] - cap.pattern).max() <= TOLERANCE
+    assert np.abs(lens[0] - logit_lens(loaded, cap)).max() <= TOLERANCE * max(1.0, np.abs(cap.logits).max())
+    token_norms = np.linalg.norm(cap.tokens.astype(np.float64), axis=-1)  # (L+1, T)
+    assert np.abs(norms[0] - token_norms).max() <= TOLERANCE * token_norms.max()
+
+
+def test_keep_mask_and_head_mask_are_the_library_interventions(shapes):
+    loaded, session = shapes
+    image = ring()
+    cap = run_with_capture(loaded, image)
+    g = loaded.geometry
+    dropped = list(range(0, g.num_patches, 3))
+    keep = np.ones((2, g.num_patches), np.float32)
+    keep[1, dropped] = 0
+    heads = np.ones((g.num_layers, g.num_heads), np.float32)
+    logits, *_ = run_graph(session, loaded, np.repeat(cap.input_tensor[None], 2, axis=0), keep)  # a batch of two
+    assert np.abs(logits[0] - cap.logits).max() <= TOLERANCE
+    assert np.abs(logits[1] - predict_intervened(loaded, cap, drop=dropped)).max() <= TOLERANCE
+    heads[1, 2] = heads[3, 0] = 0
+    logits, *_ = run_graph(session, loaded, cap.input_tensor[None], heads=heads)
+    assert np.abs(logits[0] - predict_intervened(loaded, cap, ablate=[(1, 2), (3, 0)])).max() <= TOLERANCE
+
+
+def test_a_small_imagenet_vit_too(tiny, image):
+    session = ort.InferenceSession(onnx_graph(tiny), providers=["CPUExecutionProvider"])
+    cap = run_with_capture(tiny, image)
+    logits, attention, *_ = run_graph(session, tiny, cap.input_tensor[None])
+    assert np.abs(logits[0] - cap.logits).max() <= TOLERANCE
+    assert np.abs(attention[0] - cap.pattern).max() <= TOLERANCE
+
+
+def test_models_the_graph_cant_carry_are_refused_in_one_sentence(family):
+    with pytest.raises(WebExportError, match="class token"):
+        check_exportable(family["no_class_token"])
+    with pytest.raises(WebExportError, match=r"MB, above the 1 MB"):
+        check_exportable(family["class_token"], limit=2**20)
