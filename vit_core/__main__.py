@@ -7,6 +7,9 @@
             [--table csv|parquet]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
+    concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
+            [--seed S] [--out DIR] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--memory-gb G]
+            [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
 
 `analyze` writes DIR/<name>.npz and DIR/<name>.json per readable image, and says so in one line on stdout (the image,
 its top-1 class with its probability, or "no classifier head", and the two files); `dataset` writes DIR/dataset.npz,
@@ -19,6 +22,11 @@ under `python -m`), the other images are still analysed, and the exit status is 
 cpu, cuda, cuda:N, mps; vit_core.runtime.devices), and a path that isn't there (an IMAGE, a MASK, --weights, --labels,
 FOLDER): both are refused before torch is imported or any model loaded. Ctrl-C ends a command in one line on
 stderr with exit status 130; `dataset` says how many shards it kept in DIR/parts for a rerun to build on.
+
+`concepts` collects the residual stream after block L of every patch token under FOLDER (in shards kept in
+DIR/tokens, resumable like `dataset`'s parts), trains a TopK sparse autoencoder on all but a held-out tenth of the
+images, and writes DIR/concepts.safetensors, DIR/concepts.json and DIR/contact_sheet.png (vit_core.concepts;
+docs/spec/interface.md, "Concepts").
 
 `dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
 layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
@@ -77,6 +85,7 @@ DEFAULT_STEPS = 10  # vit_core.explain.DEFAULT_STEPS
 FAITHFULNESS_TESTS = ("deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg",
                       "saco")  # vit_core.explain.FAITHFULNESS_TESTS
 EXPORT_TESTS = ("deletion_auc", "insertion_auc")  # vit_core.export.EXPORT_TESTS
+CONCEPTS_K, CONCEPTS_EPOCHS, CONCEPTS_MEMORY_GB = 32, 4, 4.0  # `concepts`' defaults (vit_core.concepts.learn: MEMORY_BUDGET)
 
 
 def default_workers() -> int:
@@ -154,6 +163,42 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     dataset.add_argument("--model-workers", type=_positive, metavar="M",
                          help="with --engine ray: model workers, each loads the model once (default: the cluster's "
                               "GPUs / G, or 1 without GPUs)")
+
+    concepts = commands.add_parser("concepts", help="learn a TopK sparse autoencoder's features (concepts) of one "
+                                   "layer from a folder; write concepts.safetensors, concepts.json and a contact sheet")
+    concepts.add_argument("folder", type=Path, metavar="FOLDER", help="images under it, recursively")
+    _add_model_arguments(concepts)
+    concepts.add_argument("--layer", type=_not_negative, required=True, metavar="L",
+                          help="the residual stream after block L (0-based) is what the features describe")
+    concepts.add_argument("--features", type=_positive, metavar="F",
+                          help="the autoencoder's features (default: 8 x the model's width)")
+    concepts.add_argument("--k", type=_positive, default=CONCEPTS_K, metavar="K",
+                          help=f"features active per token (default {CONCEPTS_K})")
+    concepts.add_argument("--epochs", type=_positive, default=CONCEPTS_EPOCHS, metavar="E",
+                          help=f"passes over the training tokens (default {CONCEPTS_EPOCHS})")
+    concepts.add_argument("--seed", type=_not_negative, default=0, metavar="S",
+                          help="the training's seed: the same seed, tokens and threads give the same bits (default 0)")
+    concepts.add_argument("--batch-size", type=_positive, metavar="B", help="images per decoded batch (default: 8 on a "
+                          "CPU, 64 on a GPU)")
+    concepts.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
+    concepts.add_argument("--workers", type=_not_negative, metavar="W",
+                          help=f"processes that decode images, 0: in this one (default {workers}); with --engine ray, "
+                               "Ray's decoding workers")
+    concepts.add_argument("--memory-gb", type=_not_negative_float, default=CONCEPTS_MEMORY_GB, metavar="G",
+                          help="training tokens held in memory up to G GiB; beyond, they are read from DIR/tokens one "
+                               f"chunk at a time (default {CONCEPTS_MEMORY_GB:g})")
+    concepts_shards = concepts.add_mutually_exclusive_group()
+    concepts_shards.add_argument("--shards", type=_positive, metavar="N",
+                                 help="collect in N shards, each kept in DIR/tokens when done (a rerun skips them)")
+    concepts_shards.add_argument("--shard", metavar="I/N",
+                                 help="collect only shard I of N into DIR/tokens; the run that finds every shard there "
+                                      "(one shared DIR) trains")
+    concepts.add_argument("--engine", choices=ENGINES, default="local",
+                          help=f"local: this process (default); ray: Ray Data workers (needs {RAY_EXTRA})")
+    concepts.add_argument("--address", metavar="ADDR", help="with --engine ray: the cluster to join")
+    concepts.add_argument("--gpus-per-worker", type=_not_negative_float, metavar="G",
+                          help="with --engine ray: GPUs per model worker")
+    concepts.add_argument("--model-workers", type=_positive, metavar="M", help="with --engine ray: model workers")
 
     merge = commands.add_parser("merge", help="merge the parts of a `dataset` run's shards (run on several machines) "
                                 "into dataset.npz, dataset.json, the figure and the tables")
@@ -653,6 +698,134 @@ def _write_merged(args: argparse.Namespace, stores: list[PartStore], out: Output
     return EXIT_FAILURES if failures else 0
 
 
+def concepts(args: argparse.Namespace) -> int:
+    """`concepts`: the arguments checked before the model loads (the folder, the output folder outside it, the Ray
+    options, --shard, the Ray extra), then `_concepts_run`."""
+    if not args.folder.is_dir():
+        _fail(f"{args.folder}: not a folder")
+        return EXIT_FAILURES
+    if args.out.resolve().is_relative_to(args.folder.resolve()):  # its contact sheet would be an image of the next run
+        _fail(f"--out {args.out}: inside FOLDER; write the concepts elsewhere")
+        return EXIT_FAILURES
+    if _inputs_missing(args):
+        return EXIT_FAILURES
+    if args.features is not None and args.k > args.features:
+        _fail(f"--k {args.k}: at most --features ({args.features}) features can be active")
+        return EXIT_FAILURES
+    ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
+                                             ("--model-workers", args.model_workers)) if value is not None]
+    if args.engine != "ray" and ray_only:
+        _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
+        return EXIT_FAILURES
+    from .dataset import ShardError, parse_shard
+
+    try:
+        args.shard = parse_shard(args.shard) if args.shard else None
+    except ShardError as e:
+        _fail(str(e))
+        return EXIT_FAILURES
+    if args.engine == "ray":
+        from .dataset.ray_engine import RayMissingError, import_ray
+
+        try:
+            import_ray()
+        except RayMissingError as e:
+            _fail(str(e))
+            return EXIT_FAILURES
+    return _with_model(args, _concepts_run)
+
+
+def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
+    """`concepts` once the model is loaded: the shards not collected yet collected (each kept when done), and when
+    every shard is there the autoencoder trained and its files written."""
+    from .concepts import TokenStore, TrainingSettings, concepts_files
+    from .concepts.collect import check_layer, manifest_of
+    from .dataset import DatasetError, plan_run
+
+    store = TokenStore(args.out)
+    try:
+        check_layer(loaded, args.layer)
+        features = args.features or 8 * loaded.geometry.embed_dim
+        if args.k > features:
+            raise DatasetError(f"--k {args.k}: at most --features ({features}) features can be active.")
+        found = store.manifest()
+        plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=args.shard[1] if args.shard else args.shards,
+                        resumed_shards=(found or {}).get("shards"))
+        if len(plan.paths) < 2:
+            raise DatasetError(f"{len(plan.paths)} image(s): learning concepts needs at least 2 (one is held out).")
+        store.open(manifest_of(loaded, plan, args.layer, args.limit))
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return EXIT_FAILURES
+    asked = [plan.shards[args.shard[0] - 1]] if args.shard else list(plan.shards)
+    todo = [shard for shard in asked if shard.number not in store.done(plan.shards)]
+    if len(todo) < len(asked):
+        print(f"{len(asked) - len(todo)} of {len(asked)} shards already collected in {store.path}: skipped", flush=True)
+    try:
+        _collect_concept_tokens(args, loaded, plan, store, todo)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; {len(store.done(plan.shards))} of {len(plan.shards)} shards kept in {store.path}, rerun to "
+              "finish")
+        return EXIT_INTERRUPTED
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return EXIT_FAILURES
+    done = store.done(plan.shards)
+    if len(done) < len(plan.shards):
+        print(f"{len(done)} of {len(plan.shards)} shards collected in {store.path}; the concepts are learned when all are "
+              "(run the others into the same --out)", flush=True)
+        return 0
+    settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed)
+    try:
+        files, summary = concepts_files(loaded, plan, store, args.layer, settings,
+                                        memory_budget=int(args.memory_gb * 2 ** 30))
+        written = [out.write(name, data) for name, data in files.items()]
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return EXIT_FAILURES
+    for failure in summary["failures"]:
+        _fail(f"{failure['file']}: {failure['reason']}")
+    print(f"{summary['images']:,} images ({summary['held_out_images']:,} held out), {features:,} features, k = {args.k}: "
+          f"held-out fvu {summary['fvu']:.3f}, dead {summary['dead_fraction']:.1%}, spliced top-1 agreement "
+          f"{summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g} -> {', '.join(map(str, written))}",
+          flush=True)
+    return EXIT_FAILURES if summary["failures"] else 0
+
+
+def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, store, todo: list[Shard]) -> None:
+    """The shards `todo` collected by the engine asked for, with tqdm's bar on a terminal and progress lines otherwise."""
+    from tqdm import tqdm
+
+    from .concepts import collect_shards
+    from .dataset import default_batch_size
+    from .dataset.progress import ProgressLines
+
+    lines = ProgressLines(sys.stdout, "tokens") if not sys.stdout.isatty() else None
+    batch_size = args.batch_size or default_batch_size(loaded.device)
+    with tqdm(total=sum(shard.size for shard in todo), unit="image", desc="tokens", disable=not sys.stderr.isatty(),
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        def progress(done: int, of: int) -> None:
+            bar.update(done - bar.n)
+            if lines:
+                lines.update(done, of)
+
+        if args.engine == "local":
+            workers = default_workers() if args.workers is None else args.workers
+            collect_shards(loaded, plan, args.layer, store, todo, batch_size=batch_size, workers=workers,
+                           progress=progress)
+            return
+        from .concepts.ray_collect import collect_shards_on_ray
+        from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session
+
+        spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
+                         pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
+        with ray_output_to(store.path / RAY_LOG), ray_session(args.address) as ray:
+            workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
+            threads = None if args.address else max(1, cpu_quota() // workers.model_workers)
+            collect_shards_on_ray(spec, loaded, plan, args.layer, store, todo, workers=workers, batch_size=batch_size,
+                                  threads=threads, progress=progress)
+
+
 def merge(args: argparse.Namespace) -> int:
     missing = [str(path) for path in args.parts if not path.is_dir()]
     if missing:  # said before the dataset package (torch) is imported
@@ -673,7 +846,7 @@ def merge(args: argparse.Namespace) -> int:
 
 
 # subcommand name -> its function of the parsed arguments (exit status)
-COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge}
+COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge, "concepts": concepts}
 
 
 def _interrupted(signum: int, frame: object) -> None:

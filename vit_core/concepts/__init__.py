@@ -1,0 +1,98 @@
+"""The concept lens: TopK sparse-autoencoder features of a timm ViT's residual stream, learned from a folder of images.
+
+Definitions: docs/spec/analyses.md, "Concepts"; files and the command: docs/spec/interface.md, "Concepts".
+
+- `collect`: the residual stream after block L of every patch token, through the dataset engine (its listing,
+  shards and loader), written to disk in chunks per shard; the deterministic held-out tenth of the images;
+- `ray_collect`: the same collection on Ray Data (the dataset engine's decoding stage);
+- `sae`: the TopK autoencoder (Gao et al. 2024), its normalisation, training, and concepts.safetensors;
+- `learn`: from the tokens to the trained autoencoder and its metrics (fvu, dead_fraction, the spliced model's
+  agreement and KL, each feature's firing rate, mean activation and top patches);
+- `splice`: the autoencoder spliced into the model (reconstruction, or one concept removed);
+- `image`: one image's strongest features and reconstruction error, from its capture;
+- `crops`: the top patches as pictures, and the contact sheet.
+
+    from vit_core.concepts import load_concepts, image_concepts, logits_with_concept_removed
+    concepts = load_concepts("out/concepts.safetensors")
+    seen = image_concepts(concepts, cap)       # cap = run_with_capture(loaded, image)
+    logits = logits_with_concept_removed(loaded, cap, concepts, int(seen.strongest[0]))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..dataset.runs import RunPlan
+from ..loading.model import LoadedModel
+from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
+from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, patch_crop, top_crops
+from .image import ImageConcepts, image_concepts
+from .learn import (
+    MEMORY_BUDGET,
+    Stopwatch,
+    feature_statistics,
+    features_json,
+    held_out_metrics,
+    learned_concepts,
+    splice_metrics,
+    strongest_features,
+    summary_of,
+    tokens_of,
+)
+from .sae import (
+    Concepts,
+    ConceptsError,
+    Normalisation,
+    TopKSAE,
+    TrainingSettings,
+    concepts_bytes,
+    load_concepts,
+    read_summary,
+    topk_codes,
+    train_sae,
+)
+from .splice import concept_removed, logits_spliced, logits_with_concept_removed, reconstructed, spliced, spliced_logits
+
+CONCEPTS_FILE, SUMMARY_FILE, SHEET_FILE = "concepts.safetensors", "concepts.json", "contact_sheet.png"
+
+__all__ = [
+    "CONCEPTS_FILE", "MEMORY_BUDGET", "SHEET_FILE", "SUMMARY_FILE", "Concepts", "ConceptsError", "ImageConcepts",
+    "Normalisation", "TokenStore", "TopKSAE", "TrainingSettings", "collect_shards", "concept_removed", "concepts_bytes",
+    "concepts_files", "contact_sheet_png", "held_out", "image_concepts", "load_concepts", "logits_spliced",
+    "logits_with_concept_removed", "patch_crop", "patch_tokens", "read_summary", "reconstructed", "residual_after",
+    "spliced", "spliced_logits", "top_crops", "topk_codes", "train_sae",
+]
+
+
+def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,
+                   memory_budget: int = MEMORY_BUDGET, workers: int = 0, progress: Callable[[int], None] | None = None
+                   ) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Every shard's tokens (all collected) -> the autoencoder trained, measured and drawn: the files of
+    docs/spec/interface.md "Concepts" (name -> bytes) and concepts.json's content (without its features, for a
+    summary line)."""
+    import json
+
+    clock = Stopwatch()
+    tokens = clock.time("load", lambda: tokens_of(store, plan, loaded.geometry.num_patches, memory_budget))
+    concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget, progress))
+    held = clock.time("held_out", lambda: held_out_metrics(concepts, tokens))
+    splice = clock.time("splice", lambda: splice_metrics(loaded, concepts, plan, workers))
+    stats = clock.time("features", lambda: feature_statistics(concepts, tokens))
+    features = features_json(stats, plan.names, loaded.geometry.grid)
+    cache: dict = {}
+    rows = clock.time("sheet", lambda: [(f, [crop for crop, _ in top_crops(loaded, plan.folder, features[f]["top"],
+                                                                           SHEET_CROPS, cache)])
+                                        for f in strongest_features(features, SHEET_FEATURES)])
+    sheet = contact_sheet_png(rows)
+    summary = summary_of(loaded, plan, concepts, settings, held, splice, features, store.failures(plan.shards),
+                         clock.seconds)
+    files = {CONCEPTS_FILE: concepts_bytes(concepts), SUMMARY_FILE: json.dumps(summary, indent=1).encode(),
+             SHEET_FILE: sheet}
+    return files, {key: value for key, value in summary.items() if key != "features"}
+
+
+def concepts_path(path: str | Path) -> Path:
+    """The concepts.safetensors a path names: the file itself, or the one in a folder."""
+    path = Path(path)
+    return path / CONCEPTS_FILE if path.is_dir() else path

@@ -1,0 +1,243 @@
+"""Collecting the residual stream after block L for every patch token of a folder's images, in shards on disk.
+
+The folder is planned, listed and sharded by the dataset engine (`vit_core.dataset.plan_run`: the same sorted
+images, the same shards, the same files skipped with their reason), its images decoded by the engine's loader
+(DataLoader workers, or the Ray engine's decoding stage). Each forward runs only blocks 0..L and has the engine's
+fixed number of images (`forward_images`), so an image's tokens are the same bits whatever its batch, shard or engine.
+
+    DIR/tokens/manifest.json                       the run's inputs: model, weights, layer, the files, --limit, shards
+    DIR/tokens/shard-0002-of-0004/tokens-00000.npy  float32 (n * N, D): the patch tokens of n images, row-major by patch
+    DIR/tokens/shard-0002-of-0004/images-00000.npy  int64 (n,): those images' indices in the run's sorted list
+    DIR/tokens/shard-0002-of-0004/done.json         written last: the chunks, and the images that failed with why
+
+A shard's tokens are cut into chunks of at most `chunk_bytes`; training reads them into memory when all fit in
+its memory budget, else maps them from disk one chunk at a time (vit_core.concepts.learn). A shard whose done.json is
+there is skipped by a rerun, so a killed collection resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..dataset.analyze import consecutive_batches
+from ..dataset.listing import Shard, files_digest
+from ..dataset.reductions import forward_images, image_loader
+from ..dataset.runs import RunPlan
+from ..explain.interventions import embedded_tokens
+from ..explain.passes import model_pass
+from ..images.files import OutputFolder
+from ..loading.model import LoadedModel
+from .sae import ConceptsError
+
+_logger = logging.getLogger(__name__)
+
+TOKENS = "tokens"  # the collection's folder inside DIR
+MANIFEST = "manifest.json"
+DONE = "done.json"
+FORMAT = "vit-lens concept tokens 1"
+CHUNK_BYTES = 256 * 2 ** 20  # the largest chunk file: a shard's tokens held in memory before they are written
+HELD_OUT_SHARE = 0.1
+
+Progress = Callable[[int, int], None]  # (images done, images in all)
+
+
+def check_layer(loaded: LoadedModel, layer: int) -> None:
+    if not 0 <= layer < loaded.geometry.num_layers:
+        raise ConceptsError(f"--layer {layer}: {loaded.name} has blocks 0..{loaded.geometry.num_layers - 1}.")
+
+
+def residual_after(loaded: LoadedModel, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """The residual stream after block `layer` (before the final norm: `Capture.tokens[layer + 1]`), running only
+    blocks 0..layer. (B, 3, H, W) on the model's device -> (B, T, D). Call inside `model_pass`."""
+    model = loaded.model
+    tokens = model.norm_pre(model.patch_drop(embedded_tokens(model, x)))  # (B, T, D), entering block 0
+    for block in model.blocks[:layer + 1]:
+        tokens = block(tokens)
+    return tokens
+
+
+def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int) -> np.ndarray:
+    """The patch tokens after block `layer` of a batch x (B, 3, H, W): float32 (B, N, D) on the host. Forwards of
+    `forward_images` images each (a short one padded with zero images), so an image's bits don't depend on its batch."""
+    size, count, p = forward_images(loaded.device), len(x), loaded.geometry.num_prefix_tokens
+    parts = []
+    with model_pass(loaded):
+        for first in range(0, count, size):
+            chunk = x[first:first + size]
+            if len(chunk) < size:
+                chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
+            parts.append(residual_after(loaded, chunk.to(loaded.device), layer)[:, p:].float().cpu())  # (F, N, D)
+    return torch.cat(parts)[:count].numpy()
+
+
+# ----------------------------------------------------------------------------------------------
+# The hold-out: a deterministic tenth of the images, by name
+
+
+def held_out(names: Sequence[str], share: float = HELD_OUT_SHARE) -> np.ndarray:
+    """bool (n,): the images whose names' SHA-256 are the lowest round(share * n) (at least 1 of 2 or more images).
+    A function of the names alone: the same images whatever the shards, the engine or the machine."""
+    n = len(names)
+    count = min(n - 1, max(1, round(share * n))) if n >= 2 else 0
+    order = sorted(range(n), key=lambda i: hashlib.sha256(names[i].encode()).hexdigest())
+    mask = np.zeros(n, dtype=bool)
+    mask[order[:count]] = True
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------
+# The shards' token parts on disk
+
+
+def manifest_of(loaded: LoadedModel, plan: RunPlan, layer: int, limit: int | None) -> dict[str, Any]:
+    return {"format": FORMAT, "model": loaded.name, "weights": loaded.weights, "layer": layer,
+            "files_sha256": files_digest(plan.folder, plan.paths), "num_images": len(plan.paths), "limit": limit,
+            "shards": len(plan.shards), "folder": str(plan.folder.resolve())}
+
+
+class TokenStore:
+    """DIR/tokens: the manifest and one folder of chunks per shard, done.json written last."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / TOKENS
+
+    def manifest(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ConceptsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.path} to start again.") from None
+
+    def open(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest, or check the one there names the same run. Raises ConceptsError with what differs."""
+        found = self.manifest()
+        if found is not None:
+            differs = [key for key in manifest if key != "folder" and found.get(key) != manifest[key]]
+            if differs:
+                raise ConceptsError(f"{self.path} holds the tokens of another run (it differs in: {', '.join(differs)}); "
+                                    "use another --out, or remove that folder to start again.")
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        with OutputFolder(self.path) as out:
+            out.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+
+    def shard_path(self, shard: Shard) -> Path:
+        return self.path / shard.name
+
+    def done(self, all_shards: Sequence[Shard]) -> set[int]:
+        return {shard.number for shard in all_shards if (self.shard_path(shard) / DONE).is_file()}
+
+    def writer(self, shard: Shard, chunk_bytes: int = CHUNK_BYTES) -> ShardWriter:
+        return ShardWriter(self.shard_path(shard), chunk_bytes)
+
+    def chunks(self, all_shards: Sequence[Shard], mmap: bool) -> list[TokenChunk]:
+        """Every shard's chunks in shard order (each shard must be done), in memory or mapped from disk."""
+        chunks = []
+        for shard in all_shards:
+            folder = self.shard_path(shard)
+            try:
+                done = json.loads((folder / DONE).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise ConceptsError(f"{folder} is not a finished shard ({e}); run that shard again.") from None
+            for i in range(done["chunks"]):
+                tokens = np.load(folder / f"tokens-{i:05d}.npy", mmap_mode="r" if mmap else None)
+                chunks.append(TokenChunk(tokens, np.load(folder / f"images-{i:05d}.npy")))
+        return chunks
+
+    def failures(self, all_shards: Sequence[Shard]) -> list[tuple[str, str]]:
+        failed = []
+        for shard in all_shards:
+            done = json.loads((self.shard_path(shard) / DONE).read_text(encoding="utf-8"))
+            failed += [tuple(pair) for pair in done["failures"]]
+        return failed
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    tokens: np.ndarray  # float32 (n * N, D), in memory or mapped
+    images: np.ndarray  # int64 (n,): the run's image index of each block of N rows
+
+
+class ShardWriter:
+    """A shard's tokens written as chunks of at most `chunk_bytes` as they come, done.json last."""
+
+    def __init__(self, folder: Path, chunk_bytes: int) -> None:
+        self.folder, self.chunk_bytes = folder, chunk_bytes
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.pending: list[tuple[int, np.ndarray]] = []  # (image index, (N, D))
+        self.pending_bytes, self.chunks = 0, 0
+        self.failures: list[tuple[str, str]] = []
+
+    def add(self, index: int, tokens: np.ndarray) -> None:
+        self.pending.append((index, tokens))
+        self.pending_bytes += tokens.nbytes
+        if self.pending_bytes >= self.chunk_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        tokens = np.concatenate([t for _, t in self.pending]).astype(np.float32, copy=False)  # n x (N, D) -> (n N, D)
+        images = np.array([i for i, _ in self.pending], dtype=np.int64)
+        with OutputFolder(self.folder) as out:
+            out.write(f"tokens-{self.chunks:05d}.npy", _npy_bytes(tokens))
+            out.write(f"images-{self.chunks:05d}.npy", _npy_bytes(images))
+        self.chunks += 1
+        self.pending, self.pending_bytes = [], 0
+
+    def finish(self) -> None:
+        self._flush()
+        with OutputFolder(self.folder) as out:
+            out.write(DONE, json.dumps({"chunks": self.chunks, "failures": self.failures}).encode())
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array))
+    return buffer.getvalue()
+
+
+def collect_shards(loaded: LoadedModel, plan: RunPlan, layer: int, store: TokenStore, todo: Sequence[Shard], *,
+                   batch_size: int, workers: int = 0, chunk_bytes: int = CHUNK_BYTES,
+                   progress: Progress | None = None) -> None:
+    """The patch tokens after block `layer` of the shards `todo` of `plan`, in this process: decoded by the dataset
+    engine's loader (`workers` processes, batches that stop at the shards' edges), each shard written when done."""
+    check_layer(loaded, layer)
+    sources, names = plan.sources(), plan.names
+    batches, owner = [], {}
+    for shard in todo:
+        for batch in consecutive_batches(shard.start, shard.stop, batch_size):
+            owner[batch.start] = shard
+            batches.append(batch)
+    writers = {shard.number: store.writer(shard, chunk_bytes) for shard in todo}
+    remaining = {shard.number: shard.size for shard in todo}
+    for shard in todo:
+        if shard.size == 0:
+            writers[shard.number].finish()
+    total, done = sum(shard.size for shard in todo), 0
+    loader = image_loader(loaded, sources, 0, workers, batches=batches)
+    for batch, (indices, x, failed) in zip(batches, loader, strict=True):
+        shard = owner[batch.start]
+        writer = writers[shard.number]
+        writer.failures += [(names[i], reason) for i, reason in failed]
+        if x is not None:
+            for index, tokens in zip(indices.tolist(), patch_tokens(loaded, x, layer), strict=True):
+                writer.add(index, tokens)
+        remaining[shard.number] -= len(batch)
+        if remaining[shard.number] == 0:
+            writer.finish()
+            _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
+        done += len(batch)
+        if progress:
+            progress(done, total)

@@ -1,0 +1,295 @@
+"""The TopK sparse autoencoder (Gao et al. 2024, "Scaling and evaluating sparse autoencoders"), its token
+normalisation, its training and its file.
+
+Definitions (docs/spec/analyses.md, "Concepts"). A token x (D,) of the residual stream is first normalised,
+x_n = (x - mu) / s, with mu (D,) the mean of the training tokens and s the scalar that gives them a mean squared norm
+of D (s^2 = mean ||x - mu||^2 / D): the same autoencoder settings then suit every model and layer. Then
+
+    z     = ReLU(TopK_k(W_enc (x_n - b_pre) + b_enc))     (F,): k non-zero entries at most
+    x_n^  = W_dec z + b_pre                               (D,)
+    x^    = s x_n^ + mu                                   (D,): the reconstruction in the model's units
+
+with W_dec (D, F) of unit-norm columns (feature f's direction d_f), b_pre the pre-encoder bias subtracted before
+the encoder and added back after the decoder. Training minimises the normalised squared error ||x_n - x_n^||^2 / D
+plus 1/32 of the AuxK loss: the residual e = x_n - x_n^ reconstructed by the k_aux most active *dead* features (no
+firing over the last `dead_after` training tokens), so that dead features get a gradient towards what the live ones
+miss. Adam, with the decoder's columns renormalised after every step and the gradient's component along each
+column removed before it.
+
+Shapes: N tokens, D width, F features, k active features per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ViTLensError
+
+FORMAT = "vit-lens concepts 1"
+NORMALISATION = "x_n = (x - mean) / scale, mean: the training tokens' mean, scale: sqrt(mean ||x - mean||^2 / D)"
+AUXK_COEFFICIENT = 1 / 32  # Gao et al. 2024, section 2.4
+
+
+class ConceptsError(ViTLensError, ValueError):
+    """A concepts file that can't be used (damaged, another model's, another format), or settings that can't train."""
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """x_n = (x - mean) / scale."""
+
+    mean: np.ndarray  # float32 (D,)
+    scale: float
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - torch.as_tensor(self.mean, device=x.device)) / self.scale  # (N, D) -> (N, D)
+
+    def undo(self, x_n: torch.Tensor) -> torch.Tensor:
+        return x_n * self.scale + torch.as_tensor(self.mean, device=x_n.device)  # (N, D) -> (N, D)
+
+
+def normalisation_of(chunks: Iterable[np.ndarray]) -> Normalisation:
+    """The normalisation of the tokens in `chunks` (each (n, D)), in float64 over two passes: mean, then spread."""
+    chunks = list(chunks)
+    count = sum(len(c) for c in chunks)
+    if count == 0:
+        raise ConceptsError("There are no tokens to learn concepts from.")
+    mean = sum(c.sum(axis=0, dtype=np.float64) for c in chunks) / count  # (D,)
+    squares = sum(float(((c.astype(np.float64) - mean) ** 2).sum()) for c in chunks)
+    scale = math.sqrt(squares / count / len(mean)) or 1.0  # all tokens equal: nothing to scale
+    return Normalisation(mean.astype(np.float32), float(scale))
+
+
+class TopKSAE(torch.nn.Module):
+    """The autoencoder's parameters and its two halves (shapes in the module docstring)."""
+
+    def __init__(self, d_model: int, num_features: int, k: int) -> None:
+        super().__init__()
+        if not 1 <= k <= num_features:
+            raise ConceptsError(f"k = {k} active features of {num_features}: k must be from 1 to the feature count.")
+        self.k = k
+        self.W_enc = torch.nn.Parameter(torch.zeros(num_features, d_model))  # (F, D)
+        self.b_enc = torch.nn.Parameter(torch.zeros(num_features))  # (F,)
+        self.W_dec = torch.nn.Parameter(torch.zeros(d_model, num_features))  # (D, F): unit-norm columns
+        self.b_pre = torch.nn.Parameter(torch.zeros(d_model))  # (D,)
+
+    @property
+    def num_features(self) -> int:
+        return self.W_enc.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.W_enc.shape[1]
+
+    def pre_activations(self, x_n: torch.Tensor) -> torch.Tensor:
+        return (x_n - self.b_pre) @ self.W_enc.T + self.b_enc  # (N, D) -> (N, F)
+
+    def encode(self, x_n: torch.Tensor) -> torch.Tensor:
+        """Sparse codes z (N, F): the k largest pre-activations of each token, ReLU'd, the others 0."""
+        return topk_codes(self.pre_activations(x_n), self.k)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return z @ self.W_dec.T + self.b_pre  # (N, F) -> (N, D)
+
+    @torch.no_grad()
+    def normalise_decoder(self) -> None:
+        self.W_dec.div_(self.W_dec.norm(dim=0, keepdim=True).clamp_min(1e-12))
+
+    @torch.no_grad()
+    def project_decoder_gradient(self) -> None:
+        """Removes the part of each column's gradient along the column: a step then turns the direction, not its norm."""
+        if self.W_dec.grad is not None:
+            along = (self.W_dec.grad * self.W_dec).sum(dim=0, keepdim=True)  # (1, F)
+            self.W_dec.grad.sub_(along * self.W_dec)
+
+
+def topk_codes(pre: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest entries of each row of `pre` (N, F), ReLU'd, scattered into zeros: (N, F)."""
+    values, indices = pre.topk(k, dim=-1)  # (N, k), (N, k)
+    return torch.zeros_like(pre).scatter(-1, indices, F.relu(values))
+
+
+def initialised_sae(d_model: int, num_features: int, k: int, seed: int) -> TopKSAE:
+    """Random unit-norm decoder columns, the encoder their transpose (Gao et al.'s tied initialisation), biases 0
+    (b_pre 0 is the training tokens' normalised mean: the normalisation centres them)."""
+    sae = TopKSAE(d_model, num_features, k)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        sae.W_dec.copy_(torch.randn(d_model, num_features, generator=generator))
+        sae.normalise_decoder()
+        sae.W_enc.copy_(sae.W_dec.T)
+    return sae
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    num_features: int
+    k: int
+    epochs: int = 4
+    batch_tokens: int = 1024
+    learning_rate: float | None = None  # default: Gao et al.'s 2e-4 / sqrt(F / 2^14)
+    seed: int = 0
+    k_aux: int | None = None  # default: D / 2, as Gao et al.
+    dead_after: int | None = None  # default: the training tokens, at most 10 million (Gao et al.)
+
+    def lr(self) -> float:
+        return self.learning_rate or 2e-4 / math.sqrt(self.num_features / 2 ** 14)
+
+
+TokenBatches = Iterator[torch.Tensor]  # minibatches of normalised training tokens, (B, D) float32
+
+
+def auxk_loss(sae: TopKSAE, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor, k_aux: int) -> torch.Tensor:
+    """Gao et al.'s AuxK loss: the residual (B, D) reconstructed from the k_aux largest pre-activations (B, F) among
+    the `dead` (F,) bool features, its squared error over the residual's own squared norm; 0 with no dead feature."""
+    dead_count = int(dead.sum())
+    if dead_count == 0:
+        return pre.new_zeros(())
+    masked = pre.masked_fill(~dead, float("-inf"))  # (B, F): only the dead compete
+    codes = topk_codes(masked, min(k_aux, dead_count)).nan_to_num(0.0)  # (B, F)
+    estimate = codes @ sae.W_dec.T  # (B, D): no bias, it reconstructs an error
+    return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
+
+
+def train_sae(batches_of_epoch, d_model: int, train_tokens: int, settings: TrainingSettings,
+              progress=None) -> TopKSAE:
+    """A TopK SAE trained on the minibatches `batches_of_epoch(epoch, generator)` yields (normalised tokens (B, D)),
+    for `settings.epochs` epochs; bit-identical for the same tokens, settings and torch threads (every random draw
+    comes from one generator seeded with `settings.seed`). progress(step) after each step."""
+    sae = initialised_sae(d_model, settings.num_features, settings.k, settings.seed)
+    optimiser = torch.optim.Adam(sae.parameters(), lr=settings.lr(), betas=(0.9, 0.999), eps=6.25e-10)
+    generator = torch.Generator().manual_seed(settings.seed + 1)
+    k_aux = settings.k_aux or max(1, d_model // 2)
+    dead_after = settings.dead_after or min(train_tokens, 10_000_000)
+    since_fired = torch.zeros(settings.num_features, dtype=torch.long)  # (F,): tokens since each feature last fired
+    step = 0
+    for epoch in range(settings.epochs):
+        for x_n in batches_of_epoch(epoch, generator):
+            pre = sae.pre_activations(x_n)  # (B, F)
+            z = topk_codes(pre, sae.k)
+            reconstruction = sae.decode(z)  # (B, D)
+            residual = x_n - reconstruction
+            loss = residual.pow(2).sum(-1).mean() / d_model
+            fired = (z > 0).any(dim=0)  # (F,)
+            since_fired = torch.where(fired, 0, since_fired + len(x_n))
+            dead = since_fired >= dead_after
+            loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, residual.detach(), dead, k_aux)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            sae.project_decoder_gradient()
+            optimiser.step()
+            sae.normalise_decoder()
+            step += 1
+            if progress:
+                progress(step)
+    return sae.eval()
+
+
+# ----------------------------------------------------------------------------------------------
+# The file: the autoencoder with the model's name, the layer and the normalisation
+
+
+@dataclass(frozen=True)
+class Concepts:
+    """A trained autoencoder for one model and layer, ready to encode that layer's tokens."""
+
+    sae: TopKSAE
+    normalisation: Normalisation
+    model: str  # the model's name, as vit_core.load_model takes it
+    weights: str  # where the model's weights came from (LoadedModel.weights)
+    layer: int  # the residual stream after this block (0-based)
+
+    def codes(self, tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Sparse codes (N, F) of tokens (N, D) in the model's units."""
+        x = torch.from_numpy(np.array(tokens, dtype=np.float32)) if isinstance(tokens, np.ndarray) else tokens  # a copy: writable
+        with torch.no_grad():
+            return self.sae.encode(self.normalisation.apply(x.float()))
+
+    def reconstruction(self, z: torch.Tensor) -> torch.Tensor:
+        """x^ (N, D) in the model's units of codes z (N, F)."""
+        with torch.no_grad():
+            return self.normalisation.undo(self.sae.decode(z))
+
+    def share(self, z: torch.Tensor, feature: int) -> torch.Tensor:
+        """Feature f's share of the reconstruction in the model's units: s z_f d_f, (N, D)."""
+        with torch.no_grad():
+            return self.normalisation.scale * z[:, feature:feature + 1] * self.sae.W_dec[:, feature]
+
+    def encode(self, tokens: np.ndarray) -> np.ndarray:
+        """float32 (N, F) codes of float32 (N, D) tokens."""
+        return self.codes(tokens).numpy()
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """float32 (N, D) reconstruction in the model's units of float32 (N, F) codes."""
+        return self.reconstruction(torch.as_tensor(np.asarray(codes, dtype=np.float32))).numpy()
+
+
+def concepts_tensors(concepts: Concepts) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    sae = concepts.sae
+    tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_pre": sae.b_pre,
+               "norm_mean": torch.from_numpy(concepts.normalisation.mean),
+               "norm_scale": torch.tensor(concepts.normalisation.scale, dtype=torch.float64)}
+    metadata = {"format": FORMAT, "model": concepts.model, "weights": concepts.weights, "layer": str(concepts.layer),
+                "k": str(sae.k), "normalisation": NORMALISATION}
+    return {key: value.detach().contiguous().clone() for key, value in tensors.items()}, metadata
+
+
+def concepts_bytes(concepts: Concepts) -> bytes:
+    """concepts.safetensors: the autoencoder's tensors and, as metadata, the model, layer, k and normalisation."""
+    from safetensors.torch import save
+
+    tensors, metadata = concepts_tensors(concepts)
+    return save(tensors, metadata=metadata)
+
+
+def load_concepts(path: str | Path) -> Concepts:
+    """A concepts.safetensors (or the folder that holds it), checked: its format, and every tensor of the shape its
+    width D and feature count F give. Raises ConceptsError."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "concepts.safetensors"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except (OSError, SafetensorError, ValueError) as e:
+        raise ConceptsError(f"{path} can't be read as a concepts file ({e}).") from None
+    if metadata.get("format") != FORMAT:
+        raise ConceptsError(f"{path} is not a ViT Lens concepts file (its format is {metadata.get('format')!r}).")
+    try:
+        num_features, d_model = tensors["W_enc"].shape
+        expected = {"W_enc": (num_features, d_model), "b_enc": (num_features,), "W_dec": (d_model, num_features),
+                    "b_pre": (d_model,), "norm_mean": (d_model,), "norm_scale": ()}
+        wrong = [key for key, shape in expected.items() if tuple(tensors[key].shape) != shape]
+        layer, k = int(metadata["layer"]), int(metadata["k"])
+        model, weights = metadata["model"], metadata.get("weights", "")
+    except (KeyError, ValueError) as e:
+        raise ConceptsError(f"{path} lacks part of a concepts file ({e}).") from None
+    if wrong:
+        raise ConceptsError(f"{path} is damaged: {', '.join(wrong)} of the wrong shape.")
+    sae = TopKSAE(d_model, num_features, k)
+    sae.load_state_dict({key: tensors[key].float() for key in ("W_enc", "b_enc", "W_dec", "b_pre")})
+    normalisation = Normalisation(tensors["norm_mean"].float().numpy(), float(tensors["norm_scale"]))
+    return Concepts(sae.eval(), normalisation, model, weights, layer)
+
+
+def read_summary(folder: str | Path) -> dict:
+    """concepts.json beside a concepts.safetensors (or in the folder); {} where there is none."""
+    folder = Path(folder)
+    path = folder / "concepts.json" if folder.is_dir() else folder.with_name("concepts.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ConceptsError(f"{path} can't be read ({e}).") from None
