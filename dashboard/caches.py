@@ -39,7 +39,7 @@ from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
 from dashboard.server import process
 from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, one_each
-from vit_core import analyses, explain, export, serving
+from vit_core import analyses, concepts, explain, export, serving
 from vit_core.images import DRAFT_MIN_SIDE
 from vit_core.loading.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
 
@@ -429,3 +429,64 @@ def cached_figure(build: Callable[..., bytes], source: figure_keys.FigureSource,
     """
     key = figure_keys.figure_key(build, source, settings, options)
     return _figure(key, partial(build, source, *settings, **options))
+
+
+# ----------------------------------------------------------------------------------------------
+# Concepts (vit_core.concepts): the files of a `vit-lens concepts` run, found by their path on the server
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _concepts(path: str, stamp: int) -> tuple[concepts.Concepts, dict[str, Any]]:
+    return concepts.load_concepts(path), concepts.read_summary(path)
+
+
+def loaded_concepts(path: str) -> tuple[str, concepts.Concepts, dict[str, Any]]:
+    """The concepts at `path` (a run's folder or its concepts.safetensors) with their concepts.json, and the key that
+    names them in other caches (the file and its modification time: a rerun's new file is loaded again). Raises
+    ConceptsError."""
+    file = concepts.concepts_path(path)
+    try:
+        stamp = file.stat().st_mtime_ns
+    except OSError as e:
+        raise concepts.ConceptsError(f"{file}: {e.strerror or e}. Give the folder `vit-lens concepts` wrote.") from None
+    resolved = str(file.resolve())
+    return f"{resolved}|{stamp}", *_concepts(resolved, stamp)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _image_concepts(model_key: str, image_sha: str, concepts_key: str, _concepts: concepts.Concepts,
+                    _cap: vit_core.Capture) -> concepts.ImageConcepts:
+    return concepts.image_concepts(_concepts, _cap, count=concepts.SHOWN_FEATURES)
+
+
+def image_concepts(request: ModelRequest, image: ImageChoice, concepts_key: str, found: concepts.Concepts,
+                   cap: vit_core.Capture) -> concepts.ImageConcepts:
+    """The image's strongest features and reconstruction error, from its capture (no forward pass)."""
+    return _image_concepts(request.key, image.sha, concepts_key, found, cap)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _concept_removed(model_key: str, image_sha: str, concepts_key: str, feature: int, _loaded: LoadedModel,
+                     _concepts: concepts.Concepts, _cap: vit_core.Capture) -> np.ndarray:
+    return concepts.logits_with_concept_removed(_loaded, _cap, _concepts, feature)
+
+
+def concept_removed_logits(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                           concepts_key: str, found: concepts.Concepts, feature: int) -> np.ndarray:
+    """The logits (C,) with one feature's share of the reconstruction subtracted at the concepts' layer."""
+    return _concept_removed(request.key, image.sha, concepts_key, feature, loaded, found, cap)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def _feature_crops(model_key: str, concepts_key: str, feature: int, count: int, _loaded: LoadedModel,
+                   _folder: str, _top: tuple) -> list[tuple[np.ndarray, float]]:
+    return concepts.top_crops(_loaded, _folder, _top, count)
+
+
+def feature_crops(request: ModelRequest, loaded: LoadedModel, concepts_key: str, summary: dict[str, Any], feature: int,
+                  count: int) -> list[tuple[np.ndarray, float]]:
+    """A feature's top patches from the folder it was learned on (crops around them, with their activations); none
+    where the folder is not on this machine."""
+    entries = summary.get("features", [])
+    top = entries[feature].get("top", []) if feature < len(entries) else []
+    return _feature_crops(request.key, concepts_key, feature, count, loaded, summary.get("folder", ""), tuple(top))

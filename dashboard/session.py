@@ -48,6 +48,7 @@ K_TARGET, K_METHODS, K_STEPS, K_LENS_LAYER = "target", "methods", "steps", "lens
 K_TESTS = "tests"
 K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 K_NORM_LAYER = "norm_layer"
+K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts tab: the concepts path, the feature removed
 # The Many images page.
 K_MANY_SOURCE, K_MANY_COUNT, K_MANY_SEED = "many_source", "many_count", "many_seed"
 K_MANY_FILES, K_MANY_RUN, K_MANY_EXPLAIN = "many_files", "many_run", "many_explain"

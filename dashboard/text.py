@@ -7,7 +7,7 @@ side, N = number of patches, D token width, T = prefix tokens + N, L layers, H h
 INTRO = (
     "**ViT Lens** opens up a Vision Transformer (ViT) on an image of your choice. Pick a model and an "
     "image in the sidebar (or draw one), then walk through the numbered tabs: 1 to 8 follow the image through "
-    "the network, from pixels to prediction and why; the last three are research tools. Every figure has a "
+    "the network, from pixels to prediction and why; the last four are research tools. Every figure has a "
     "download button; the sidebar exports all captured arrays. The Lesson page tells the same story step by step."
 )
 
@@ -179,6 +179,16 @@ INTERVENE = (
     "normalisation mean before the patch embedding, so the token is still there but carries a grey patch. "
     "**Ablating a head** sets its output (its slice of attention times values, before the output projection) "
     "to zero, or to its mean over this image's tokens. Click patches on the image to add or remove them."
+)
+
+CONCEPTS = (
+    "A **concept** here is a feature of a sparse autoencoder learned from the tokens after block L of your own "
+    "folder of images: each token x is rewritten as a few (k) features, $x \\approx s\\,(W_{dec} z + b_{pre}) + \\mu$, "
+    "each feature a direction $d_f$ with its activation $z_f \\ge 0$. The maps show where the image's strongest "
+    "features fire; beside each, the patches of the folder where it fires most. **Remove this concept** subtracts "
+    "the feature's share $s\\,z_f d_f$ from every patch token after block L and runs the rest of the model: if "
+    "the prediction moves, the model uses what the feature carries. Make concepts with "
+    "`vit-lens concepts FOLDER --model M --layer L --out DIR`, then give DIR here."
 )
 
 LOGIT_LENS = (

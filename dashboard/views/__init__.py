@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dashboard.views import attention, embeddings, interventions, lens, pipeline, prediction, registers, why
+from dashboard.views import attention, concepts, embeddings, interventions, lens, pipeline, prediction, registers, why
 from dashboard.views.context import ViewContext
 
 LESSON_VIEWS: dict[str, Callable[[ViewContext], None]] = {
@@ -35,6 +35,7 @@ RESEARCH_VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Interventions": interventions.interventions_view,
     "Logit lens": lens.logit_lens_view,
     "Registers & norms": registers.registers_view,
+    "Concepts": concepts.concepts_view,
 }
 RENAMED = {name: f"{i} {name}" for i, name in enumerate(LESSON_VIEWS, start=1)}  # old ?view= label -> tab label
 VIEWS: dict[str, Callable[[ViewContext], None]] = {RENAMED[name]: view for name, view in LESSON_VIEWS.items()} | RESEARCH_VIEWS

@@ -27,7 +27,7 @@ from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
 from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
 from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, patch_crop, top_crops
-from .image import ImageConcepts, image_concepts
+from .image import SHOWN_FEATURES, ImageConcepts, image_concepts
 from .learn import (
     MEMORY_BUDGET,
     Stopwatch,
@@ -57,9 +57,10 @@ from .splice import concept_removed, logits_spliced, logits_with_concept_removed
 CONCEPTS_FILE, SUMMARY_FILE, SHEET_FILE = "concepts.safetensors", "concepts.json", "contact_sheet.png"
 
 __all__ = [
-    "CONCEPTS_FILE", "MEMORY_BUDGET", "SHEET_FILE", "SUMMARY_FILE", "Concepts", "ConceptsError", "ImageConcepts",
+    "CONCEPTS_FILE", "MEMORY_BUDGET", "SHEET_FILE", "SHOWN_FEATURES", "SUMMARY_FILE", "Concepts", "ConceptsError",
+    "ImageConcepts",
     "Normalisation", "TokenStore", "TopKSAE", "TrainingSettings", "collect_shards", "concept_removed", "concepts_bytes",
-    "concepts_files", "contact_sheet_png", "held_out", "image_concepts", "load_concepts", "logits_spliced",
+    "concepts_files", "concepts_path", "contact_sheet_png", "held_out", "image_concepts", "load_concepts", "logits_spliced",
     "logits_with_concept_removed", "patch_crop", "patch_tokens", "read_summary", "reconstructed", "residual_after",
     "spliced", "spliced_logits", "top_crops", "topk_codes", "train_sae",
 ]

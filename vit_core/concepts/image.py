@@ -10,6 +10,7 @@ import numpy as np
 from ..capture import Capture
 from .sae import Concepts, ConceptsError
 
+SHOWN_FEATURES = 4  # the Concepts tab's strongest features of an image
 
 @dataclass(frozen=True)
 class ImageConcepts:
@@ -22,7 +23,7 @@ class ImageConcepts:
     relative_error: float  # sum ||x - x^||^2 / sum ||x||^2 over its patch tokens
 
 
-def image_concepts(concepts: Concepts, cap: Capture, count: int = 6) -> ImageConcepts:
+def image_concepts(concepts: Concepts, cap: Capture, count: int = SHOWN_FEATURES) -> ImageConcepts:
     """The image's `count` strongest features (by the sum of their activation over its patches) and its error."""
     g = cap.geometry
     if concepts.sae.d_model != g.embed_dim or not 0 <= concepts.layer < g.num_layers:

@@ -1,0 +1,128 @@
+"""The Concepts tab: the sparse-autoencoder features (vit_core.concepts) a `vit-lens concepts` run learned for this
+model, on the image on screen: its strongest features as maps beside their top patches from the folder, the image's
+reconstruction error, and "remove this concept" with the prediction before and after (as the Interventions tab).
+Definitions: docs/spec/analyses.md, "Concepts". The features come from the capture's own tokens; only the removal
+runs the model again (cached per model, image, concepts file and feature)."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from dashboard import caches, session, text
+from dashboard.figures import base as figures
+from dashboard.figures import concepts as concept_figures
+from dashboard.figures import interventions as intervention_figures
+from dashboard.literal import markdown_literal as md
+from dashboard.views.context import (
+    TARGET_CHOICES,
+    ModelSource,
+    ViewContext,
+    cached_figure,
+    column_px,
+    no_head,
+    show_picture,
+)
+from vit_core import analyses
+from vit_core.concepts import ConceptsError
+
+FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
+CROPS_SHOWN = 8
+MAP_PX = 160
+
+
+def _feature_map_png(ctx: ViewContext, path: str, concepts_key: str, feature: int) -> bytes:
+    _, found, _ = caches.loaded_concepts(path)
+    seen = caches.image_concepts(ctx.request, ctx.image, concepts_key, found, ctx.cap)
+    g = ctx.loaded.geometry
+    activation = seen.codes[:, feature].reshape(g.grid)  # (N,) -> (gh, gw)
+    return figures.encode(concept_figures.feature_map_image(ctx.cap.input_image, activation, g.patch_size, MAP_PX), "png")
+
+
+def _feature_crops_png(model: ModelSource, path: str, concepts_key: str, feature: int) -> bytes:
+    _, _, summary = caches.loaded_concepts(path)
+    crops = caches.feature_crops(model.request, model.loaded, concepts_key, summary, feature, CROPS_SHOWN)
+    return figures.encode(concept_figures.crops_row_image([crop for crop, _ in crops]), "png")
+
+
+def _prediction_change_png(ctx: ViewContext, path: str, concepts_key: str, feature: int) -> bytes:
+    _, found, _ = caches.loaded_concepts(path)
+    before = ctx.cap.probs
+    after = analyses.softmax(caches.concept_removed_logits(ctx.request, ctx.loaded, ctx.image, ctx.cap, concepts_key,
+                                                           found, feature))
+    classes = list(dict.fromkeys([int(i) for i in np.argsort(-before, kind="stable")[:TARGET_CHOICES]]
+                                 + [int(i) for i in np.argsort(-after, kind="stable")[:TARGET_CHOICES]]))
+    return intervention_figures.prediction_change_png([ctx.loaded.label(c) for c in classes], before[classes].tolist(),
+                                                      after[classes].tolist(), width_px=column_px([1, 1], 1) - 20)
+
+
+def _ranked(logits: np.ndarray, labels) -> str:
+    return "\n".join(f"{i + 1}. {md(p.label)} ({p.prob:.1%})" for i, p in enumerate(analyses.top_k(logits, labels,
+                                                                                                 TARGET_CHOICES)))
+
+
+@st.fragment
+def concepts_view(ctx: ViewContext) -> None:
+    path = st.text_input("Concepts: the folder `vit-lens concepts` wrote (or its concepts.safetensors), on the server",
+                         key=session.K_CONCEPTS, placeholder="/path/to/DIR").strip()
+    if not path:
+        st.markdown(text.CONCEPTS)
+        return
+    try:
+        concepts_key, found, summary = caches.loaded_concepts(path)
+    except ConceptsError as e:
+        st.error(str(e))
+        return
+    if found.model != ctx.loaded.name or found.sae.d_model != ctx.loaded.geometry.embed_dim:
+        st.warning(f"These concepts were learned for {md(found.model)}, not {md(ctx.loaded.name)}: choose that model, "
+                   "or learn concepts for this one.")
+        return
+    if found.weights and found.weights != ctx.loaded.weights:
+        st.caption(f"Learned with the weights {md(found.weights)}; this model has {md(ctx.loaded.weights)}.")
+    seen = caches.image_concepts(ctx.request, ctx.image, concepts_key, found, ctx.cap)
+    a, b, c = st.columns(3)
+    a.metric("This image's reconstruction error (FVU)", f"{seen.error:.3f}",
+             help="sum over its patch tokens of ||x - x^||^2, over their spread sum ||x - mean x||^2")
+    if summary:
+        b.metric("Held-out FVU of the folder", f"{summary['fvu']:.3f}",
+                 help=f"over the {summary.get('held_out_images', 0)} images held out of training")
+        c.metric("Spliced top-1 agreement", f"{summary['spliced_top1_agreement']:.0%}",
+                 help="held-out images whose top-1 stays when block L's patch tokens are replaced by their "
+                      "reconstruction")
+    st.markdown(f"**The image's strongest features after block {found.layer}** (of {found.sae.num_features:,}, "
+                f"k = {found.sae.k}), each with its top patches from the folder")
+    features = summary.get("features", [])
+    for feature in seen.strongest.tolist():
+        left, right = st.columns(FEATURE_COLUMNS, vertical_alignment="center")
+        with left:
+            show_picture(cached_figure(_feature_map_png, ctx, path, concepts_key, feature), f"concept_map_{feature}",
+                         f"{ctx.stem}_feature_{feature}")
+        with right:
+            entry = features[feature] if feature < len(features) else {}
+            st.image(cached_figure(_feature_crops_png, ctx.model, path, concepts_key, feature), output_format="PNG")
+            st.caption(f"Feature **#{feature}**: fires on {entry.get('firing_rate', float('nan')):.2%} of the folder's "
+                       f"patches, mean activation {entry.get('mean_activation', float('nan')):.3g}; here its total "
+                       f"activation is {float(seen.maps[list(seen.strongest).index(feature)].sum()):.3g}.")
+    if not len(seen.strongest):
+        st.info("No feature fires on this image.")
+        return
+    if no_head(ctx):
+        return
+    _removal(ctx, path, concepts_key, found, seen.strongest.tolist())
+    st.markdown(text.CONCEPTS)
+
+
+def _removal(ctx: ViewContext, path: str, concepts_key: str, found, strongest: list[int]) -> None:
+    """Remove this concept: the prediction with the chosen feature's share subtracted, beside the original."""
+    feature = st.selectbox("Remove this concept", [None, *strongest], key=session.K_CONCEPT_REMOVED,
+                           format_func=lambda f: "none" if f is None else f"feature #{f}",
+                           help="subtracts s z_f d_f, the feature's share of the reconstruction, from every patch token "
+                                f"after block {found.layer}; the rest of the model runs on that")
+    if feature is None or feature not in strongest:
+        return
+    logits = caches.concept_removed_logits(ctx.request, ctx.loaded, ctx.image, ctx.cap, concepts_key, found, feature)
+    a, b = st.columns(2)
+    a.markdown("**Original**\n\n" + _ranked(ctx.cap.logits, ctx.loaded.labels))
+    b.markdown(f"**After removing feature #{feature}**\n\n" + _ranked(logits, ctx.loaded.labels))
+    show_picture(cached_figure(_prediction_change_png, ctx, path, concepts_key, feature), "concept_change",
+                 f"{ctx.stem}_without_feature_{feature}")
