@@ -1,0 +1,55 @@
+"""The concepts' token collection on Ray (vit_core.concepts.ray_collect) on a local Ray of 2 CPUs: the same tokens, to
+the bit, as one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_core import load_model
+from vit_core.concepts import TokenStore, collect_shards
+from vit_core.concepts.collect import manifest_of
+from vit_core.dataset import plan_run
+from vit_core.teaching.data import draw_set
+
+ray = pytest.importorskip("ray", reason='the Ray engine\'s tests need Ray: pip install "vit-lens[ray]"')
+
+from vit_core.concepts.ray_collect import collect_shards_on_ray  # noqa: E402
+from vit_core.dataset.ray_engine import ModelSpec, RayPlan  # noqa: E402
+
+LAYER = 1
+SPEC = ModelSpec("vit-lens/shapes-vit")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+def tokens_of(store: TokenStore, plan) -> tuple[np.ndarray, np.ndarray]:
+    chunks = store.chunks(plan.shards, mmap=False)
+    return np.concatenate([c.tokens for c in chunks]), np.concatenate([c.images for c in chunks])
+
+
+def test_ray_collects_the_same_tokens_as_one_process(local_ray, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(draw_set(7, seed=5).images):
+        Image.fromarray(image).save(folder / f"{i}.png")
+    (folder / "broken.png").write_text("not an image")
+    loaded = load_model(SPEC.name, device="cpu")
+    plan = plan_run(loaded, folder, num_shards=3)
+    here, there = TokenStore(tmp_path / "local"), TokenStore(tmp_path / "ray")
+    for store in (here, there):
+        store.open(manifest_of(loaded, plan, LAYER, None))
+    collect_shards(loaded, plan, LAYER, here, list(plan.shards), batch_size=3)
+    collect_shards_on_ray(SPEC, loaded, plan, LAYER, there, list(plan.shards), batch_size=2, threads=1,
+                          workers=RayPlan(model_workers=1, gpus_per_worker=0, decoders=1))
+    (tokens, images), (ray_tokens, ray_images) = tokens_of(here, plan), tokens_of(there, plan)
+    assert images.tolist() == ray_images.tolist() and len(images) == 7
+    assert tokens.tobytes() == ray_tokens.tobytes()
+    assert here.failures(plan.shards) == there.failures(plan.shards) == [("broken.png", here.failures(plan.shards)[0][1])]
