@@ -57,6 +57,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
@@ -761,6 +762,7 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     todo = [shard for shard in asked if shard.number not in store.done(plan.shards)]
     if len(todo) < len(asked):
         print(f"{len(asked) - len(todo)} of {len(asked)} shards already collected in {store.path}: skipped", flush=True)
+    started = time.perf_counter()
     try:
         _collect_concept_tokens(args, loaded, plan, store, todo)
     except KeyboardInterrupt:
@@ -778,7 +780,8 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed)
     try:
         files, summary = concepts_files(loaded, plan, store, args.layer, settings,
-                                        memory_budget=int(args.memory_gb * 2 ** 30))
+                                        memory_budget=int(args.memory_gb * 2 ** 30),
+                                        collect_seconds=time.perf_counter() - started if todo else None)
         written = [out.write(name, data) for name, data in files.items()]
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")

@@ -67,14 +67,16 @@ __all__ = [
 
 
 def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,
-                   memory_budget: int = MEMORY_BUDGET, workers: int = 0, progress: Callable[[int], None] | None = None
-                   ) -> tuple[dict[str, bytes], dict[str, Any]]:
+                   memory_budget: int = MEMORY_BUDGET, workers: int = 0, progress: Callable[[int], None] | None = None,
+                   collect_seconds: float | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every shard's tokens (all collected) -> the autoencoder trained, measured and drawn: the files of
     docs/spec/interface.md "Concepts" (name -> bytes) and concepts.json's content (without its features, for a
     summary line)."""
     import json
 
     clock = Stopwatch()
+    if collect_seconds is not None:  # this run's collection, for concepts.json's "seconds"
+        clock.seconds["collect"] = collect_seconds
     tokens = clock.time("load", lambda: tokens_of(store, plan, loaded.geometry.num_patches, memory_budget))
     concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget, progress))
     held = clock.time("held_out", lambda: held_out_metrics(concepts, tokens))
