@@ -207,6 +207,18 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                        help="output folders of `dataset --shard I/N` runs (or their parts/ folders)")
     merge.add_argument("--out", type=Path, required=True, help="where the merged files go")
     _add_table_argument(merge)
+
+    web = commands.add_parser("export-web", help="write the lesson as a static site whose model runs in each student's "
+                              "browser (ONNX Runtime Web): serve the folder from any static host")
+    web.add_argument("--model", default=TEACHING_MODEL,
+                     help=f"timm ViT name or {TEACHING_MODEL} (default: {TEACHING_MODEL}, bundled, offline); its graph "
+                          "must fit the size a class's browsers load (100 MB)")
+    web_source = web.add_mutually_exclusive_group()
+    web_source.add_argument("--weights", type=Path, help="local weights file (.safetensors, .pth/.pt/.bin, .npz)")
+    web_source.add_argument("--random-init", action="store_true", help="no pretrained weights: random init (seed 0)")
+    web.add_argument("--labels", type=Path, help="label file (one class name per line, or JSON)")
+    web.add_argument("--out", type=Path, required=True, help="the site's folder (index.html and what it loads)")
+    web.set_defaults(device="cpu")  # the graph is written on the CPU whatever runs it later
     return parser, commands
 
 
@@ -848,8 +860,32 @@ def merge(args: argparse.Namespace) -> int:
         return _write_merged(args, [PartStore.found_in(path) for path in args.parts], out, "merge")
 
 
+def export_web(args: argparse.Namespace) -> int:
+    """`export-web`: the static lesson's folder (vit_core.web.site), one line on stdout saying where and how big."""
+    for option, path in (("--weights", args.weights), ("--labels", args.labels)):
+        reason = _unreachable(path) if path is not None else None
+        if reason:
+            _fail(f"{option}: {reason}")
+            return EXIT_FAILURES
+    opened = _load(args)
+    if opened is None:
+        return EXIT_FAILURES
+    loaded, out = opened
+    out.close()  # the site writes its own files and folders
+    from .web.site import write_site
+
+    try:
+        sizes = write_site(loaded, args.out)
+    except (ViTLensError, OSError) as e:
+        _fail(f"export-web: {e}")
+        return EXIT_FAILURES
+    print(f"{len(sizes)} files, {sum(sizes.values()) / 2**20:.1f} MB -> {args.out / 'index.html'} (serve the folder from "
+          f"any static host, e.g. python -m http.server --directory {args.out})", flush=True)
+    return 0
+
+
 # subcommand name -> its function of the parsed arguments (exit status)
-COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge, "concepts": concepts}
+COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge, "concepts": concepts, "export-web": export_web}
 
 
 def _interrupted(signum: int, frame: object) -> None:

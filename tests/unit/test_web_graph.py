@@ -30,12 +30,12 @@ def shapes():
     return loaded, session
 
 
-def run_graph(session, loaded, x: np.ndarray, keep: np.ndarray | None = None, heads: np.ndarray | None = None):
-    """x (B, 3, H, W) -> the graph's four outputs."""
+def run_graph(session, loaded, x: np.ndarray, kept: np.ndarray | None = None, heads: np.ndarray | None = None):
+    """x (B, 3, H, W), kept (B, K) patch indices (default: all) -> the graph's four outputs."""
     g = loaded.geometry
-    keep = np.ones((x.shape[0], g.num_patches), np.float32) if keep is None else keep
+    kept = np.tile(np.arange(g.num_patches), (x.shape[0], 1)) if kept is None else kept
     heads = np.ones((g.num_layers, g.num_heads), np.float32) if heads is None else heads
-    return session.run(None, {"pixels": x.astype(np.float32), "keep": keep.astype(np.float32), "head_mask": heads})
+    return session.run(None, {"pixels": x.astype(np.float32), "kept": kept.astype(np.int64), "head_mask": heads})
 
 
 def test_graph_equals_the_capture(shapes):
@@ -54,13 +54,13 @@ def test_keep_mask_and_head_mask_are_the_library_interventions(shapes):
     image = ring()
     cap = run_with_capture(loaded, image)
     g = loaded.geometry
-    dropped = list(range(0, g.num_patches, 3))
-    keep = np.ones((2, g.num_patches), np.float32)
-    keep[1, dropped] = 0
+    dropped = set(range(0, g.num_patches, 3))
+    kept = np.array([[k for k in range(g.num_patches) if k not in dropped]] * 2)
+    kept[1] = kept[1][::-1]  # the same set in another order: the same prediction
     heads = np.ones((g.num_layers, g.num_heads), np.float32)
-    logits, *_ = run_graph(session, loaded, np.repeat(cap.input_tensor[None], 2, axis=0), keep)  # a batch of two
-    assert np.abs(logits[0] - cap.logits).max() <= TOLERANCE
-    assert np.abs(logits[1] - predict_intervened(loaded, cap, drop=dropped)).max() <= TOLERANCE
+    logits, *_ = run_graph(session, loaded, np.repeat(cap.input_tensor[None], 2, axis=0), kept)  # a batch of two
+    dropped_logits = predict_intervened(loaded, cap, drop=dropped)
+    assert np.abs(logits - dropped_logits).max() <= TOLERANCE
     heads[1, 2] = heads[3, 0] = 0
     logits, *_ = run_graph(session, loaded, cap.input_tensor[None], heads=heads)
     assert np.abs(logits[0] - predict_intervened(loaded, cap, ablate=[(1, 2), (3, 0)])).max() <= TOLERANCE

@@ -1,20 +1,21 @@
 """The ONNX graph the static lesson runs in the browser: timm's forward of a ViT, written out from the model's own
 modules, with the interventions as inputs and the lesson's intermediates as outputs.
 
-Inputs (B: a batch of perturbed copies, N patches, L blocks, H heads):
+Inputs (B: a batch of perturbed copies of one image, K kept patches, N patches, L blocks, H heads):
   pixels     float32 (B, 3, H, W)  the normalised input, as the model's eval transform makes it
-  keep       float32 (B, N)        1 = patch kept, 0 = dropped (analyses.md, "Dropping patches")
+  kept       int64   (B, K)        the patches kept (indices 0..N-1): the keep-mask as the list of its ones
   head_mask  float32 (L, H)        1 = head on, 0 = its output set to 0 (zero ablation)
-Outputs:
+Outputs (T' = P + K tokens: the prefix tokens, then the kept patches in the order given):
   logits      float32 (B, C)
-  attention   float32 (B, L, H, T, T)   post-softmax, rows = queries (the capture's `pattern`)
-  logit_lens  float32 (B, L+1, C)       the head on the class token of each residual row (row L = logits)
-  token_norms float32 (B, L+1, T)       Euclidean norm of every token of each residual row
+  attention   float32 (B, L, H, T', T')  post-softmax, rows = queries (with every patch kept: the capture's `pattern`)
+  logit_lens  float32 (B, L+1, C)        the head on the class token of each residual row (row L = logits)
+  token_norms float32 (B, L+1, T')       Euclidean norm of every token of each residual row
 
-Dropping a patch removes its token after the position embedding. In a graph of fixed length the dropped tokens stay
-in the sequence but no token may attend to them (their keys get -inf before the softmax, so exactly 0 after it): the
-kept tokens then compute what they compute on the shorter sequence, and the class token, which the head reads, is
-always kept. The dropped tokens' own rows go on being computed and mean nothing.
+Dropping patches is what the library does (analyses.md, "Dropping patches"; vit_core.explain.interventions.keep_tokens):
+the dropped tokens leave the sequence after the position embedding and the blocks run on the shorter one. The keep-mask
+is given as its list of kept patches, not as N zeros and ones, for that reason and for speed: the deletion test's sets
+of one step all keep the same number of patches, so they run as one batch at their own, shorter length (about twice
+as fast in the browser as masking keys in a sequence of full length).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..loading.model import LoadedModel
 
 _logger = logging.getLogger(__name__)
 
-INPUT_NAMES = ("pixels", "keep", "head_mask")
+INPUT_NAMES = ("pixels", "kept", "head_mask")
 OUTPUT_NAMES = ("logits", "attention", "logit_lens", "token_norms")
 OPSET = 17  # LayerNormalization is an op from 17 on; onnxruntime-web's CPU (WASM) backend runs every op used here
 MAX_ONNX_BYTES = 100 * 2**20  # what a class's browsers load in seconds: ViT-S/16 (88 MB) fits, ViT-B/16 (346 MB) does not
@@ -84,33 +85,33 @@ class LensGraph(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, pixels: torch.Tensor, keep: torch.Tensor, head_mask: torch.Tensor):
+    def forward(self, pixels: torch.Tensor, kept: torch.Tensor, head_mask: torch.Tensor):
         m = self.model
-        x = m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(pixels))))  # (B, 3, H, W) -> (B, T, D)
-        token_kept = torch.nn.functional.pad(keep, (m.num_prefix_tokens, 0), value=1.0)  # (B, N) -> (B, T): prefix kept
-        dropped_keys = (token_kept < 0.5)[:, None, None, :]  # (B, 1, 1, T)
+        p = m.num_prefix_tokens
+        x = m._pos_embed(m.patch_embed(pixels))  # (B, 3, H, W) -> (B, T, D)
+        patches = torch.gather(x[:, p:], 1, kept[..., None].expand(-1, -1, x.shape[-1]))  # (B, N, D) -> (B, K, D)
+        x = m.norm_pre(m.patch_drop(torch.cat([x[:, :p], patches], dim=1)))  # (B, P + K, D)
         rows, patterns = [x], []
         for layer, block in enumerate(m.blocks):
-            x, pattern = block_forward(block, x, dropped_keys, head_mask[layer])
+            x, pattern = block_forward(block, x, head_mask[layer])
             rows.append(x)
             patterns.append(pattern)
-        residual = torch.stack(rows, dim=1)  # (L+1) x (B, T, D) -> (B, L+1, T, D)
+        residual = torch.stack(rows, dim=1)  # (L+1) x (B, T', D) -> (B, L+1, T', D)
         lens = m.head(m.fc_norm(m.norm(residual[:, :, 0])))  # class token of each row: (B, L+1, D) -> (B, L+1, C)
-        attention = torch.stack(patterns, dim=1)  # L x (B, H, T, T) -> (B, L, H, T, T)
-        return lens[:, -1], attention, lens, residual.norm(dim=-1)  # token norms: (B, L+1, T)
+        attention = torch.stack(patterns, dim=1)  # L x (B, H, T', T') -> (B, L, H, T', T')
+        return lens[:, -1], attention, lens, residual.norm(dim=-1)  # token norms: (B, L+1, T')
 
 
-def block_forward(block: Block, x: torch.Tensor, dropped_keys: torch.Tensor, head_on: torch.Tensor):
-    """timm's `Block.forward` in eval mode through the un-fused attention, with dropped keys and silenced heads.
-    x (B, T, D), dropped_keys bool (B, 1, 1, T), head_on (H,) -> (x (B, T, D), post-softmax pattern (B, H, T, T))."""
+def block_forward(block: Block, x: torch.Tensor, head_on: torch.Tensor):
+    """timm's `Block.forward` in eval mode through the un-fused attention, with silenced heads.
+    x (B, T, D), head_on (H,) -> (x (B, T, D), post-softmax pattern (B, H, T, T))."""
     attn: Attention = block.attn
     b, t, _ = x.shape
     normed = block.norm1(x)
     qkv = attn.qkv(normed).reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
     q, k, v = qkv.unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
-    scores = (q * attn.scale) @ k.transpose(-2, -1)  # (B, H, T, T), as timm's un-fused path computes it
-    pattern = scores.masked_fill(dropped_keys, float("-inf")).softmax(dim=-1)
+    pattern = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T), as timm's un-fused path computes it
     heads = (pattern @ v) * head_on[None, :, None, None]  # (B, H, T, hd): a silenced head gives 0 to `proj`
     out = attn.norm(heads.transpose(1, 2).reshape(b, t, attn.attn_dim))  # (B, T, H*hd)
     if attn.gate is not None:
@@ -122,7 +123,8 @@ def block_forward(block: Block, x: torch.Tensor, dropped_keys: torch.Tensor, hea
 def example_inputs(loaded: LoadedModel, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs of the graph's shapes: zero pixels, every patch kept, every head on."""
     g = loaded.geometry
-    return (torch.zeros(batch, 3, *g.img_size), torch.ones(batch, g.num_patches), torch.ones(g.num_layers, g.num_heads))
+    kept = torch.arange(g.num_patches).expand(batch, -1)  # (B, N)
+    return torch.zeros(batch, 3, *g.img_size), kept, torch.ones(g.num_layers, g.num_heads)
 
 
 def onnx_graph(loaded: LoadedModel) -> bytes:
@@ -130,7 +132,8 @@ def onnx_graph(loaded: LoadedModel) -> bytes:
     lock (the model is shared; nothing in it changes). Raises WebExportError for a model it can't carry."""
     check_exportable(loaded)
     buffer = io.BytesIO()
-    dynamic = {name: {0: "batch"} for name in ("pixels", "keep", *OUTPUT_NAMES)}
+    dynamic = {"pixels": {0: "batch"}, "kept": {0: "batch", 1: "kept"}, "logits": {0: "batch"}, "logit_lens": {0: "batch"},
+               "attention": {0: "batch", 3: "tokens", 4: "tokens"}, "token_norms": {0: "batch", 2: "tokens"}}
     with loaded.lock, torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         graph = LensGraph(loaded.model).eval()
         device = loaded.device

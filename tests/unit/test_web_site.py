@@ -1,0 +1,69 @@
+"""`vit-lens export-web`: the static lesson's folder (vit_core.web.site), its refusals, and the lesson text it carries
+(web/lesson.json: the Streamlit lesson's step titles and concept check, the same words)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import REPO
+from vit_core.__main__ import main
+from vit_core.web import site
+
+pytest.importorskip("onnxruntime")
+ORT_INSTALLED = (site.WEB_ROOT / "node_modules" / site.ORT_PACKAGE / "dist" / site.ORT_FILES[-1]).is_file()
+needs_ort = pytest.mark.skipif(not ORT_INSTALLED, reason="onnxruntime-web is not installed (bash tools/setup)")
+SITE_LIMIT = 30 * 2**20  # the issue's budget for the Shapes ViT's site
+
+
+def test_the_lesson_text_is_the_streamlit_lessons():
+    from dashboard.lesson.quiz import CONCEPT_CHECK
+    from dashboard.lesson.steps import STEPS
+
+    lesson = json.loads((REPO / "web" / "lesson.json").read_text())
+    assert lesson["steps"] == [step.title for step in STEPS]
+    assert lesson["concept_check"] == [{"prompt": q.prompt, "options": list(q.options), "answer": q.answer, "why": q.why}
+                                       for q in CONCEPT_CHECK]
+
+
+def test_the_page_refers_to_no_other_origin():
+    """Every file of the page: no absolute URL that a browser would fetch (the lesson works offline once loaded)."""
+    sources = [REPO / "web" / "index.html", REPO / "web" / "style.css", *sorted((REPO / "web" / "src").glob("*.js"))]
+    for path in sources:
+        text = path.read_text().replace("http://www.w3.org/2000/svg", "")  # SVG's namespace: a name, never fetched
+        assert not re.search(r"""(src|href|import|fetch|url)\s*[=(]?\s*["'`]?(https?:)?//""", text, re.I), path
+        assert "http://" not in text and "https://" not in text, path
+
+
+@pytest.fixture(scope="module")
+def shapes_site(tmp_path_factory):
+    if not ORT_INSTALLED:
+        pytest.skip("onnxruntime-web is not installed (bash tools/setup)")
+    out = tmp_path_factory.mktemp("site")
+    assert main(["export-web", "--out", str(out)]) == 0
+    return out
+
+
+@needs_ort
+def test_export_web_writes_the_site(shapes_site, capsys):
+    files = {str(p.relative_to(shapes_site)) for p in shapes_site.rglob("*") if p.is_file()}
+    assert {"index.html", "model.onnx", "model.json", "figures.json", "lesson.json", "style.css", "src/main.js",
+            "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", f"ort/{site.ORT_LICENCE}"} <= files
+    assert sum(p.stat().st_size for p in shapes_site.rglob("*") if p.is_file()) <= SITE_LIMIT
+    info = json.loads((shapes_site / "model.json").read_text())
+    assert info["name"] == "vit-lens/shapes-vit" and info["geometry"]["grid"] == [12, 12]
+    assert len(info["examples"]) == 8 and all((shapes_site / e).is_file() for e in info["examples"])
+    assert len(info["deletion"]["random_orders"]) == 8 and sorted(info["deletion"]["random_orders"][0]) == list(range(144))
+    figures = json.loads((shapes_site / "figures.json").read_text())
+    assert figures["pos_embed_similarity"]["shape"] == [144, 12, 12]
+    assert figures["filters_pca"]["shape"] == [28, 8, 8, 3]
+
+
+@needs_ort
+def test_a_model_too_big_for_a_browser_is_refused_in_one_line(tmp_path, capsys):
+    assert main(["export-web", "--model", "vit_base_patch16_224", "--random-init", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "330 MB, above the 100 MB" in err, err
+    assert not (tmp_path / "index.html").exists()

@@ -1,0 +1,175 @@
+"""`vit-lens export-web`: the folder a static host serves, whose model runs in each student's browser.
+
+    DIR/index.html, style.css, src/*.js   the page (plain ES modules), copied from the checkout's web/
+    DIR/lesson.json                        the lesson's step titles and concept check (web/lesson.json)
+    DIR/model.onnx                         the graph (vit_core.web.graph), checked by onnxruntime against the library
+    DIR/model.json                         geometry, preprocessing, labels, examples, the deletion test's random orders
+    DIR/figures.json                       the figures that depend on the weights only: filters, their principal
+                                           components, the position embeddings' similarity (float32, base64)
+    DIR/examples/*.png                     the examples
+    DIR/ort/                               ONNX Runtime Web's own files from its npm package, its licence beside them
+
+Nothing in the folder refers to another origin: served from anywhere, it fetches only its own files.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .. import analyses
+from ..capture import run_with_capture
+from ..explain.perturbation import DEFAULT_STEPS, RANDOM_ORDERS, random_patch_orders
+from ..loading.model import LoadedModel, patch_embed_weight, pos_embed_rows
+from ..teaching.data import CLASS_NAMES, sample_image
+from ..teaching.model import TEACHING_MODEL
+from .graph import INPUT_NAMES, OUTPUT_NAMES, WebExportError, onnx_graph
+
+_logger = logging.getLogger(__name__)
+
+WEB_ROOT = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/: the page, and npm's node_modules
+ORT_PACKAGE = "onnxruntime-web"
+# The WASM (CPU) build only: its loader module, its worker-capable glue and its binary (about 14 MB). WebGPU and
+# WebGL builds stay out: a lesson's model is small, and one backend behaves the same on every student's machine.
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+ORT_LICENCE = "LICENSE-onnxruntime-web.txt"  # web/licences/: the package ships none; its files say "MIT", this is it
+PAGE_FILES = ("index.html", "style.css", "lesson.json")
+EXAMPLE_SEED = 2  # the dashboard's shape examples (dashboard.examples.SHAPE_EXAMPLE_SEED): the same drawings
+PARITY_TOLERANCE = 1e-4  # the written graph's logits against the library's, on the first example, before writing
+
+
+def ort_dist(web_root: Path = WEB_ROOT) -> Path:
+    """onnxruntime-web's dist/ folder as npm installed it; WebExportError saying how to install it if it is not there."""
+    dist = web_root / "node_modules" / ORT_PACKAGE / "dist"
+    missing = [name for name in ORT_FILES if not (dist / name).is_file()]
+    if not (web_root / "index.html").is_file():
+        raise WebExportError(f"The page's files are not here ({web_root}): export-web runs from a checkout of ViT Lens.")
+    if missing:
+        raise WebExportError(f"ONNX Runtime Web is not installed ({dist / missing[0]} is missing): run "
+                             f"`bash tools/setup` or `npm ci --prefix {web_root}`.")
+    return dist
+
+
+def ort_version(web_root: Path = WEB_ROOT) -> str:
+    return json.loads((web_root / "node_modules" / ORT_PACKAGE / "package.json").read_text())["version"]
+
+
+def encoded(array: np.ndarray) -> dict[str, Any]:
+    """A float32 array for the page: {"shape": [...], "data": base64 of its little-endian bytes, row-major}."""
+    array = np.ascontiguousarray(array, dtype="<f4")
+    return {"shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode("ascii")}
+
+
+def weight_figures(loaded: LoadedModel) -> dict[str, Any]:
+    """The figures that depend on the weights only (analyses.md, "Embedding filters", "Position-embedding
+    similarity"): filters (D, ph, pw, 3), their principal components (k, ph, pw, 3) with their explained-variance
+    ratio (k,), and the position embeddings' similarity (N, gh, gw) where the model has a learned one."""
+    g = loaded.geometry
+    weight = patch_embed_weight(loaded)  # (D, 3, ph, pw)
+    pca = analyses.filters_pca(weight)
+    figures = {
+        "filters": encoded(analyses.filter_images(weight)),
+        "filters_pca": encoded(pca.components),
+        "filters_pca_explained": encoded(pca.explained_variance_ratio),
+    }
+    rows = pos_embed_rows(loaded)
+    if rows is not None and g.has_pos_embed:
+        figures["pos_embed_similarity"] = encoded(
+            analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, g.grid))
+    return figures
+
+
+def example_images(loaded: LoadedModel) -> dict[str, Image.Image]:
+    """file name -> image: the eight shapes the dashboard shows (the teaching model's classes), drawn at the
+    teaching model's size; another model also gets matplotlib's public-domain photo of Grace Hopper."""
+    examples = {f"{name}.png": sample_image(name, seed=EXAMPLE_SEED) for name in CLASS_NAMES if name != "other"}
+    if loaded.name != TEACHING_MODEL:
+        import matplotlib.cbook
+
+        with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
+            examples = {"grace_hopper.png": Image.open(io.BytesIO(f.read())).convert("RGB"), **examples}
+    return examples
+
+
+def model_description(loaded: LoadedModel, examples: list[str], steps: int = DEFAULT_STEPS) -> dict[str, Any]:
+    """model.json: everything the page needs besides the graph and the figures."""
+    g, config = loaded.geometry, loaded.data_config
+    return {
+        "name": loaded.name,
+        "weights": loaded.weights,
+        "labels": [loaded.label(i) for i in range(g.num_classes)],
+        "geometry": {
+            "img_size": list(g.img_size), "patch_size": list(g.patch_size), "grid": list(g.grid),
+            "prefix_names": list(g.prefix_names), "num_layers": g.num_layers, "num_heads": g.num_heads,
+            "embed_dim": g.embed_dim, "num_classes": g.num_classes,
+        },
+        "preprocessing": {  # timm's eval transform (vit_core.loading.model.resized_size says how the page resizes)
+            "input_size": list(config["input_size"]), "mean": list(config["mean"]), "std": list(config["std"]),
+            "crop_pct": config.get("crop_pct") or 0.875, "interpolation": config.get("interpolation", "bilinear"),
+            "crop_mode": config.get("crop_mode") or "center",
+        },
+        "graph": {"file": "model.onnx", "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES)},
+        "examples": examples,
+        # The deletion test's random baseline: numpy's seeded orders (analyses.md), which a browser can't draw itself.
+        "deletion": {"steps": steps, "seed": 0, "random_orders": random_patch_orders(g.num_patches, RANDOM_ORDERS, 0).tolist()},
+        "ort_version": ort_version(),
+    }
+
+
+def checked_graph(loaded: LoadedModel, example: Image.Image) -> bytes:
+    """The ONNX graph, once onnxruntime gave the library's logits on `example` (a graph that differs is never written)."""
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise WebExportError('export-web needs onnxruntime to check the graph: pip install "vit-lens[web]".') from error
+    data = onnx_graph(loaded)
+    cap = run_with_capture(loaded, example)
+    g = loaded.geometry
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    logits = session.run(["logits"], {"pixels": cap.input_tensor[None], "kept": np.arange(g.num_patches)[None],
+                                      "head_mask": np.ones((g.num_layers, g.num_heads), np.float32)})[0][0]
+    difference = float(np.abs(logits - cap.logits).max())
+    if difference > PARITY_TOLERANCE * max(1.0, float(np.abs(cap.logits).max())):
+        raise WebExportError(f"{loaded.name}'s ONNX graph gives logits {difference:.2g} away from the library's: not written.")
+    _logger.info("graph checked on an example: logits within %.2g of the library's", difference)
+    return data
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_site(loaded: LoadedModel, out: str | Path, web_root: Path = WEB_ROOT) -> dict[str, int]:
+    """Write the static lesson for `loaded` into `out` (created; files already there are replaced). Returns each
+    written file's size in bytes, by its path relative to `out`. Raises WebExportError (one sentence) for a model the
+    graph can't carry or a checkout without the page's files or ONNX Runtime Web."""
+    dist = ort_dist(web_root)
+    out = Path(out)
+    examples = example_images(loaded)
+    graph = checked_graph(loaded, next(iter(examples.values())))
+    (out / "examples").mkdir(parents=True, exist_ok=True)
+    (out / "ort").mkdir(exist_ok=True)
+    if (out / "src").exists():
+        shutil.rmtree(out / "src")
+    shutil.copytree(web_root / "src", out / "src")
+    for name in PAGE_FILES:
+        shutil.copyfile(web_root / name, out / name)
+    for name in ORT_FILES:
+        shutil.copyfile(dist / name, out / "ort" / name)
+    shutil.copyfile(web_root / "licences" / ORT_LICENCE, out / "ort" / ORT_LICENCE)
+    (out / "model.onnx").write_bytes(graph)
+    for name, image in examples.items():
+        (out / "examples" / name).write_bytes(png(image))
+    (out / "model.json").write_text(json.dumps(model_description(loaded, [f"examples/{n}" for n in examples])))
+    (out / "figures.json").write_text(json.dumps(weight_figures(loaded)))
+    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
