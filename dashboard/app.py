@@ -16,9 +16,10 @@ import streamlit as st
 
 from dashboard import model_choice
 from dashboard.server import process
+from dashboard.upload_limits import upload_limits
 
 st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
-with process.serving():  # `streamlit run dashboard/app.py` too, not only the server start: see process.serving
+with process.serving(upload_limits):  # `streamlit run dashboard/app.py` too, not only the server start: see process.serving
     page = st.navigation([
         st.Page("page_scripts/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),
         st.Page("page_scripts/many_images.py", title="Many images", icon=":material/photo_library:", url_path="many-images"),

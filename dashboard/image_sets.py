@@ -49,7 +49,9 @@ MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_MEMBERS * 1024
 # bounded on its own, not their sum) or a large model reach it. Wall time, not CPU time: a run's decodes and its
 # forward's threads are not all on the page's thread, and what the budget bounds is how long it holds the server.
 RUN_BUDGET_S = 300.0
-RUN_CHUNK = 16  # images analysed between two looks at the budget: two batches on a CPU
+# Images analysed between two looks at the budget (and between two chances for a job's stop: process.explanation_job):
+# on a CPU every image, each one forward anyway (dataset.forward_images); on an accelerator one padded forward's worth.
+RUN_CHUNK, RUN_CHUNK_ACCELERATOR = 1, 64
 SHAPES_DEFAULT = 128  # images in a Shapes batch: the paper's Fig. 7 right averages over 128 images
 _MB = 2**20
 
@@ -336,22 +338,24 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     relevance maps judged too (`vit-lens dataset --explain`: the deletion and insertion tests, and for the images whose
     object the set knows, the localisation metrics), so the result says which method to trust over the set.
 
-    The set is analysed RUN_CHUNK images at a time, each chunk's totals merged into the run's (vit_core.dataset's
-    mergeable totals: the same result as one pass); once `budget_s` seconds of wall time are spent the run stops
-    after its current chunk and keeps what it finished, the rest counted as not analysed (`ManyRun.stopped`)."""
+    The set is analysed RUN_CHUNK images at a time (RUN_CHUNK_ACCELERATOR off the CPU), each chunk's totals merged
+    into the run's (vit_core.dataset's mergeable totals: the same result as one pass); once `budget_s` seconds of wall
+    time are spent the run stops after its current chunk and keeps what it finished, the rest counted as not analysed
+    (`ManyRun.stopped`)."""
     start = clock()
     sources, labels = image_set.sources, image_set.labels
     totals = dataset.Totals()
     done = 0
-    for first in range(0, len(sources), RUN_CHUNK):
+    size = RUN_CHUNK if loaded.device.type == "cpu" else RUN_CHUNK_ACCELERATOR
+    for first in range(0, len(sources), size):
         if clock() - start > budget_s:
             break
-        chunk = slice(first, first + RUN_CHUNK)
+        chunk = slice(first, first + size)
         report = (lambda d, _, first=first: progress(first + d, len(sources))) if progress else None
         masks = dataset.MasksByName(image_set.masks) if image_set.masks else None
         totals.merge(dataset.analyze_totals(loaded, sources[chunk], labels[chunk] if labels else None, progress=report,
                                             explain=explain, masks=masks))
-        done = min(first + RUN_CHUNK, len(sources))
+        done = min(first + size, len(sources))
     stopped = ""
     if done < len(sources):
         stopped = (f"The run stopped after {clock() - start:.0f} s, the time one run may take here: {done} of "

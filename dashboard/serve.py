@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
     import vit_core  # noqa: F401 - torch and timm, imported once for every session
     from dashboard import models
     from dashboard.server import process
+    from dashboard.upload_limits import upload_limits
     from vit_core.runtime.devices import DEVICE_CHOICES, DeviceError, describe_device
 
     if device is not None and not device.strip():
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
         _logger.info("models run on %s", describe_device(models.server_device()))
     except DeviceError as e:
         raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
-    process.prepare_process()  # once per process: the app's own call is then a no-op
+    process.prepare_process(upload_limits)  # once per process: the app's own call is then a no-op
     threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
     from streamlit.web import cli
 

@@ -11,6 +11,8 @@ INTRO = (
     "download button; the sidebar exports all captured arrays. The Lesson page tells the same story step by step."
 )
 
+JOB_STOPPED = ("Stopped: this page started another judge or run, which replaces this one (one at a time per page, so "
+               "that the class's new images come first).")
 PHONE_HINT = "Pick, upload, photograph or draw an image: open the sidebar with the » at the top left."
 
 CANVAS_EMPTY = (

@@ -1,6 +1,7 @@
 """The server wing's one door: `prepare_process` sets the process up for serving, once; `serving` wraps a script run
-in it; `new_image_turn` schedules a run that made a new capture below the others; `low_priority` makes a download
-below the pages, `low_priority_worker` work made ahead of need.
+in it; `new_image_turn` schedules a run that made a new capture below the others; `explanation_job` runs a student's
+explanation work below the class's new images; `low_priority` makes a download below the pages, `low_priority_worker`
+work made ahead of need.
 
 No Streamlit imported here at import time: `dashboard.serve` calls `prepare_process` before Streamlit starts, the app
 script `serving` on every run (the preparation happens once). How long Streamlit keeps a made download is
@@ -15,8 +16,9 @@ import contextvars
 import functools
 import gc
 import threading
-from typing import Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
+from dashboard.server import jobs
 from vit_core.runtime import configure_threads, cpu_quota
 from vit_core.serving import (
     FORWARD_LANE_NICENESS,
@@ -29,19 +31,27 @@ from vit_core.serving import (
 )
 from vit_core.serving.priority import EXPORT_LANE_NAME, become_a_lane
 
+if TYPE_CHECKING:
+    from dashboard.server.uploads import UploadLimits
+
 T = TypeVar("T")
 
 
 @functools.cache
-def prepare_process() -> None:
+def prepare_process(upload_limits: Callable[[], UploadLimits] | None = None) -> None:
     """Once per process, before any session runs: the modules that sessions share imported, torch's threads and the
-    forwards' scheduling set from the CPU quota, and made downloads kept on their shelf for a while. The server's
-    start calls it before Streamlit starts; `streamlit run dashboard/app.py` gets it from the app's first run."""
+    forwards' scheduling set from the CPU quota, made downloads kept on their shelf for a while, and, given the app's
+    `upload_limits` (dashboard.upload_limits, made above the server wing), every upload held to them
+    (streamlit_internals.install_upload_budget). The server's start calls it before Streamlit starts; `streamlit run
+    dashboard/app.py` gets it from the app's first run, with the same limits."""
     _import_shared_modules()
     _configure_forwards()
     from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
 
     streamlit_internals.shelve_made_downloads()
+    streamlit_internals.install_disconnect_hook()
+    if upload_limits is not None:
+        streamlit_internals.install_upload_budget(upload_limits())
 
 
 def _import_shared_modules() -> None:
@@ -66,12 +76,20 @@ def _configure_forwards() -> None:
 
 
 @contextlib.contextmanager
-def serving() -> Iterator[None]:
-    """Around a script run of the app: the process prepared first (`prepare_process`, once), and after the first run
-    that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`). A run that stops early (a
-    rerun asked for, an exception) freezes nothing."""
-    prepare_process()
-    yield
+def serving(upload_limits: Callable[[], UploadLimits] | None = None) -> Iterator[None]:
+    """Around a script run of the app: the process prepared first (`prepare_process` with the app's `upload_limits`,
+    once), and after the first run that drew its whole page, the long-lived heap frozen (`freeze_long_lived_heap`).
+    A run that stops early (a rerun asked for, an exception) freezes nothing."""
+    prepare_process(upload_limits)
+    from dashboard.server import streamlit_internals
+
+    streamlit_internals.upload_run_started()  # the run's uploaders claim their files; what none claims is dropped
+    completed = False
+    try:
+        yield
+        completed = True
+    finally:
+        streamlit_internals.upload_run_finished(completed)
     freeze_long_lived_heap()  # after the first full page: Streamlit's per-rerun gc.collect gets cheap
 
 
@@ -140,6 +158,17 @@ class NewImageTurn:
 
 
 new_image_turn = NewImageTurn()  # one for the process: the turn is shared by every session
+
+
+@contextlib.contextmanager
+def explanation_job() -> Iterator[None]:
+    """Around explanation work a student asked for (Judge, the sanity checks, a Many images run): the session's one
+    job, below the class's new images, stopped by a newer job of the session or its disconnect (dashboard.server.jobs).
+    Raises vit_core's WorkStopped (a ViTLensError) out of the block when stopped."""
+    from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
+
+    with jobs.session_job(streamlit_internals.current_session_id()):
+        yield
 
 
 # A download made on click (the `.npz` exports: tens of MB of arrays) is on no one's way to a picture, yet Streamlit

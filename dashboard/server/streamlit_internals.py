@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 
 import streamlit
+
+from dashboard.server import jobs
 
 _logger = logging.getLogger(__name__)
 
@@ -62,3 +65,212 @@ def shelve_made_downloads() -> bool:
 
     media_file_manager.MediaFileMetadata = MadeAtMetadata
     return True
+
+
+# Streamlit (1.67) keeps every file a browser PUTs in memory (MemoryUploadedFileManager), keyed by session and file
+# id, until that session is shut down: a session that PUTs files and never runs the script that would read them holds
+# them all, and a disconnected session's files stay for its reconnect window (server.disconnectedSessionTTL, 120 s)
+# and until some later disconnect sweeps it. A PUT is checked only against server.maxUploadSize, whatever the widget
+# it came for says. The bounded manager below refuses (HTTP 413, through the upload handler's own error path) a file
+# over the app's cap for its kind or one that would take its session or the server over their byte budgets, and
+# forgets a session's files that no uploader ever claimed once a full script run that began after them has drawn the
+# whole page, and at once when the session disconnects (what its uploaders hold stays for the reconnect window).
+#
+# A claim is kept for the file's life: an uploader reads its files (get_files) only when its value comes fresh from
+# the browser, and with an on_change callback that is before the script starts (SessionState.on_script_will_rerun);
+# later runs reuse the value read then. A file the user replaces or removes is deleted by the browser itself.
+UNCLAIMED_GRACE_S = 5.0  # a PUT is claimed by the rerun the browser asks for right after it: milliseconds later
+
+_upload_limits = None  # dashboard.server.uploads.UploadLimits, once installed
+
+
+@functools.cache
+def _bounded_upload_manager() -> type:
+    from starlette.exceptions import HTTPException
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+
+    class BoundedUploadedFileManager(MemoryUploadedFileManager):
+        """MemoryUploadedFileManager with byte budgets and claims (see above); made by `_make_bounded`."""
+
+        def _start_bounding(self) -> None:
+            self._bound_lock = threading.RLock()  # around check-and-add and the sweeps; Streamlit's own lock inside
+            self._unclaimed: dict[str, dict[str, float]] = {}  # session -> file id -> when it was PUT, until read
+            self._running: dict[str, float] = {}  # session -> when its full run under way began
+
+        def held_bytes(self, session_id: str | None = None) -> int:
+            with self._lock:
+                if session_id is None:
+                    return self._total_bytes
+                return sum(len(f.data) for f in self.file_storage.get(session_id, {}).values())
+
+        def unclaimed(self, session_id: str) -> list[str]:
+            with self._bound_lock:
+                return sorted(self._unclaimed.get(session_id, {}))
+
+        def add_file(self, session_id: str, file) -> None:
+            limits = _upload_limits
+            size = len(file.data)
+            with self._bound_lock:
+                if limits is not None:
+                    cap = limits.file_cap(file.name)
+                    if size > cap:
+                        raise HTTPException(status_code=413, detail=f"File too large: at most {cap >> 20} MB")
+                    with self._lock:
+                        held = self.file_storage.get(session_id, {})
+                        old = held.get(file.file_id)
+                        replaced = len(old.data) if old is not None else 0
+                        session_bytes = sum(len(f.data) for f in held.values()) - replaced + size
+                        total_bytes = self._total_bytes - replaced + size
+                    if session_bytes > limits.session_bytes or total_bytes > limits.total_bytes:
+                        _logger.warning("upload refused: session %s would hold %d MiB (budget %d MiB), the server "
+                                        "%d MiB (budget %d MiB)", session_id, session_bytes >> 20,
+                                        limits.session_bytes >> 20, total_bytes >> 20, limits.total_bytes >> 20)
+                        raise HTTPException(status_code=413, detail="Too much uploaded: over the upload budget")
+                super().add_file(session_id, file)
+                self._unclaimed.setdefault(session_id, {})[file.file_id] = time.monotonic()
+
+        def get_files(self, session_id: str, file_ids):
+            files = super().get_files(session_id, file_ids)
+            with self._bound_lock:
+                waiting = self._unclaimed.get(session_id, {})
+                for f in files:
+                    waiting.pop(f.file_id, None)
+            return files
+
+        def remove_file(self, session_id: str, file_id: str) -> None:
+            with self._bound_lock:
+                super().remove_file(session_id, file_id)
+                self._unclaimed.get(session_id, {}).pop(file_id, None)
+
+        def remove_session_files(self, session_id: str) -> None:
+            with self._bound_lock:
+                super().remove_session_files(session_id)
+                self._unclaimed.pop(session_id, None)
+                self._running.pop(session_id, None)
+
+        def remove_unclaimed(self, session_id: str) -> None:
+            with self._bound_lock:
+                for file_id in list(self._unclaimed.get(session_id, {})):
+                    self.remove_file(session_id, file_id)
+
+        def run_started(self, session_id: str) -> None:
+            with self._bound_lock:
+                self._running[session_id] = time.monotonic()
+
+        def run_finished(self, session_id: str, completed: bool) -> None:
+            """A full run of the session ended; `completed`: it drew the whole page, so every uploader on it has had
+            its browser's files: one PUT before the run began (less the grace) and still unclaimed is not wanted."""
+            with self._bound_lock:
+                started = self._running.pop(session_id, None)
+                if not completed or started is None:
+                    return
+                before = started - UNCLAIMED_GRACE_S
+                for file_id, added in list(self._unclaimed.get(session_id, {}).items()):
+                    if added < before:
+                        self.remove_file(session_id, file_id)
+
+    return BoundedUploadedFileManager
+
+
+def _make_bounded(manager: object) -> object:
+    """`manager` (Streamlit's MemoryUploadedFileManager) turned into the bounded one in place: the upload routes
+    and every session hold this very object."""
+    bounded = _bounded_upload_manager()
+    if not isinstance(manager, bounded):
+        manager.__class__ = bounded
+        manager._start_bounding()
+    return manager
+
+
+def install_upload_budget(limits) -> bool:
+    """Once per process, before or after the server has started: every PUT held to `limits`
+    (dashboard.server.uploads.UploadLimits) and unclaimed files forgotten (see above; at a disconnect:
+    `install_disconnect_hook`). If the server is already running (`streamlit run dashboard/app.py`: the app's first run
+    calls this), its upload cap (server.maxUploadSize) is lowered to `limits.server_mb` unless a command-line flag or
+    STREAMLIT_ variable set it; before (`dashboard.serve`) the serve command passes that cap as a flag.
+
+    On a Streamlit other than PINNED_MINOR: one warning, nothing patched. Returns whether it is in place."""
+    global _upload_limits
+    if not checked():
+        _logger.warning("Streamlit %s is not %sx: uploads are held as Streamlit does (no per-session budget)",
+                        streamlit.__version__, PINNED_MINOR)
+        return False
+    from streamlit import config
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+    from streamlit.web.server import server as server_module
+
+    _upload_limits = limits
+    bounded = _bounded_upload_manager()
+
+    class BoundedServerUploads(bounded):  # what a server built from now on makes
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._start_bounding()
+
+    server_module.MemoryUploadedFileManager = BoundedServerUploads
+    if Runtime.exists():
+        manager = Runtime.instance().uploaded_file_mgr
+        if isinstance(manager, MemoryUploadedFileManager):  # a real server, not AppTest's stand-in
+            _make_bounded(manager)
+            if (config.get_where_defined("server.maxUploadSize") != config._DEFINED_BY_FLAG
+                    and config.get_option("server.maxUploadSize") > limits.server_mb):
+                config.set_option("server.maxUploadSize", limits.server_mb)
+    return True
+
+
+def install_disconnect_hook() -> bool:
+    """Once per process: when a session's browser disconnects, not when its reconnect window closes, its explanation
+    job stops (dashboard.server.jobs: nobody is there to see it) and its unclaimed uploads go; the files its uploaders
+    hold stay for that window (a student's wifi that drops for a moment keeps the photo). On a Streamlit other than
+    PINNED_MINOR nothing is patched. Returns whether it is in place."""
+    if not checked():
+        return False
+    from streamlit.runtime import runtime as runtime_module
+
+    runtime_class = runtime_module.Runtime
+    if getattr(runtime_class.disconnect_session, "_vit_lens_hook", False):
+        return True
+    original = runtime_class.disconnect_session
+
+    def disconnect_session(self, session_id: str, *, client=None) -> None:
+        original(self, session_id, client=client)
+        if not self.is_active_session(session_id):
+            jobs.stop_session_job(session_id)
+            if hasattr(self.uploaded_file_mgr, "remove_unclaimed"):
+                self.uploaded_file_mgr.remove_unclaimed(session_id)
+
+    disconnect_session._vit_lens_hook = True
+    runtime_class.disconnect_session = disconnect_session
+    return True
+
+
+def current_session_id() -> str | None:
+    """The id of the session whose script run calls this, or None outside one (a test's bare script, the CLI)."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return None if ctx is None else ctx.session_id
+
+
+def _session_uploads() -> tuple[object, str] | None:
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None or not hasattr(ctx.uploaded_file_mgr, "run_started"):
+        return None
+    return ctx.uploaded_file_mgr, ctx.session_id
+
+
+def upload_run_started() -> None:
+    """At the start of a full script run of the app (process.serving): its uploaders' claims are counted afresh."""
+    found = _session_uploads()
+    if found is not None:
+        found[0].run_started(found[1])
+
+
+def upload_run_finished(completed: bool) -> None:
+    """At the end of that run; `completed`: it drew the whole page, so the files it left unclaimed go."""
+    found = _session_uploads()
+    if found is not None:
+        found[0].run_finished(found[1], completed)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 _logger = logging.getLogger(__name__)
@@ -82,3 +83,43 @@ def prune(folder: Path, keep: Path, max_bytes: int = UPLOADS_DISK_MB * 2**20) ->
             f.unlink(missing_ok=True)
     except OSError as e:  # another session pruning at the same time: harmless
         _logger.debug("pruning uploads: %s", e)
+
+
+# -- What the server takes in, before any script has looked at it.
+#
+# Streamlit keeps every file a browser PUTs in memory, by session, until that session ends, whether or not a script
+# ever reads it, and checks a PUT only against one server-wide size (server.maxUploadSize), not against the cap the
+# page states for the widget it came from. The limits below (their numbers made by dashboard.upload_limits, above
+# this wing) are enforced at the PUT by streamlit_internals' bounded upload manager, installed by
+# process.prepare_process: each file by what its name says it is, each session and the whole server by bytes held.
+
+UPLOADS_TOTAL_SHARE = 8  # all sessions' held uploads together: an eighth of the memory (the captures get a quarter)
+MIN_UPLOADS_TOTAL_MB, MAX_UPLOADS_TOTAL_MB = 512, 4096
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """The upload limits one server enforces, in bytes; `server_mb` is the server-wide cap on one PUT's body."""
+
+    image_bytes: int
+    zip_bytes: int
+    labels_bytes: int
+    weights_bytes: int  # 0: weights uploads are off, and a weights file is refused
+    session_bytes: int
+    total_bytes: int
+    server_mb: int
+    image_suffixes: tuple[str, ...] = ()  # ".png", ...: what the image uploaders take, where a weights suffix could be
+
+    def file_cap(self, name: str) -> int:
+        """The largest file called `name` that some uploader of the app takes (by its suffix, as the uploaders
+        accept files by their names' suffixes: a file no uploader takes gets the image cap, the smallest but one)."""
+        from vit_core.loading.weights import WEIGHT_SUFFIXES
+
+        suffix = Path(name).suffix.lower()
+        if suffix == ".zip":
+            return self.zip_bytes
+        if suffix in (".txt", ".json"):
+            return self.labels_bytes
+        if suffix in WEIGHT_SUFFIXES and suffix not in self.image_suffixes:
+            return self.weights_bytes
+        return self.image_bytes

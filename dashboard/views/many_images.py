@@ -15,9 +15,11 @@ from dashboard.figures.many_images import confusion_figure, per_layer_figure
 from dashboard.image_choice import IMAGE_TYPES
 from dashboard.literal import markdown_literal
 from dashboard.models import ModelRequest
+from dashboard.server import process
 from vit_core import dataset, explain
 from vit_core.errors import ViTLensError
 from vit_core.loading.model import LoadedModel
+from vit_core.runtime.background import WorkStopped
 
 
 def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:
@@ -66,7 +68,12 @@ def run_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], im
         bar.progress(min(1.0, done / max(of, 1)), text=f"Analysed {done} of {of} images...")
 
     try:
-        run = image_sets.run_set(request, loaded, image_set, progress, explain=explain)
+        with process.explanation_job():  # below the class's new images; one per session
+            run = image_sets.run_set(request, loaded, image_set, progress, explain=explain)
+    except WorkStopped:
+        bar.empty()
+        st.info(text.JOB_STOPPED)
+        return
     except ViTLensError as e:
         bar.empty()
         st.error(markdown_literal(str(e)))

@@ -19,9 +19,11 @@ from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import why as why_figures
 from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
+from dashboard.server import process
 from dashboard.views.context import ViewContext, cached_figure, no_head, shape, show_picture, target_ui
 from vit_core import explain
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
+from vit_core.runtime.background import WorkStopped
 
 STEP_CHOICES = (5, 10, 20)  # S: points per deletion / insertion curve (the spec's default: 10)
 VERDICT_MARKS = {BEATS: "✓", TIED: "≈", WORSE: "✗"}
@@ -198,8 +200,14 @@ def _judge_button(ctx: ViewContext, relevance: explain.Relevance, steps: int, ob
             bar.progress(min(1.0, max(0.0, float(fraction))), text=message)
             shown = time.monotonic()
 
-    judged = caches.compute_judgement(ctx.request, ctx.loaded, ctx.image, ctx.cap, relevance, steps, objects, progress,
-                                      tests)
+    try:
+        with process.explanation_job():  # below the class's new images; one per session
+            judged = caches.compute_judgement(ctx.request, ctx.loaded, ctx.image, ctx.cap, relevance, steps, objects,
+                                              progress, tests)
+    except WorkStopped:
+        bar.empty()
+        st.info(text.JOB_STOPPED)
+        return None
     bar.empty()
     slot.empty()
     return judged
@@ -302,8 +310,15 @@ def _sanity(ctx: ViewContext, target: int, methods: list[str]) -> None:
                          "another class)", key="why_sanity", icon=":material/shuffle:"):
             return
         bar = st.progress(0.0, text="re-initialising from the top...")
-        result = caches.compute_sanity(ctx.request, ctx.loaded, ctx.image, ctx.cap, target,
-                                       lambda fraction, message: bar.progress(min(1.0, float(fraction)), text=message))
+        try:
+            with process.explanation_job():  # below the class's new images; one per session
+                result = caches.compute_sanity(ctx.request, ctx.loaded, ctx.image, ctx.cap, target,
+                                               lambda fraction, message: bar.progress(min(1.0, float(fraction)),
+                                                                                      text=message))
+        except WorkStopped:
+            bar.empty()
+            st.info(text.JOB_STOPPED)
+            return
         bar.empty()
     names = tuple(m for m in methods if m in result.cascading)
     st.markdown("**Sanity checks** (Adebayo et al. 2018)")

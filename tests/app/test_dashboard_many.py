@@ -464,6 +464,15 @@ def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monk
     assert run.files["dataset.json"] and json.loads(run.files["dataset.json"])["num_images"] == 8
 
 
+def test_the_budget_is_looked_at_after_every_image(tiny_model):
+    """A judged image on ViT-B/16 takes seconds: the red team's 32-image run went 140 s over its 300 s when the budget
+    was looked at every 16 images."""
+    ticks = iter(range(0, 10_000, 100))
+    image_set = shapes_set(tiny_model, 6, 0)
+    run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, image_set, budget_s=250, clock=lambda: next(ticks))
+    assert run.result.num_images == 2  # started at 0; 100 and 200 s before the first two images, 300 before the third
+
+
 @pytest.mark.parametrize("server_mb, shown_mb", [(25, 25), (400, 100)])
 def test_the_page_states_the_upload_limit_the_server_enforces(tiny_env, runtime, server_mb, shown_mb):
     """The limit the page states is the server's (class mode: server.maxUploadSize 25 MB), or a larger zip gets a 413."""

@@ -8,14 +8,22 @@ each round's files differ in a comment (a PNG tEXt chunk, a JPEG COM segment, a 
 byte), so no cache of the server's can answer a repeat. Every file must be refused (an error naming it, the
 previous image kept) or shown, never a traceback; what each took is reported per file, beside the others'
 latencies (tools/loadtest/classroom.py compares them with a run without the attacker).
+
+Other attacks (`--attack KIND`), each what one student can do with the page as it is:
+  judge       a new image, then the Why? tab's Judge (hundreds of perturbed forwards of the shared model), in a loop;
+  many-judge  the Many images page: 32 drawn Shapes with "Also judge every image's explanations", Run, in a loop;
+  uploads     upload URLs asked for and 24 MB files PUT, never rerunning the script that would read them.
+When the students are done the attacker's page closes at once, mid-run (a judge then stops at the server).
 """
 
 from __future__ import annotations
 
+import io
 import statistics
 import struct
 import threading
 import time
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -75,56 +83,155 @@ def canvas_value(png: bytes) -> dict:
 class Outcome:
     kind: str
     seconds: float  # from the message sent to the run finished and its media fetched
-    result: str  # "refused" (an error naming the file), "shown" (no error), "exception" (a traceback) or "failed"
+    # "refused" (an error naming the file, or HTTP 413), "shown" (no error), "judged" (the judge's table or the set's
+    # result shown), "held" (a PUT the server kept), "exception" (a traceback) or "failed"
+    result: str
     detail: str = ""  # the error or exception the page showed
 
 
+ATTACKS = ("files", "judge", "many-judge", "uploads")
+JUDGE_TAB = "Why?"  # dashboard.views.VIEWS
+MANY_PAGE = "many-images"  # dashboard/app.py's url_path of the Many images page
+MANY_IMAGES = 32  # the red team's set
+FLOOD_MB = 24  # each PUT of the upload flood
+
+
 def run_attacker(url: str, index: int, step_timeout_s: float, start_delay: float, stop: threading.Event,
-                 pause_s: float, result) -> None:
-    """Session `index` sends `hostile_attacks()` in rounds until `stop` is set; fills `result` (a SessionResult:
-    `attacks` with an Outcome per file, `errors` with tracebacks the page showed and failures of the session)."""
+                 pause_s: float, result, kind: str = "files") -> None:
+    """Session `index` attacks (`kind`, one of ATTACKS) in rounds until `stop` is set; fills `result` (a
+    SessionResult: `attacks` with an Outcome per step, `errors` with tracebacks the page showed and failures of the
+    session)."""
     from .client import StreamlitSession
 
-    attacks = hostile_attacks()
+    if kind not in ATTACKS:
+        raise ValueError(f"unknown attack {kind!r}; one of {ATTACKS}")
     page = None
     try:
         stop.wait(start_delay)
         page = StreamlitSession(url, timeout=step_timeout_s)
         page.open()
-        page.set(keys.K_DRAW_ON, True)
+        if kind in ("judge", "many-judge"):  # one step takes minutes: the page goes when the class is done
+            threading.Thread(target=_close_when, args=(stop, page), daemon=True).start()
         round_ = 0
         while not stop.is_set():
-            for attack in attacks:
-                if stop.is_set():
-                    break
-                data = varied(attack.data, round_)
-                name = attack.name if attack.via == "canvas" else f"r{round_}_{attack.name}"
-                started = time.perf_counter()
-                try:
-                    run = (page.set(CANVAS_KEY, canvas_value(data)) if attack.via == "canvas"
-                           else page.upload(keys.K_UPLOAD, name, data))
-                except Exception as e:  # a refused upload (HTTP 413) or a time-out is an outcome
-                    result.attacks.append(Outcome(attack.kind, time.perf_counter() - started, "failed",
-                                                  f"{type(e).__name__}: {str(e)[:200]}"))
-                    if isinstance(e, TimeoutError):  # the session's socket is gone with it
-                        raise
-                    continue
-                seconds = time.perf_counter() - started
-                if run.exceptions:
-                    outcome = Outcome(attack.kind, seconds, "exception", run.exceptions[0][:300])
-                    result.errors.append(f"attacker, {attack.kind}: a traceback: {outcome.detail}")
-                else:
-                    mine = [e for e in run.errors if e.startswith(markdown_literal(name) + ":")]
-                    outcome = Outcome(attack.kind, seconds, "refused" if mine else "shown", (mine or [""])[0][:300])
-                result.attacks.append(outcome)
-                stop.wait(pause_s)
+            {"files": _hostile_files, "judge": _judge, "many-judge": _many_judge, "uploads": _upload_flood
+             }[kind](page, round_, stop, pause_s, result)
             round_ += 1
     except Exception as e:  # noqa: BLE001 - a finding, not a crash of the tool
-        result.errors.append(f"attacker (session {index}): {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        if not stop.is_set():  # (after it, the page closed under the attacker's feet)
+            result.errors.append(f"attacker (session {index}): {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
         if page is not None:
             result.retries = [f"attacker: {r}" for r in page.retries]
             page.close()
+
+
+def _close_when(stop: threading.Event, page) -> None:
+    stop.wait()
+    page.close()  # the attacker's receive fails at once: its run goes on at the server until the server stops it
+
+
+def _hostile_files(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+    """One round of `hostile_attacks()`, each file refused or shown, never a traceback."""
+    if round_ == 0:
+        page.set(keys.K_DRAW_ON, True)
+    for attack in hostile_attacks():
+        if stop.is_set():
+            return
+        data = varied(attack.data, round_)
+        name = attack.name if attack.via == "canvas" else f"r{round_}_{attack.name}"
+        started = time.perf_counter()
+        try:
+            run = (page.set(CANVAS_KEY, canvas_value(data)) if attack.via == "canvas"
+                   else page.upload(keys.K_UPLOAD, name, data))
+        except Exception as e:  # a refused upload (HTTP 413) or a time-out is an outcome
+            result.attacks.append(Outcome(attack.kind, time.perf_counter() - started, "failed",
+                                          f"{type(e).__name__}: {str(e)[:200]}"))
+            if isinstance(e, TimeoutError):  # the session's socket is gone with it
+                raise
+            continue
+        seconds = time.perf_counter() - started
+        if run.exceptions:
+            outcome = Outcome(attack.kind, seconds, "exception", run.exceptions[0][:300])
+            result.errors.append(f"attacker, {attack.kind}: a traceback: {outcome.detail}")
+        else:
+            mine = [e for e in run.errors if e.startswith(markdown_literal(name) + ":")]
+            outcome = Outcome(attack.kind, seconds, "refused" if mine else "shown", (mine or [""])[0][:300])
+        result.attacks.append(outcome)
+        stop.wait(pause_s)
+
+
+def _noise_png(seed: int) -> bytes:
+    """A 320 x 240 picture of coloured noise: another image (and another judge) every round."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _timed(kind: str, step, result, judged_text: str) -> None:
+    """Run `step()` (a run of the page) as one Outcome of `kind`: "judged" when the run shows `judged_text`."""
+    started = time.perf_counter()
+    try:
+        run = step()
+    except Exception as e:  # the page closed mid-run at the class's end, or a time-out: an outcome, then raised
+        result.attacks.append(Outcome(kind, time.perf_counter() - started, "failed", f"{type(e).__name__}: {str(e)[:200]}"))
+        raise
+    seconds = time.perf_counter() - started
+    if run.exceptions:
+        result.errors.append(f"attacker, {kind}: a traceback: {run.exceptions[0][:300]}")
+        result.attacks.append(Outcome(kind, seconds, "exception", run.exceptions[0][:300]))
+    else:
+        shown = any(judged_text in t for t in run.texts)
+        detail = "" if shown else " / ".join(run.texts)[:300]
+        result.attacks.append(Outcome(kind, seconds, "judged" if shown else "shown", detail))
+
+
+def _judge(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+    """A new image, then Judge on the Why? tab."""
+    page.upload(keys.K_UPLOAD, f"r{round_}_noise.png", _noise_png(round_))
+    if round_ == 0:
+        page.set(keys.K_VIEW, JUDGE_TAB)
+    _timed("Judge on the Why? tab", lambda: page.click("why_judge"), result, "| method |")
+    stop.wait(pause_s)
+
+
+def _many_judge(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+    """The Many images page: MANY_IMAGES drawn Shapes (another seed each round), also judged, Run."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    if round_ == 0:
+        page.go_to(MANY_PAGE)
+        page.states[keys.K_MANY_COUNT] = WidgetState(id=page.widget_ids[keys.K_MANY_COUNT], double_value=MANY_IMAGES)
+        page.set(keys.K_MANY_EXPLAIN, True)
+    page.states[keys.K_MANY_SEED] = WidgetState(id=page.widget_ids[keys.K_MANY_SEED], double_value=round_)
+    _timed(f"Many images: {MANY_IMAGES} Shapes, also judged", lambda: page.click(keys.K_MANY_RUN), result,
+           "images analysed")
+    stop.wait(pause_s)
+
+
+def _upload_flood(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+    """Ask for an upload URL and PUT a FLOOD_MB file to it, never telling any widget; pause_s / 10 between two."""
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+
+    from .client import XSRF_COOKIE
+
+    msg = BackMsg()
+    msg.file_urls_request.request_id = request_id = str(uuid.uuid4())
+    msg.file_urls_request.file_names.append(f"flood{round_}.png")
+    msg.file_urls_request.session_id = page.session_id
+    started = time.perf_counter()
+    page._send(msg)
+    urls = page._await_response(request_id).file_urls_response.file_urls[0]
+    status = page.http.put(page.url + urls.upload_url, files={"file": (f"flood{round_}.png", b"x" * (FLOOD_MB << 20))},
+                           headers={"X-Xsrftoken": page.http.cookies.get(XSRF_COOKIE, "")}, timeout=page.timeout).status_code
+    result.attacks.append(Outcome(f"PUT of {FLOOD_MB} MB, never read", time.perf_counter() - started,
+                                  "refused" if status == 413 else "held" if status < 300 else "failed", f"HTTP {status}"))
+    stop.wait(pause_s / 10)
 
 
 def attack_lines(outcomes: list[Outcome]) -> list[str]:

@@ -5,6 +5,7 @@
     .venv/bin/python -m tools.loadtest --sessions 5 --model test-tiny
     .venv/bin/python -m tools.loadtest --url http://127.0.0.1:8501 --model vit_base_patch16_224 --server-pid 1234
     .venv/bin/python -m tools.loadtest --attacker             # 29 students alone, then with 1 attacker: the ratio
+    .venv/bin/python -m tools.loadtest --attacker --attack judge   # ... the attacker judges (many-judge, uploads)
 
 Starts the dashboard as tools/dashboard does (`python -m dashboard.serve`) on a free loopback port
 (unless --url). Each session is either a protocol client (tools/loadtest/client.py: Streamlit's
@@ -36,7 +37,9 @@ With --attacker, one of the N sessions sends hostile files (tools/hostile) in a 
 a JPEG of thousands of scans, a 400,000 x 10 PNG, a TIFF of 20,000 frames, a damaged GIF, a 169 MP PNG as the Draw
 canvas's value) until the others are done; the tool runs twice, each on its own server, the N - 1 students alone and
 then with the attacker, and reports what each hostile file got (refused / shown, how fast) and the students'
-new-image and control-change medians with / without it (the target: at most 1.5x). Exits 1 above it.
+new-image and control-change medians with / without it (the target: at most 1.5x). Exits 1 above it. --attack picks
+another attack: the Why? tab's Judge in a loop, Many images with judging, or a flood of uploads that no script reads
+(the server's peak memory says what the flood held).
 
 Why protocol clients: the clients run on the server's machine. Thirty chromium pages need most of
 2 cores to draw, so on a small machine they starve the server they are measuring (30 pages on this
@@ -69,6 +72,7 @@ from dashboard.models import TEST_TINY
 from vit_core.runtime import cpu_quota
 
 from . import floor as floors
+from .attacker import ATTACKS
 from .meters import CpuMeter, RssSampler
 from .reference import capture_sizes, compare, reference_model
 from .report import attacker_lines, client_lines, memory_lines, problem_lines, storm_lines
@@ -98,6 +102,7 @@ class Plan:
     downloads_in_memory_mb: float
     attacker: bool
     attack_pause_s: float
+    attack: str = "files"  # with attacker: one of tools/loadtest/attacker.py's ATTACKS
 
     @property
     def students(self) -> int:
@@ -105,7 +110,7 @@ class Plan:
 
     def description(self) -> str:
         return (f"{self.sessions} sessions ({self.browsers} chromium pages, {self.students - self.browsers} protocol"
-                f" clients{', 1 attacker' if self.attacker else ''})"
+                f" clients{f', 1 attacker ({self.attack})' if self.attacker else ''})"
                 f" x {self.images} images x {self.changes} control changes, model {self.model}"
                 f"{' (random init)' if self.random_init and self.model != TEST_TINY else ''}"
                 f"{f', first image a {self.photo_size[0]}x{self.photo_size[1]} photo' if self.photo_size else ''}")
@@ -127,11 +132,12 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
         server_pid: int | None = None, images: int = 2, changes: int = 4, step_timeout_s: float = 300,
         stagger_s: float = 0.2, deadline_s: float = 1500, workdir: Path | None = None, quiet: bool = False,
         photo_size: tuple[int, int] | None = None, browsers: int = 0, keep_downloads: bool = False,
-        downloads_in_memory_mb: float = 4096, attacker: bool = False, attack_pause_s: float = 1.0) -> dict:
+        downloads_in_memory_mb: float = 4096, attacker: bool = False, attack_pause_s: float = 1.0,
+        attack: str = "files") -> dict:
     """Run the load test; returns the report as a dict (also printed unless quiet).
 
-    With `attacker`, the last of the `sessions` sends hostile files instead (tools/loadtest/attacker.py) until the
-    others are done: it has no images, downloads or latencies of its own; the report lists what its files did.
+    With `attacker`, the last of the `sessions` attacks instead (`attack`, one of tools/loadtest/attacker.py's ATTACKS)
+    until the others are done: it has no images, downloads or latencies of its own; the report lists what its files did.
 
     `browsers` of the `sessions` are chromium pages, the others protocol clients (tools/loadtest/client.py).
     The protocol sessions' downloads are held in memory up to `downloads_in_memory_mb`, the rest on disk
@@ -139,7 +145,7 @@ def run(sessions: int = 30, model: str = "vit_base_patch16_224", random_init: bo
     the ones in memory there (a ViT-B/16-384 run makes 13 GB of them)."""
     say = speaker(quiet)
     plan = Plan(sessions, model, random_init, images, changes, step_timeout_s, stagger_s, deadline_s, photo_size,
-                browsers, downloads_in_memory_mb, attacker, attack_pause_s)
+                browsers, downloads_in_memory_mb, attacker, attack_pause_s, attack)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="vit_lens_loadtest_"))
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"CPU: {floors.this_cpu()}")
@@ -211,7 +217,7 @@ def sessions_at_once(plan: Plan, url: str, server_pid: int | None, workdir: Path
         results = asyncio.run(asyncio.wait_for(
             drive(url, prepared, plan.changes, plan.step_timeout_s, plan.stagger_s, workdir,
                   workdir / "after_the_class.png", DownloadStore(workdir, plan.downloads_in_memory_mb), plan.browsers,
-                  plan.attacker, plan.attack_pause_s, sessions_done),
+                  plan.attacker, plan.attack_pause_s, sessions_done, plan.attack),
             timeout=plan.deadline_s))
     except TimeoutError:
         results = [SessionResult(-1, errors=[f"the sessions did not finish within --deadline {plan.deadline_s:.0f} s"])]
@@ -307,9 +313,9 @@ def run_with_attacker(sessions: int, workdir: Path | None = None, quiet: bool = 
         say(f"  {label:<16} {statistics.median(a) if a else float('nan'):6.2f} s / "
             f"{statistics.median(b) if b else float('nan'):6.2f} s   ratio {ratios[what]:.2f}"
             f"{'' if ratios[what] <= ATTACK_TARGET else '   OVER THE TARGET'}")
-    not_refused = [o for o in attacked["attacks"] if o.result != "refused"]
-    say(f"  the attacker sent {len(attacked['attacks'])} files; refused {len(attacked['attacks']) - len(not_refused)},"
-        f" otherwise {', '.join(sorted({f'{o.kind}: {o.result}' for o in not_refused})) or 'none'}")
+    outcomes = attacked["attacks"]
+    counts = ", ".join(f"{r} {sum(o.result == r for o in outcomes)}" for r in dict.fromkeys(o.result for o in outcomes))
+    say(f"  the attacker ({options.get('attack', 'files')}) made {len(outcomes)} steps: {counts or 'none'}")
     ok = without["ok"] and attacked["ok"] and all(r <= ATTACK_TARGET for r in ratios.values())
     say("OK" if ok else "FAILED")
     return {"without": without, "with": attacked, "ratios": ratios, "ok": ok}
@@ -338,6 +344,9 @@ def main() -> None:
                         help="one of the sessions sends hostile files (tools/hostile) in a loop instead of photos "
                              "(tools/loadtest/attacker.py); runs twice, without and with it, and reports the others' "
                              f"medians' ratio (target: at most {ATTACK_TARGET}x)")
+    parser.add_argument("--attack", choices=ATTACKS, default="files",
+                        help="with --attacker: hostile files (default), the Why? tab's Judge, Many images with "
+                             "judging, or a flood of uploads no script reads (tools/loadtest/attacker.py)")
     parser.add_argument("--attack-pause", type=float, default=1.0,
                         help="with --attacker: seconds the attacker waits between two files (default 1)")
     parser.add_argument("--photo", default="4032x3024", help="size of each session's first image, a JPEG like a "
@@ -355,7 +364,8 @@ def main() -> None:
                    downloads_in_memory_mb=args.downloads_in_memory_mb,
                    photo_size=None if args.photo in ("0", "") else tuple(int(v) for v in args.photo.lower().split("x")))
     if args.attacker:
-        report = run_with_attacker(args.sessions, workdir=args.workdir, attack_pause_s=args.attack_pause, **options)
+        report = run_with_attacker(args.sessions, workdir=args.workdir, attack_pause_s=args.attack_pause,
+                                   attack=args.attack, **options)
     else:
         report = run(args.sessions, workdir=args.workdir, **options)
     sys.exit(0 if report["ok"] else 1)

@@ -92,6 +92,7 @@ class StreamlitSession:
         self.elements: dict[str, Message] = {}  # widget key -> its element proto, as last drawn
         self.states: dict[str, WidgetState] = {}  # widget key -> the state this page reports
         self.query: dict[str, str] = {}  # bound query parameters the page's URL carries
+        self.page_name = ""  # the app's page (st.navigation's url_path); "" is its default page
         self.responses: dict[str, ForwardMsg] = {}  # request id -> file_urls / backend operation response
         self.retries: list[str] = []  # what was tried twice, and why (see _http and download)
 
@@ -156,6 +157,7 @@ class StreamlitSession:
         client.query_string = urlencode(self.query)
         client.widget_states.widgets.extend(self.states.values())
         client.fragment_id = fragment_id
+        client.page_name = self.page_name
         client.context_info.timezone = "UTC"
         client.context_info.locale = "en-US"
         client.context_info.url = self.url + "/"
@@ -214,6 +216,21 @@ class StreamlitSession:
         if getattr(self.elements[key], "query_param_key", ""):
             self.query[self.elements[key].query_param_key] = str(value) if query_value is None else query_value
         return self._rerun(self.fragments[key])
+
+    def click(self, key: str) -> Run:
+        """Press the button with ``key``: one run with its trigger set, as a page sends it (not sent again after)."""
+        if key not in self.widget_ids:
+            raise KeyError(f"no button with key {key!r} on the page; known: {sorted(self.widget_ids)}")
+        self.states[key] = WidgetState(id=self.widget_ids[key], trigger_value=True)
+        try:
+            return self._rerun(self.fragments[key])
+        finally:
+            self.states.pop(key, None)
+
+    def go_to(self, page_name: str) -> Run:
+        """Open another page of the app (its url_path), as its link in the sidebar does."""
+        self.page_name = page_name
+        return self._rerun()
 
     def upload(self, key: str, name: str, data: bytes) -> Run:
         """Upload a file into the file uploader with ``key``: ask for URLs, PUT the bytes, rerun."""

@@ -17,11 +17,11 @@ from .sessions import DownloadStore, SessionResult, run_protocol_session
 async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
                 stagger_s: float, workdir: Path, screenshot: Path | None, store: DownloadStore,
                 browsers: int = 0, attacker: bool = False, attack_pause_s: float = 1.0,
-                sessions_done: Callable[[], None] = lambda: None) -> list[SessionResult]:
+                sessions_done: Callable[[], None] = lambda: None, attack: str = "files") -> list[SessionResult]:
     """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
     as protocol clients (one thread each, their downloads kept in `store`); then, if `screenshot`, one more page
-    to show the app still answers. With `attacker`, one more protocol session (the last) sends hostile files
-    (tools/loadtest/attacker.py) until every other one is done; its result comes last. `sessions_done` is called
+    to show the app still answers. With `attacker`, one more protocol session (the last) attacks (`attack`, one of
+    tools/loadtest/attacker.py's ATTACKS) until every other one is done; its result comes last. `sessions_done` is called
     once the students' sessions are done, before that page (which is nobody's work in the class)."""
     from .attacker import run_attacker
 
@@ -30,7 +30,7 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
     threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers + attacker), thread_name_prefix="session")
     stop = threading.Event()  # set once the students are done: the attacker stops
-    attack = SessionResult(sessions, client="attacker")
+    attack_result = SessionResult(sessions, client="attacker")
 
     def students_done() -> None:
         sessions_done()
@@ -39,7 +39,7 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
     try:
         loop = asyncio.get_running_loop()
         attacking = loop.run_in_executor(threads, run_attacker, url, sessions, step_timeout_s, sessions * stagger_s,
-                                         stop, attack_pause_s, attack) if attacker else None
+                                         stop, attack_pause_s, attack_result, attack) if attacker else None
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers:
@@ -52,7 +52,7 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
                                           screenshot, protocol, students_done)
         if attacking is not None:
             await attacking
-            results.append(attack)
+            results.append(attack_result)
         return results
     finally:
         stop.set()  # (a deadline's cancellation too: the attacker's thread ends after its current file)

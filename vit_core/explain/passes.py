@@ -8,7 +8,7 @@ Lens's float32 (`devices.full_float32`), and hands the model inputs made on its 
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -19,6 +19,7 @@ from ..capture import Capture, preprocess
 from ..errors import ViTLensError
 from ..loading.model import LoadedModel
 from ..runtime import torch_threads
+from ..runtime.background import check_stopped, current_background, lower_this_threads_priority
 from ..runtime.devices import full_float32, on_model_device
 
 Item, Result = TypeVar("Item"), TypeVar("Result")
@@ -107,9 +108,9 @@ def forward_lanes(loaded: LoadedModel, jobs: int) -> int:
 
 def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], items: Sequence[Item],
                       done: Callable[[int, Result], None] | None = None) -> list[Result]:
-    """`forward(item)` for each of `items` (each a forward of the shared model without gradients), under one hold of
-    the model's lock (`model_pass`); `done(i, result)` on the calling thread as each result arrives, in order.
-    Returns the results in the items' order.
+    """`forward(item)` for each of `items` (each a forward of the shared model without gradients), under the model's
+    lock (`model_pass`); `done(i, result)` on the calling thread as each result arrives, in order. Returns the results
+    in the items' order.
 
     On a CPU with n torch threads the forwards run on n lanes of 1 thread each (`forward_lanes`; one thread also
     when there is one lane, so that a result never depends on how many forwards there were), each lane taking
@@ -117,33 +118,51 @@ def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], it
     its barrier for the thread that lost its core to any other process (the browser drawing the page beside the
     server), while a lane that loses its core holds up only its own forward (docs/performance.md, "The judge's
     forwards on lanes"). If `done` raises (a rerun interrupting the page), the forwards not yet started are
-    dropped."""
+    dropped.
+
+    In the foreground the lock is held once for all items. As background work (`runtime.background`) it is taken
+    for one slice of `lanes` items at a time, so that a new image's forward waiting for the model gets it after
+    that slice; the lanes then run below the process's priority, and the work stops between two slices once it is
+    told to (WorkStopped)."""
     results: list[Result] = []
-    with model_pass(loaded):
-        lanes = forward_lanes(loaded, len(items))
-        # One torch thread per forward on a CPU, however many lanes run: some kernels split a sum by thread count
-        # (torch's attention for a single query row does), so the count would decide the last bits.
-        threads = 1 if loaded.device.type == "cpu" else None
-        if lanes == 1:
-            with torch_threads(threads):
-                for i, item in enumerate(items):
-                    results.append(forward(item))
-                    if done is not None:
-                        done(i, results[-1])
-            return results
+    lanes = forward_lanes(loaded, len(items))
+    work = current_background()
+    per_hold = max(1, len(items) if work is None else lanes)
+    # One torch thread per forward on a CPU, however many lanes run: some kernels split a sum by thread count
+    # (torch's attention for a single query row does), so the count would decide the last bits.
+    threads = 1 if loaded.device.type == "cpu" else None
 
-        def on_a_lane(item: Item) -> Result:  # inference mode and the float32 choice are per thread: set them here
-            with torch_threads(threads), torch.inference_mode(), full_float32(loaded.device):
-                return forward(item)
+    def on_a_lane(item: Item) -> Result:  # inference mode and the float32 choice are per thread: set them here
+        with torch_threads(threads), torch.inference_mode(), full_float32(loaded.device):
+            return forward(item)
 
-        pool = ThreadPoolExecutor(lanes, thread_name_prefix="vit-lens-lane")
-        try:
-            for i, result in enumerate(pool.map(on_a_lane, items)):
-                results.append(result)
-                if done is not None:
-                    done(i, result)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)  # the lock is held until no lane runs the model
+    pool = None if lanes == 1 else ThreadPoolExecutor(
+        lanes, thread_name_prefix="vit-lens-lane", initializer=lower_this_threads_priority,
+        initargs=(work.niceness if work is not None else 0,))
+    try:
+        for first in range(0, len(items), per_hold):
+            check_stopped()
+            with model_pass(loaded):
+                if pool is None:
+                    with torch_threads(threads):
+                        for i in range(first, min(first + per_hold, len(items))):
+                            results.append(forward(items[i]))
+                            if done is not None:
+                                done(i, results[-1])
+                    continue
+                running = [pool.submit(on_a_lane, item) for item in items[first:first + per_hold]]
+                try:
+                    for i, future in enumerate(running, start=first):
+                        results.append(future.result())
+                        if done is not None:
+                            done(i, results[-1])
+                finally:  # the lock is held until no lane of this slice runs the model
+                    for future in running:
+                        future.cancel()
+                    wait(running)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     return results
 
 

@@ -1,0 +1,162 @@
+"""Background work below the foreground (vit_core.runtime.background): a waiting foreground forward gets the shared
+model before waiting background work and between two of its slices, background work stops when told to, and it
+computes the same bits as the foreground. The class-wide effect (one student judging, the others' new images):
+tools/loadtest --attacker --attack judge."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import vit_core
+from vit_core import explain
+from vit_core.explain.passes import forwards_on_lanes, model_input
+from vit_core.runtime import torch_threads
+from vit_core.runtime.background import ModelLock, WorkStopped, background_work
+
+
+def test_a_waiting_foreground_acquire_goes_before_a_waiting_background_one():
+    lock = ModelLock()
+    order: list[str] = []
+    lock.acquire()  # held by this thread
+    background_in, foreground_in = threading.Event(), threading.Event()
+
+    def background() -> None:
+        with background_work(), lock:
+            order.append("background")
+            background_in.set()
+
+    def foreground() -> None:
+        with lock:
+            order.append("foreground")
+            foreground_in.set()
+
+    b = threading.Thread(target=background, daemon=True)
+    b.start()
+    time.sleep(0.1)  # the background acquire waits first
+    f = threading.Thread(target=foreground, daemon=True)
+    f.start()
+    deadline = time.monotonic() + 5
+    while not lock.foreground_waiting() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lock.release()
+    b.join(5), f.join(5)
+    assert order == ["foreground", "background"]
+
+
+def test_background_work_that_is_told_to_stop_stops_while_waiting():
+    lock = ModelLock()
+    lock.acquire()
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            with background_work(stop), lock:
+                pass
+        except WorkStopped as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=background, daemon=True)
+    thread.start()
+    time.sleep(0.1)
+    stop.set()
+    thread.join(5)
+    assert len(raised) == 1 and not thread.is_alive()
+    lock.release()
+    with lock:  # the lock is still whole
+        assert lock.locked()
+    assert not lock.locked()
+
+
+def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for_all(tiny, image):
+    """20 slow forwards in the background: a foreground forward asked for during the first one gets the model
+    after that slice (a few forwards), long before the 20 are done."""
+    x = model_input(tiny, image)
+    lanes = explain.forward_lanes(tiny, 20)
+    started, finished = threading.Event(), []
+
+    def slow(_: int) -> float:
+        started.set()
+        time.sleep(0.1)
+        return 0.0
+
+    def background() -> None:
+        with background_work():
+            forwards_on_lanes(tiny, slow, list(range(20)), done=lambda i, r: finished.append(time.monotonic()))
+
+    thread = threading.Thread(target=background, daemon=True)
+    thread.start()
+    started.wait(5)
+    with tiny.lock:
+        got_it = time.monotonic()
+        with torch.inference_mode():
+            tiny.model(x)
+    thread.join(30)
+    assert len(finished) == 20
+    before = sum(t < got_it for t in finished)
+    assert before <= lanes, f"the foreground forward waited for {before} background forwards (one slice is {lanes})"
+
+
+def test_stopped_background_forwards_raise_and_leave_the_model_free(tiny):
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def forward(i: int) -> int:
+        if i == 2:
+            stop.set()
+        return i
+
+    with pytest.raises(WorkStopped), background_work(stop):
+        forwards_on_lanes(tiny, forward, list(range(40)), done=lambda i, r: seen.append(r))
+    assert len(seen) < 40 and not tiny.lock.locked()
+
+
+def test_the_judge_in_the_background_gives_the_foregrounds_bits(tiny, image):
+    cap = vit_core.run_with_capture(tiny, image)
+    relevance = explain.relevance_maps(tiny, cap, methods=("rollout", "raw_attention"))
+    tests = ("deletion_auc", "insertion_auc", "pixel_deletion_auc")
+    with torch_threads(2):
+        ahead = explain.judge(tiny, cap, relevance.maps, relevance.target, steps=4, tests=tests)
+        with background_work():
+            behind = explain.judge(tiny, cap, relevance.maps, relevance.target, steps=4, tests=tests)
+    for test in ahead.results:
+        for method in ahead.methods:
+            assert ahead.results[test].values[method] == behind.results[test].values[method], (test, method)
+        assert ahead.results[test].random_mean == behind.results[test].random_mean
+
+
+def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second(tiny):
+    """dashboard.server.jobs: one explanation job per session (a second click, or a rerun that left the first run
+    going on, replaces it), and none after the session's browser went away."""
+    from dashboard.server import jobs
+
+    outcomes: dict[str, str] = {}
+    running = {name: threading.Event() for name in ("first", "second")}
+
+    def job(name: str) -> None:
+        def forward(_: int) -> None:
+            running[name].set()
+            time.sleep(0.05)
+
+        try:
+            with jobs.session_job("session-a"):
+                forwards_on_lanes(tiny, forward, list(range(400)))
+            outcomes[name] = "finished"
+        except WorkStopped:
+            outcomes[name] = "stopped"
+
+    first = threading.Thread(target=job, args=("first",), daemon=True)
+    first.start()
+    running["first"].wait(5)
+    second = threading.Thread(target=job, args=("second",), daemon=True)
+    second.start()
+    first.join(10)
+    running["second"].wait(5)
+    assert jobs.stop_session_job("session-a")
+    second.join(10)
+    assert outcomes == {"first": "stopped", "second": "stopped"}
+    assert jobs.running_jobs() == 0 and not tiny.lock.locked()
