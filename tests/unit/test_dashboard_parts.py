@@ -500,3 +500,18 @@ def test_no_page_imports_itself_and_every_page_gets_the_model_from_the_session()
     app = (DASHBOARD / "app.py").read_text()
     assert 'st.Page("page_scripts/one_image.py"' in app and 'url_path="one-image", default=True' in app
     assert 'st.Page("page_scripts/many_images.py"' in app and 'url_path="many-images"' in app
+
+
+def test_a_weights_file_for_the_teaching_or_tiny_model_is_used_or_refused_never_dropped(tmp_path, tiny):
+    """The red team's case: a file of +inf weights for the bundled Shapes ViT showed its own "other (91.4%)"."""
+    from safetensors.torch import save_file
+
+    from dashboard import models
+    from vit_core.errors import ModelError
+
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(path))
+    with pytest.raises(ModelError, match="takes no weights file"):
+        models.build_model(models.TEACHING_MODEL, str(path), "", False)
+    loaded = models.build_model(models.TEST_TINY, str(path), "", False)
+    assert loaded.weights == "file: w.safetensors"
