@@ -1,0 +1,242 @@
+"""The static lesson (`vit-lens export-web`) in headless chromium, served by a local static server: every step
+renders; the page's analyses equal the library's on the same arrays; a drawn star, an uploaded image and 100
+drawings are predicted as the library predicts them (the page's resize and crop included); no request leaves the
+site's origin."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import io
+import re
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from support.browser import CHROMIUM, NO_CHROMIUM, page_at
+from vit_core import load_model, run_with_capture
+from vit_core import analyses as A
+from vit_core.explain.lens import logit_lens
+from vit_core.explain.occlusion import occlusion_map
+from vit_core.explain.perturbation import faithfulness, random_patch_orders
+from vit_core.teaching.data import CLASS_NAMES, sample_image
+from vit_core.web import site as web_site
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+ORT_INSTALLED = (web_site.WEB_ROOT / "node_modules" / web_site.ORT_PACKAGE / "dist" / web_site.ORT_FILES[-1]).is_file()
+
+RELATIVE = 1e-5  # of the largest value: the page's analyses against the library's
+POINTS = 0.001  # 0.1 percentage points: the page's prediction against the library's, the page's resize and crop included
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return load_model("vit-lens/shapes-vit")
+
+
+@pytest.fixture(scope="module")
+def site_url(shapes, tmp_path_factory):
+    """The Shapes ViT's site, written by the export and served by Python's own static server (as a teacher would)."""
+    if not ORT_INSTALLED:
+        pytest.skip("onnxruntime-web is not installed (bash tools/setup)")
+    out = tmp_path_factory.mktemp("site")
+    web_site.write_site(shapes, out)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(out)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lesson(browser, site_url):
+    """The page at 1280 x 720, ready (the first example predicted), with every request it made and every error."""
+    with page_at(browser, (1280, 720)) as page:
+        requests, errors = [], []
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(site_url + "?step=1")
+        page.wait_for_selector("body[data-ready]", state="attached", timeout=60_000)
+        yield page, requests, errors
+
+
+def ready_count(page) -> int:
+    return int(page.evaluate("document.body.dataset.ready"))
+
+
+def wait_next_prediction(page, before: int) -> None:
+    page.wait_for_function(f"Number(document.body.dataset.ready) > {before}", timeout=30_000)
+
+
+def b64(array: np.ndarray, dtype: str = "<f4") -> str:
+    return base64.b64encode(np.ascontiguousarray(array, dtype=dtype).tobytes()).decode("ascii")
+
+
+FROM_B64 = """(s, T) => { const b = Uint8Array.from(atob(s), (c) => c.charCodeAt(0)); return new T(b.buffer); }"""
+
+
+def page_prediction(page) -> tuple[str, float]:
+    return tuple(page.evaluate("[vitLens.app.image.preds[0].label, vitLens.app.image.preds[0].prob]"))
+
+
+def library_prediction(loaded, image: Image.Image) -> tuple[str, float]:
+    top = A.top_k(run_with_capture(loaded, image).logits, loaded.labels, 1)[0]
+    return top.label, top.prob
+
+
+def test_every_step_renders(lesson):
+    page, _, errors = lesson
+    for step in range(12):  # 0: the concept check, 1..10: the steps, 11: the check again
+        page.goto(page.url.split("?")[0] + f"?step={step}")
+        page.wait_for_selector("body[data-ready]", state="attached", timeout=60_000)
+        assert page.inner_text("#title").strip()
+        if 1 <= step <= 10:
+            assert page.locator("#figure canvas, #figure svg").count() >= 1, step
+            assert page.inner_text("#notice").startswith("Notice."), step
+        else:
+            assert page.locator(".concept-check .question").count() == 5
+    page.goto(page.url.split("?")[0] + "?step=9")
+    page.wait_for_selector("#figure svg[aria-label='deletion test']", timeout=60_000)
+    assert re.search(r"Deletion test: (beats random|worse than random|not distinguishable from random)", page.inner_text("#controls"))
+    assert re.fullmatch(r"Prediction: \w+ \(\d+\.\d%\)", page.inner_text("#prediction").strip())
+    assert errors == []
+
+
+def test_the_pages_analyses_are_the_librarys(lesson, shapes):
+    page, _, _ = lesson
+    image = sample_image("star", seed=2)
+    cap = run_with_capture(shapes, image)
+    g = shapes.geometry
+    target = int(np.argmax(cap.logits))
+    rollout = A.attention_rollout(cap.pattern, g.num_prefix_tokens, g.grid)
+    distances = A.mean_attention_distance(cap.pattern, g.num_prefix_tokens, g.grid, g.patch_size)
+    lens = logit_lens(shapes, cap)
+    occlusion = occlusion_map(shapes, cap, target)
+    test = faithfulness(shapes, cap, {"rollout": rollout}, target)
+    page_values = page.evaluate(f"""async ([att, pixels, map, target]) => {{
+        const fromB64 = {FROM_B64};
+        const V = vitLens, g = V.model.g, A = V.analyses;
+        const a = fromB64(att, Float32Array), x = fromB64(pixels, Float32Array), m = fromB64(map, Float32Array);
+        const pass = await V.model.analyse(x);
+        const test = await V.why.deletionTest(V.model, x, m, target, V.app.site.info.deletion.random_orders, V.app.site.info.deletion.steps);
+        return {{
+            rollout: Array.from(A.rollout(a, g)), distances: Array.from(A.meanAttentionDistance(a, g)),
+            lens: Array.from(pass.lens), occlusion: Array.from(await V.why.occlusion(V.model, x, target)),
+            deletion: test.curve, random: test.randomMean, spread: test.randomSpread, auc: test.auc, verdict: test.verdict.label,
+        }};
+    }}""", [b64(cap.pattern), b64(cap.input_tensor), b64(rollout), target])
+
+    def close(ours, theirs, name, scale=None):
+        theirs = np.asarray(theirs, dtype=np.float64).ravel()
+        gap = np.abs(np.asarray(ours, dtype=np.float64) - theirs).max()
+        assert gap <= RELATIVE * (scale or max(np.abs(theirs).max(), 1e-12)), (name, gap)
+
+    close(page_values["rollout"], rollout, "rollout")
+    close(page_values["distances"], distances, "mean attention distance")
+    close(page_values["lens"], lens, "logit lens")
+    # The occlusion map is a difference of two probabilities near p_c, which a float32 forward knows to about 1e-7
+    # (onnxruntime's logits and torch's differ by 2e-6): its own largest value (1.6e-3 here, each patch matters little
+    # alone) is no scale for it; the probabilities it is made of are.
+    close(page_values["occlusion"], occlusion, "occlusion", scale=float(A.softmax(cap.logits)[target]))
+    close(page_values["deletion"], test.deletion["rollout"], "deletion curve")
+    close(page_values["random"], test.deletion["random"], "random deletion curve")
+    close(page_values["spread"], test.random_deletion_std, "random spread")
+    assert page_values["verdict"] == test.deletion_verdict("rollout").label
+    assert np.array_equal(random_patch_orders(g.num_patches), page.evaluate("vitLens.app.site.info.deletion.random_orders"))
+
+
+def star_strokes(box) -> list[tuple[float, float]]:
+    """A five-pointed star drawn in one stroke, in page coordinates of the drawing canvas's box."""
+    cx, cy, r = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, box["width"] * 0.38
+    points = [(cx + r * np.sin(4 * np.pi * i / 5), cy - r * np.cos(4 * np.pi * i / 5)) for i in range(6)]
+    return points
+
+
+def test_a_drawn_star_is_predicted_as_the_library_predicts_it(lesson, shapes):
+    page, _, _ = lesson
+    page.click("#draw")
+    canvas = page.locator("#drawing")
+    box = canvas.bounding_box()
+    before = ready_count(page)
+    points = star_strokes(box)
+    page.mouse.move(*points[0])
+    page.mouse.down()
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        for t in np.linspace(0, 1, 8)[1:]:
+            page.mouse.move(x0 + t * (x1 - x0), y0 + t * (y1 - y0))
+    page.mouse.up()
+    wait_next_prediction(page, before)
+    label, prob = page_prediction(page)
+    png = base64.b64decode(page.evaluate("document.getElementById('drawing').toDataURL('image/png')").split(",", 1)[1])
+    theirs = library_prediction(shapes, Image.open(io.BytesIO(png)))
+    assert label == theirs[0] == "star"
+    assert abs(prob - theirs[1]) <= POINTS
+
+
+def test_an_uploaded_image_is_predicted_as_the_library_predicts_it(lesson, shapes, tmp_path):
+    page, _, _ = lesson
+    picture = Image.new("RGB", (260, 190), (250, 248, 240))
+    picture.paste(sample_image("heart", seed=5, size=150), (60, 20))  # not square: the resize and the crop both work
+    path = tmp_path / "heart.png"
+    picture.save(path)
+    before = ready_count(page)
+    page.set_input_files("#photo", str(path))
+    wait_next_prediction(page, before)
+    label, prob = page_prediction(page)
+    theirs = library_prediction(shapes, Image.open(path))
+    assert label == theirs[0]
+    assert abs(prob - theirs[1]) <= POINTS
+
+
+def drawings(count: int = 100):
+    """Shapes of every class on pages of random sizes and aspect ratios (seeded): what a class's photos and drawings are."""
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        name = CLASS_NAMES[i % len(CLASS_NAMES)]
+        side = int(rng.integers(48, 220))
+        page = Image.new("RGB", (side + int(rng.integers(0, 120)), side + int(rng.integers(0, 120))), tuple(rng.integers(200, 256, 3).tolist()))
+        page.paste(sample_image(name, seed=100 + i, size=side), (int(rng.integers(0, page.width - side + 1)), int(rng.integers(0, page.height - side + 1))))
+        if i % 3 == 0:
+            ImageDraw.Draw(page).line([(0, 0), page.size], fill=(90, 90, 90), width=2)
+        yield page
+
+
+def test_the_pages_resize_and_crop_give_the_librarys_predictions(lesson, shapes):
+    """On the examples and 100 drawings: the page's crop (Pillow's resampling in JavaScript) is the library's, byte for
+    byte, and its top-1 and probability are the library's to 0.1 points."""
+    page, _, _ = lesson
+    images = [sample_image(name, seed=2) for name in CLASS_NAMES if name != "other"] + list(drawings())
+    payload = [[b64(np.asarray(im), "u1"), im.width, im.height] for im in images]
+    results = page.evaluate(f"""async (images) => {{
+        const fromB64 = {FROM_B64};
+        const V = vitLens, pre = V.app.site.info.preprocessing, A = V.analyses, out = [];
+        for (const [rgb, w, h] of images) {{
+            const {{ crop, width, height }} = V.preprocess.modelCrop(fromB64(rgb, Uint8Array), w, h, pre);
+            const pass = await V.model.analyse(V.preprocess.normalised(crop, width, height, pre));
+            const top = A.topK(A.softmax(pass.logits), 1)[0];
+            out.push([btoa(String.fromCharCode(...crop)), top.index, top.prob]);
+        }}
+        return out;
+    }}""", payload)
+    worst = 0.0
+    for image, (crop, index, prob) in zip(images, results, strict=True):
+        cap = run_with_capture(shapes, image)
+        assert np.array_equal(np.frombuffer(base64.b64decode(crop), np.uint8), cap.input_image.ravel())
+        assert index == int(np.argmax(cap.logits))
+        worst = max(worst, abs(prob - float(A.softmax(cap.logits)[index])))
+    assert worst <= POINTS, worst
+
+
+def test_no_request_leaves_the_sites_origin(lesson, site_url):
+    _, requests, _ = lesson
+    assert requests and all(url.startswith(site_url) or url.startswith("data:") for url in requests), \
+        [u for u in requests if not u.startswith(site_url)]
