@@ -313,3 +313,27 @@ def test_the_command_refuses_what_it_cant_use(folder, tmp_path, capsys):
     assert core_cli.main(["concepts", str(folder), "--model", "vit-lens/shapes-vit", "--layer", "1",
                           "--out", str(folder / "inside")]) == 2
     assert "inside FOLDER" in capsys.readouterr().err
+
+
+def test_tokens_over_the_memory_budget_are_chunked_on_disk_and_trained_from_there(shapes, folder, tmp_path):
+    """Chunks of one image each, mapped from disk (a budget of 0 bytes): the same tokens as one chunk in memory, and a
+    seeded training from disk that gives the same bits again."""
+    from vit_core.concepts import concepts_files
+    from vit_core.concepts.learn import tokens_of
+
+    plan = plan_run(shapes, folder, num_shards=2)
+    store = TokenStore(tmp_path)
+    store.open(manifest_of(shapes, plan, LAYER, None))
+    collect_shards(shapes, plan, LAYER, store, list(plan.shards), batch_size=4, chunk_bytes=1)
+    mapped = tokens_of(store, plan, shapes.geometry.num_patches, memory_budget=0)
+    assert len(mapped.chunks) == 12 and all(isinstance(c.tokens, np.memmap) for c in mapped.chunks)
+    in_memory, _ = collected(shapes, folder, tmp_path / "whole", 1, 12)
+    assert np.concatenate([np.asarray(c.tokens) for c in mapped.chunks]).tobytes() == in_memory.tobytes()
+    settings = TrainingSettings(num_features=32, k=4, epochs=1, batch_tokens=128)
+    first, summary = concepts_files(shapes, plan, store, LAYER, settings, memory_budget=0)
+    again, _ = concepts_files(shapes, plan, store, LAYER, settings, memory_budget=0)
+    from safetensors.torch import load  # (the file's bytes differ: safetensors writes its metadata in any order)
+
+    first_tensors, again_tensors = load(first["concepts.safetensors"]), load(again["concepts.safetensors"])
+    assert all(first_tensors[key].numpy().tobytes() == again_tensors[key].numpy().tobytes() for key in first_tensors)
+    assert 0 < summary["fvu"] < 1.5
