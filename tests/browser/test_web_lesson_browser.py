@@ -17,8 +17,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from support.browser import CHROMIUM, NO_CHROMIUM, page_at
-from vit_core import load_model, run_with_capture
 from vit_core import analyses as A
+from vit_core import load_model, run_with_capture
 from vit_core.explain.lens import logit_lens
 from vit_core.explain.occlusion import occlusion_map
 from vit_core.explain.perturbation import faithfulness, random_patch_orders
@@ -106,7 +106,8 @@ def test_every_step_renders(lesson):
             assert page.locator(".concept-check .question").count() == 5
     page.goto(page.url.split("?")[0] + "?step=9")
     page.wait_for_selector("#figure svg[aria-label='deletion test']", timeout=60_000)
-    assert re.search(r"Deletion test: (beats random|worse than random|not distinguishable from random)", page.inner_text("#controls"))
+    verdicts = "beats random|worse than random|not distinguishable from random"
+    assert re.search(rf"Deletion test: ({verdicts})", page.inner_text("#controls"))
     assert re.fullmatch(r"Prediction: \w+ \(\d+\.\d%\)", page.inner_text("#prediction").strip())
     assert errors == []
 
@@ -127,11 +128,12 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
         const V = vitLens, g = V.model.g, A = V.analyses;
         const a = fromB64(att, Float32Array), x = fromB64(pixels, Float32Array), m = fromB64(map, Float32Array);
         const pass = await V.model.analyse(x);
-        const test = await V.why.deletionTest(V.model, x, m, target, V.app.site.info.deletion.random_orders, V.app.site.info.deletion.steps);
+        const {{ random_orders: orders, steps }} = V.app.site.info.deletion;
+        const test = await V.why.deletionTest(V.model, x, m, target, orders, steps);
         return {{
             rollout: Array.from(A.rollout(a, g)), distances: Array.from(A.meanAttentionDistance(a, g)),
             lens: Array.from(pass.lens), occlusion: Array.from(await V.why.occlusion(V.model, x, target)),
-            deletion: test.curve, random: test.randomMean, spread: test.randomSpread, auc: test.auc, verdict: test.verdict.label,
+            deletion: test.curve, random: test.randomMean, spread: test.randomSpread, verdict: test.verdict.label,
         }};
     }}""", [b64(cap.pattern), b64(cap.input_tensor), b64(rollout), target])
 
@@ -203,8 +205,10 @@ def drawings(count: int = 100):
     for i in range(count):
         name = CLASS_NAMES[i % len(CLASS_NAMES)]
         side = int(rng.integers(48, 220))
-        page = Image.new("RGB", (side + int(rng.integers(0, 120)), side + int(rng.integers(0, 120))), tuple(rng.integers(200, 256, 3).tolist()))
-        page.paste(sample_image(name, seed=100 + i, size=side), (int(rng.integers(0, page.width - side + 1)), int(rng.integers(0, page.height - side + 1))))
+        size = (side + int(rng.integers(0, 120)), side + int(rng.integers(0, 120)))
+        page = Image.new("RGB", size, tuple(rng.integers(200, 256, 3).tolist()))
+        corner = (int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1)))
+        page.paste(sample_image(name, seed=100 + i, size=side), corner)
         if i % 3 == 0:
             ImageDraw.Draw(page).line([(0, 0), page.size], fill=(90, 90, 90), width=2)
         yield page

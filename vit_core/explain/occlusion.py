@@ -38,6 +38,7 @@ def occlusion_map(loaded: LoadedModel, image: Image.Image | Capture, target: int
         tokens = embedded_tokens(loaded.model, x)  # (1, T, D)
         full = probabilities(to_host(run_from_embedded(loaded.model, tokens)))[0, target]
         for start in range(0, n, OCCLUSION_BATCH):
-            logits = run_from_embedded(loaded.model, keep_tokens(tokens, sets[start:start + OCCLUSION_BATCH], g.num_prefix_tokens))
+            kept = keep_tokens(tokens, sets[start:start + OCCLUSION_BATCH], g.num_prefix_tokens)  # (b, P + N - 1, D)
+            logits = run_from_embedded(loaded.model, kept)
             probs.append(probabilities(to_host(logits))[:, target])  # (b, C) -> (b,)
     return (full - np.concatenate(probs)).reshape(g.grid)  # float64: the page's map is compared with it
