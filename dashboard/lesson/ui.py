@@ -134,6 +134,13 @@ def lesson(ctx: ViewContext) -> None:
     if step == 1:
         with st.expander("Before you start: a short check (what do you know already?)", expanded=True):
             concept_check("start")
+        st.caption(STATIC_LESSON)
+
+
+# The static lesson (vit_core.web): where a class has no server to host, the same ten steps in each student's browser.
+STATIC_LESSON = ("No server for your class? This lesson also runs in each student's browser, with the model: "
+                 "`vit-lens export-web --out lesson/` writes it as a folder to put on any web space (README, "
+                 "\"A lesson without a server\").")
 
 
 def end_checks() -> None:

@@ -206,3 +206,8 @@ def test_step_9_shows_its_map_first_while_step_8s_maps_are_still_being_made(shap
     words = texts(at)
     assert words.count("A **relevance map** scores each patch") == 1  # the first sentences, not twice
     assert "**Notice.**" in words
+
+
+def test_the_first_step_points_to_the_lesson_without_a_server(tiny_env):
+    """The Streamlit lesson names the static one (`vit-lens export-web`), where a class has no server."""
+    assert "vit-lens export-web --out lesson/" in texts(lesson_at(1))

@@ -73,6 +73,7 @@ export function patchAt(event, element, grid) {
 export function tileGrid(data, count, [ph, pw], columns, tile, captions) {
   const rows = Math.ceil(count / columns), captionH = captions ? FONT + 6 : 0;
   const c = canvas(columns * (tile + 6), rows * (tile + 6 + captionH), "a grid of filters");
+  if (captions) c.dataset.text = "1"; // its captions are figure text (tools/benchmarks/web_lesson.py measures them)
   const ctx = c.getContext("2d");
   ctx.font = `${FONT}px sans-serif`; ctx.textAlign = "center"; ctx.fillStyle = "#222";
   const cell = tile / Math.max(ph, pw);
@@ -94,6 +95,7 @@ export function mapGrid(maps, count, grid, columns, tile, captions, framed = -1)
   const [gh, gw] = grid, captionH = captions ? FONT + 6 : 0, gap = captions ? 8 : 2;
   const rows = Math.ceil(count / columns);
   const c = canvas(columns * (tile + gap), rows * (tile + gap + captionH), "a grid of maps"), ctx = c.getContext("2d");
+  if (captions) c.dataset.text = "1";
   ctx.font = `${FONT}px sans-serif`; ctx.textAlign = "center";
   for (let i = 0; i < count; i++) {
     const t = scaled(maps.subarray ? maps.subarray(i * gh * gw, (i + 1) * gh * gw) : maps[i]);
