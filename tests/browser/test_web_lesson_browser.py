@@ -244,3 +244,66 @@ def test_no_request_leaves_the_sites_origin(lesson, site_url):
     _, requests, _ = lesson
     assert requests and all(url.startswith(site_url) or url.startswith("data:") for url in requests), \
         [u for u in requests if not u.startswith(site_url)]
+
+
+def plain(text: str) -> str:
+    """A step's sentence without its markup (the Streamlit lesson's Markdown, the page's HTML)."""
+    return re.sub(r"\*\*|</?b>|\\\\", "", text).strip()
+
+
+def test_the_steps_say_what_the_streamlit_lesson_says(lesson, shapes):
+    """On the same arrays, each step's notice and its question (prompt, options, answer) are the Streamlit lesson's
+    (dashboard/lesson/steps.py), word for word."""
+    from dashboard.lesson import facts, steps
+    from vit_core.loading.model import patch_embed_weight, pos_embed_rows
+
+    page, _, _ = lesson
+    g = shapes.geometry
+    image = sample_image("star", seed=2)
+    cap = run_with_capture(shapes, image)
+    k, p = g.center_patch, g.num_prefix_tokens
+    similarity = A.pos_embed_similarity(pos_embed_rows(shapes), p, g.no_embed_class, g.grid)
+    explained = A.filters_pca(patch_embed_weight(shapes)).explained_variance_ratio
+    maps = A.layer_attention_maps(cap.pattern, 0, 0, p, g.grid)
+    rolled = [A.attention_rollout(cap.pattern, p, g.grid, last_layer=last) for last in (0, g.num_layers - 1)]
+    distances = A.mean_attention_distance(cap.pattern, p, g.grid, g.patch_size)
+    uniform = A.uniform_attention_distance(g.grid, g.patch_size)
+    preds = A.top_k(cap.logits, shapes.labels, g.num_classes)
+    lens_tops = np.argmax(logit_lens(shapes, cap), axis=-1)
+    theirs = [
+        steps.image_and_patches(g, "star", image.size),
+        steps.patch_to_vector(g, explained),
+        steps.where_it_is(g, similarity[k], k),
+        steps.one_head(g, 0, 0, 0, A.attention_map(cap.pattern, 0, 0, 0, p, g.grid)),
+        steps.all_heads(g, 0, 0, maps),
+        steps.through_layers(g, g.num_layers - 1, rolled[1], rolled[0], rolled[1]),
+        steps.how_far(g, distances, uniform),
+        steps.prediction(g, preds, None),
+        steps.going_further(g, preds[0].label, facts.top_layer_from(lens_tops)),
+    ]
+    ours = page.evaluate(f"""([att, sim, explained, k, size, settled, logitsB64]) => {{
+        const fromB64 = {FROM_B64};
+        const V = vitLens, g = V.model.g, A = V.analyses, L = V.lesson, a = fromB64(att, Float32Array);
+        const similarity = fromB64(sim, Float32Array).subarray(k * g.N, (k + 1) * g.N);
+        const maps = [...Array(g.H).keys()].map((h) => A.attentionRow(a, g, 0, h, 0).map);
+        const logits = fromB64(logitsB64, Float32Array), probs = A.softmax(logits);
+        const preds = A.topK(probs, g.C).map((p) => ({{ ...p, label: V.app.label(p.index), logit: logits[p.index] }}));
+        const mad = A.meanAttentionDistance(a, g), first = A.rollout(a, g, 0), every = A.rollout(a, g);
+        return [
+            L.imageAndPatches(g, "star", size),
+            L.patchToVector(g, V.app.site.info.geometry.embed_dim, fromB64(explained, Float32Array)),
+            L.whereItIs(g, similarity, k), L.oneHead(g, 0, 0, 0, A.attentionRow(a, g, 0, 0, 0)), L.allHeads(g, 0, 0, maps),
+            L.throughLayers(g, g.L - 1, every, first, every), L.howFar(g, mad, A.uniformDistance(g), 1), L.prediction(g, preds),
+            L.goingFurther(g, preds[0].label, settled),
+        ];
+    }}""", [b64(cap.pattern), b64(similarity), b64(explained), k, list(image.size), facts.top_layer_from(lens_tops),
+            b64(cap.logits)])
+    for step, (py, js) in enumerate(zip(theirs, ours, strict=True), start=1):
+        assert plain(js["notice"]) == plain(py.notice), step
+        if py.question is None:
+            assert js["question"] is None, step
+            continue
+        assert plain(js["question"]["prompt"]) == plain(py.question.prompt), step
+        assert [plain(o) for o in js["question"]["options"]] == [plain(o) for o in py.question.options], step
+        assert js["question"]["answer"] == py.question.answer, step
+        assert plain(js["reveal"]) == plain(py.reveal), step

@@ -7,7 +7,7 @@ import { decodeBlob, drawingCanvas } from "./inputs.js";
 import { Model } from "./model.js";
 import { modelCrop, normalised } from "./preprocess.js";
 import { conceptCheck, predictThenReveal } from "./quiz.js";
-import { escape } from "./lesson.js";
+import * as lessonText from "./lesson.js";
 import { METHODS, STEP_VIEWS } from "./steps.js";
 import { deletionTest, occlusion } from "./why.js";
 
@@ -173,7 +173,8 @@ async function boot() {
   const site = { info, lesson, figures: Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, decoded(v)])) };
   const model = await Model.load(info);
   const app = new App(site, model);
-  window.vitLens = { app, analyses: A, model, why: { deletionTest, occlusion }, preprocess: { modelCrop, normalised }, methods: METHODS };
+  window.vitLens = { app, analyses: A, model, why: { deletionTest, occlusion }, preprocess: { modelCrop, normalised }, methods: METHODS,
+    lesson: lessonText };
   $("model-name").textContent = `${info.name} (${info.weights})`;
   $("back").addEventListener("click", () => app.go(app.s.step - 1));
   $("next").addEventListener("click", () => app.go(app.s.step + 1));
@@ -204,7 +205,7 @@ async function boot() {
     try {
       await app.setImage(file.name, await decodeBlob(file), t);
     } catch {
-      $("prediction").innerHTML = `${escape(file.name)} can't be read as an image: try a PNG or JPEG.`;
+      $("prediction").innerHTML = `${lessonText.escape(file.name)} can't be read as an image: try a PNG or JPEG.`;
     }
   });
   const first = info.examples[0];
