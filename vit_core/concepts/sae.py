@@ -117,6 +117,13 @@ def topk_codes(pre: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(pre).scatter(-1, indices, F.relu(values))
 
 
+def sparse_decode(sae: TopKSAE, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """W_dec z for a z given by its non-zero `values` (B, k) at `indices` (B, k), without the bias: (B, D). The same
+    as the dense product, at k instead of F multiply-adds per output (training's decoder and its gradient: a third
+    of a dense step's work at F = 2,048, k = 32)."""
+    return F.embedding_bag(indices, sae.W_dec.T, per_sample_weights=values, mode="sum")
+
+
 def initialised_sae(d_model: int, num_features: int, k: int, seed: int) -> TopKSAE:
     """Random unit-norm decoder columns, the encoder their transpose (Gao et al.'s tied initialisation), biases 0
     (b_pre 0 is the training tokens' normalised mean: the normalisation centres them)."""
@@ -154,8 +161,8 @@ def auxk_loss(sae: TopKSAE, pre: torch.Tensor, residual: torch.Tensor, dead: tor
     if dead_count == 0:
         return pre.new_zeros(())
     masked = pre.masked_fill(~dead, float("-inf"))  # (B, F): only the dead compete
-    codes = topk_codes(masked, min(k_aux, dead_count)).nan_to_num(0.0)  # (B, F)
-    estimate = codes @ sae.W_dec.T  # (B, D): no bias, it reconstructs an error
+    values, indices = masked.topk(min(k_aux, dead_count), dim=-1)  # (B, k_aux), all among the dead
+    estimate = sparse_decode(sae, F.relu(values), indices)  # (B, D): no bias, it reconstructs an error
     return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
 
 
@@ -174,11 +181,13 @@ def train_sae(batches_of_epoch, d_model: int, train_tokens: int, settings: Train
     for epoch in range(settings.epochs):
         for x_n in batches_of_epoch(epoch, generator):
             pre = sae.pre_activations(x_n)  # (B, F)
-            z = topk_codes(pre, sae.k)
-            reconstruction = sae.decode(z)  # (B, D)
+            values, indices = pre.topk(sae.k, dim=-1)  # (B, k): z's non-zero entries, and where they are
+            values = F.relu(values)
+            reconstruction = sparse_decode(sae, values, indices) + sae.b_pre  # (B, D): sae.decode of the same z
             residual = x_n - reconstruction
             loss = residual.pow(2).sum(-1).mean() / d_model
-            fired = (z > 0).any(dim=0)  # (F,)
+            fired = torch.zeros(settings.num_features, dtype=torch.bool)
+            fired[indices[values > 0]] = True  # (F,)
             since_fired = torch.where(fired, 0, since_fired + len(x_n))
             dead = since_fired >= dead_after
             loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, residual.detach(), dead, k_aux)
