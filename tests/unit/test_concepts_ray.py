@@ -53,3 +53,22 @@ def test_ray_collects_the_same_tokens_as_one_process(local_ray, tmp_path):
     assert images.tolist() == ray_images.tolist() and len(images) == 7
     assert tokens.tobytes() == ray_tokens.tobytes()
     assert here.failures(plan.shards) == there.failures(plan.shards) == [("broken.png", here.failures(plan.shards)[0][1])]
+
+
+def test_the_command_with_engine_ray_writes_the_same_concepts(local_ray, tmp_path):
+    """`vit-lens concepts --engine ray` on the Ray the test started: the same tokens and the same autoencoder as the
+    one-process command."""
+    from safetensors.torch import load_file
+
+    from vit_core import __main__ as core_cli
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(draw_set(6, seed=9).images):
+        Image.fromarray(image).save(folder / f"{i}.png")
+    common = [str(folder), "--model", SPEC.name, "--layer", str(LAYER), "--features", "32", "--k", "4", "--epochs", "1",
+              "--batch-size", "2"]
+    assert core_cli.main(["concepts", *common, "--out", str(tmp_path / "local"), "--workers", "0"]) == 0
+    assert core_cli.main(["concepts", *common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 0
+    local, on_ray = load_file(tmp_path / "local" / "concepts.safetensors"), load_file(tmp_path / "ray" / "concepts.safetensors")
+    assert all(local[key].numpy().tobytes() == on_ray[key].numpy().tobytes() for key in local)
