@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from vit_core import load_model, run_with_capture  # noqa: E402
 from vit_core.explain.interventions import predict_intervened  # noqa: E402
 from vit_core.explain.lens import logit_lens  # noqa: E402
-from vit_core.web.graph import WebExportError, check_exportable, onnx_graph  # noqa: E402
+from vit_core.web.graph import WebExportError, check_exportable, onnx_graph, shared_weights  # noqa: E402
 
 TOLERANCE = 1e-5
 
@@ -64,6 +64,28 @@ def test_keep_mask_and_head_mask_are_the_library_interventions(shapes):
     heads[1, 2] = heads[3, 0] = 0
     logits, *_ = run_graph(session, loaded, cap.input_tensor[None], heads=heads)
     assert np.abs(logits[0] - predict_intervened(loaded, cap, ablate=[(1, 2), (3, 0)])).max() <= TOLERANCE
+
+
+def test_the_logits_graph_shares_the_weights_and_gives_the_librarys_dropped_logits(shapes, tmp_path):
+    """The perturbation tests' graph (logits alone, the last block for the class token) reads the same weights file as
+    the full graph, each tensor stored once, and gives the library's logits of a dropped-patch set."""
+    loaded, _ = shapes
+    graphs, weights = shared_weights({"full.onnx": onnx_graph(loaded), "logits.onnx": onnx_graph(loaded, logits_only=True)},
+                                     "w.bin")
+    params = sum(p.numel() for p in loaded.model.parameters()) * 4
+    assert params <= len(weights) < 1.2 * params  # once, plus the last block's query and key-value halves
+    for name, data in {**graphs, "w.bin": weights}.items():
+        (tmp_path / name).write_bytes(data)
+    cap = run_with_capture(loaded, ring())
+    g = loaded.geometry
+    dropped = set(range(5, g.num_patches, 4))
+    kept = np.array([[k for k in range(g.num_patches) if k not in dropped]])
+    expected = predict_intervened(loaded, cap, drop=dropped)
+    for name in graphs:
+        session = ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+        logits = session.run(["logits"], {"pixels": cap.input_tensor[None], "kept": kept,
+                                          "head_mask": np.ones((g.num_layers, g.num_heads), np.float32)})[0]
+        assert np.abs(logits[0] - expected).max() <= TOLERANCE, name
 
 
 def test_a_small_imagenet_vit_too(tiny, image):

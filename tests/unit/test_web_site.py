@@ -49,7 +49,8 @@ def shapes_site(tmp_path_factory):
 @needs_ort
 def test_export_web_writes_the_site(shapes_site, capsys):
     files = {str(p.relative_to(shapes_site)) for p in shapes_site.rglob("*") if p.is_file()}
-    assert {"index.html", "model.onnx", "model.json", "figures.json", "lesson.json", "style.css", "src/main.js",
+    assert {"index.html", "model.onnx", "model-logits.onnx", "model.weights", "model.json", "figures.json", "lesson.json",
+            "style.css", "src/main.js",
             "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", f"ort/{site.ORT_LICENCE}"} <= files
     assert sum(p.stat().st_size for p in shapes_site.rglob("*") if p.is_file()) <= SITE_LIMIT
     info = json.loads((shapes_site / "model.json").read_text())

@@ -20,12 +20,13 @@ as fast in the browser as masking keys in a sequence of full length).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import warnings
-from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from timm.layers import Attention
 from timm.models.vision_transformer import Block
 
@@ -79,11 +80,16 @@ def check_exportable(loaded: LoadedModel, limit: int = MAX_ONNX_BYTES) -> None:
 
 class LensGraph(torch.nn.Module):
     """A timm VisionTransformer's eval forward with the lesson's inputs and outputs (module docstring). Wraps the
-    model: reads its modules and parameters, changes nothing in it."""
+    model: reads its modules and parameters, changes nothing in it.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    logits_only: the graph of the perturbation tests (the deletion test, the occlusion map), which need the logits
+    alone: no attention, lens or norms among the outputs, and the last block computed for the class token only (its
+    other rows never reach the head), as the library's perturbed passes do (interventions.run_from_embedded)."""
+
+    def __init__(self, model: torch.nn.Module, logits_only: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.logits_only = logits_only
 
     def forward(self, pixels: torch.Tensor, kept: torch.Tensor, head_mask: torch.Tensor):
         m = self.model
@@ -91,6 +97,12 @@ class LensGraph(torch.nn.Module):
         x = m._pos_embed(m.patch_embed(pixels))  # (B, 3, H, W) -> (B, T, D)
         patches = torch.gather(x[:, p:], 1, kept[..., None].expand(-1, -1, x.shape[-1]))  # (B, N, D) -> (B, K, D)
         x = m.norm_pre(m.patch_drop(torch.cat([x[:, :p], patches], dim=1)))  # (B, P + K, D)
+        if self.logits_only:
+            *before, last = m.blocks
+            for layer, block in enumerate(before):
+                x, _ = block_forward(block, x, head_mask[layer])
+            x, _ = block_forward(last, x, head_mask[len(before)], queries=1)  # (B, 1, D): the class token
+            return m.head(m.fc_norm(m.norm(x[:, 0])))  # (B, C)
         rows, patterns = [x], []
         for layer, block in enumerate(m.blocks):
             x, pattern = block_forward(block, x, head_mask[layer])
@@ -102,21 +114,29 @@ class LensGraph(torch.nn.Module):
         return lens[:, -1], attention, lens, residual.norm(dim=-1)  # token norms: (B, L+1, T')
 
 
-def block_forward(block: Block, x: torch.Tensor, head_on: torch.Tensor):
-    """timm's `Block.forward` in eval mode through the un-fused attention, with silenced heads.
-    x (B, T, D), head_on (H,) -> (x (B, T, D), post-softmax pattern (B, H, T, T))."""
+def block_forward(block: Block, x: torch.Tensor, head_on: torch.Tensor, queries: int | None = None):
+    """timm's `Block.forward` in eval mode through the un-fused attention, with silenced heads, for the first `queries`
+    rows of its output (None: all). x (B, T, D), head_on (H,) -> (x (B, Q, D), post-softmax pattern (B, H, Q, T))."""
     attn: Attention = block.attn
     b, t, _ = x.shape
+    q_rows = t if queries is None else queries
     normed = block.norm1(x)
-    qkv = attn.qkv(normed).reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-    q, k, v = qkv.unbind(0)
+    if queries is None:
+        qkv = attn.qkv(normed).reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        q, k, v = qkv.unbind(0)
+    else:  # rows q, then k, then v of timm's qkv weight: the queries of the first rows, the keys and values of all
+        width, weight, bias = attn.attn_dim, attn.qkv.weight, attn.qkv.bias
+        q = F.linear(normed[:, :q_rows], weight[:width], None if bias is None else bias[:width])  # (B, Q, H*hd)
+        q = q.reshape(b, q_rows, attn.num_heads, attn.head_dim).transpose(1, 2)  # (B, H, Q, hd)
+        kv = F.linear(normed, weight[width:], None if bias is None else bias[width:])  # (B, T, 2*H*hd)
+        k, v = kv.reshape(b, t, 2, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
     q, k = attn.q_norm(q), attn.k_norm(k)
-    pattern = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T), as timm's un-fused path computes it
-    heads = (pattern @ v) * head_on[None, :, None, None]  # (B, H, T, hd): a silenced head gives 0 to `proj`
-    out = attn.norm(heads.transpose(1, 2).reshape(b, t, attn.attn_dim))  # (B, T, H*hd)
+    pattern = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, Q, T), as timm's un-fused path computes it
+    heads = (pattern @ v) * head_on[None, :, None, None]  # (B, H, Q, hd): a silenced head gives 0 to `proj`
+    out = attn.norm(heads.transpose(1, 2).reshape(b, q_rows, attn.attn_dim))  # (B, Q, H*hd)
     if attn.gate is not None:
-        out = out * attn.gate(normed).sigmoid()
-    x = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
+        out = out * attn.gate(normed[:, :q_rows]).sigmoid()
+    x = x[:, :q_rows] + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
     return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x)))), pattern
 
 
@@ -127,30 +147,62 @@ def example_inputs(loaded: LoadedModel, batch: int = 1) -> tuple[torch.Tensor, t
     return torch.zeros(batch, 3, *g.img_size), kept, torch.ones(g.num_layers, g.num_heads)
 
 
-def onnx_graph(loaded: LoadedModel) -> bytes:
-    """The model's LensGraph as ONNX bytes (opset OPSET, the batch axis dynamic), made on the CPU under the model's
-    lock (the model is shared; nothing in it changes). Raises WebExportError for a model it can't carry."""
+def onnx_graph(loaded: LoadedModel, logits_only: bool = False) -> bytes:
+    """The model's LensGraph as ONNX bytes (opset OPSET, the batch and kept axes dynamic; `logits_only`: the perturbation
+    tests' graph, output "logits" alone), made on the CPU under the model's lock (the model is shared; nothing in it
+    changes). Raises WebExportError for a model it can't carry."""
     check_exportable(loaded)
     buffer = io.BytesIO()
+    outputs = OUTPUT_NAMES[:1] if logits_only else OUTPUT_NAMES
     dynamic = {"pixels": {0: "batch"}, "kept": {0: "batch", 1: "kept"}, "logits": {0: "batch"}, "logit_lens": {0: "batch"},
                "attention": {0: "batch", 3: "tokens", 4: "tokens"}, "token_norms": {0: "batch", 2: "tokens"}}
     with loaded.lock, torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-        graph = LensGraph(loaded.model).eval()
+        graph = LensGraph(loaded.model, logits_only).eval()
         device = loaded.device
         try:
             loaded.model.to("cpu")  # exported on the CPU: the same weights, wherever the model runs
             warnings.simplefilter("ignore")  # the TorchScript exporter's notes on tracing and constant folding, not ours
             torch.onnx.export(graph, example_inputs(loaded), buffer, dynamo=False, opset_version=OPSET,
-                              input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES), dynamic_axes=dynamic)
+                              input_names=list(INPUT_NAMES), output_names=list(outputs),
+                              dynamic_axes={name: axes for name, axes in dynamic.items() if name in (*INPUT_NAMES, *outputs)})
         finally:
             loaded.model.to(device)
     data = buffer.getvalue()
-    _logger.info("exported %s to ONNX: %.1f MB", loaded.name, len(data) / 2**20)
+    _logger.info("exported %s to ONNX%s: %.1f MB", loaded.name, " (logits only)" if logits_only else "", len(data) / 2**20)
     return data
 
 
-def write_onnx(loaded: LoadedModel, path: str | Path) -> Path:
-    """`onnx_graph(loaded)` written to `path`."""
-    path = Path(path)
-    path.write_bytes(onnx_graph(loaded))
-    return path
+INLINE_BYTES = 1024  # initializers this small (shapes, scales) stay inside their graph
+
+
+def shared_weights(graphs: dict[str, bytes], location: str) -> tuple[dict[str, bytes], bytes]:
+    """Graphs (name -> ONNX bytes) whose initializers move to one external file `location`, each distinct tensor once
+    (the same bytes in two graphs: one copy, both pointing at it): -> (the graphs' new bytes, the file's bytes). The
+    lesson's two graphs share almost every weight, so the site carries the model once."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    blob = io.BytesIO()
+    offsets: dict[tuple, tuple[int, int]] = {}
+    written = {}
+    for name, data in graphs.items():
+        model = onnx.load_from_string(data)
+        for tensor in model.graph.initializer:
+            raw = onnx.numpy_helper.to_array(tensor).tobytes()
+            if len(raw) < INLINE_BYTES:
+                continue
+            key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).digest())
+            if key not in offsets:
+                blob.seek(0, io.SEEK_END)
+                padding = -blob.tell() % 64  # aligned, as onnx's own writer does for memory mapping
+                blob.write(b"\0" * padding)
+                offsets[key] = (blob.tell(), len(raw))
+                blob.write(raw)
+            offset, length = offsets[key]
+            for field in ("float_data", "int64_data", "int32_data", "double_data"):
+                tensor.ClearField(field)
+            tensor.raw_data = raw  # onnx's helper wants it there, then it goes
+            set_external_data(tensor, location, offset, length)
+            tensor.ClearField("raw_data")
+        written[name] = model.SerializeToString()
+    return written, blob.getvalue()

@@ -2,7 +2,9 @@
 
     DIR/index.html, style.css, src/*.js   the page (plain ES modules), copied from the checkout's web/
     DIR/lesson.json                        the lesson's step titles and concept check (web/lesson.json)
-    DIR/model.onnx                         the graph (vit_core.web.graph), checked by onnxruntime against the library
+    DIR/model.onnx, model-logits.onnx      the graphs (vit_core.web.graph): every output, and the logits alone for the
+                                           perturbation tests; checked by onnxruntime against the library
+    DIR/model.weights                      their weights, one file both graphs read (each tensor once)
     DIR/model.json                         geometry, preprocessing, labels, examples, the deletion test's random orders
     DIR/figures.json                       the figures that depend on the weights only: filters, their principal
                                            components, the position embeddings' similarity (float32, base64)
@@ -31,7 +33,7 @@ from ..explain.perturbation import DEFAULT_STEPS, RANDOM_ORDERS, random_patch_or
 from ..loading.model import LoadedModel, patch_embed_weight, pos_embed_rows
 from ..teaching.data import CLASS_NAMES, sample_image
 from ..teaching.model import TEACHING_MODEL
-from .graph import INPUT_NAMES, OUTPUT_NAMES, WebExportError, onnx_graph
+from .graph import INPUT_NAMES, OUTPUT_NAMES, WebExportError, onnx_graph, shared_weights
 
 _logger = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-th
 ORT_LICENCE = "LICENSE-onnxruntime-web.txt"  # web/licences/: the package ships none; its files say "MIT", this is it
 PAGE_FILES = ("index.html", "style.css", "lesson.json")
 EXAMPLE_SEED = 2  # the dashboard's shape examples (dashboard.examples.SHAPE_EXAMPLE_SEED): the same drawings
-PARITY_TOLERANCE = 1e-4  # the written graph's logits against the library's, on the first example, before writing
+PARITY_TOLERANCE = 1e-4  # the written graphs' logits against the library's, on the first example
+GRAPH, LOGITS_GRAPH, WEIGHTS = "model.onnx", "model-logits.onnx", "model.weights"
 
 
 def ort_dist(web_root: Path = WEB_ROOT) -> Path:
@@ -116,7 +119,8 @@ def model_description(loaded: LoadedModel, examples: list[str], steps: int = DEF
             "crop_pct": config.get("crop_pct") or 0.875, "interpolation": config.get("interpolation", "bilinear"),
             "crop_mode": config.get("crop_mode") or "center",
         },
-        "graph": {"file": "model.onnx", "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES)},
+        "graph": {"file": GRAPH, "logits_file": LOGITS_GRAPH, "weights": WEIGHTS, "inputs": list(INPUT_NAMES),
+                  "outputs": list(OUTPUT_NAMES)},
         "examples": examples,
         # The deletion test's random baseline: numpy's seeded orders (analyses.md), which a browser can't draw itself.
         "deletion": {"steps": steps, "seed": 0, "random_orders": random_patch_orders(g.num_patches, RANDOM_ORDERS, 0).tolist()},
@@ -124,23 +128,28 @@ def model_description(loaded: LoadedModel, examples: list[str], steps: int = DEF
     }
 
 
-def checked_graph(loaded: LoadedModel, example: Image.Image) -> bytes:
-    """The ONNX graph, once onnxruntime gave the library's logits on `example` (a graph that differs is never written)."""
+def graph_files(loaded: LoadedModel) -> dict[str, bytes]:
+    """The two graphs and their shared weights file, by file name."""
+    graphs, weights = shared_weights({GRAPH: onnx_graph(loaded), LOGITS_GRAPH: onnx_graph(loaded, logits_only=True)}, WEIGHTS)
+    return {**graphs, WEIGHTS: weights}
+
+
+def check_graphs(loaded: LoadedModel, folder: Path, example: Image.Image) -> None:
+    """Both written graphs give the library's logits on `example` (onnxruntime, from `folder`); WebExportError if not."""
     try:
         import onnxruntime
     except ImportError as error:
         raise WebExportError('export-web needs onnxruntime to check the graph: pip install "vit-lens[web]".') from error
-    data = onnx_graph(loaded)
     cap = run_with_capture(loaded, example)
     g = loaded.geometry
-    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
-    logits = session.run(["logits"], {"pixels": cap.input_tensor[None], "kept": np.arange(g.num_patches)[None],
-                                      "head_mask": np.ones((g.num_layers, g.num_heads), np.float32)})[0][0]
-    difference = float(np.abs(logits - cap.logits).max())
-    if difference > PARITY_TOLERANCE * max(1.0, float(np.abs(cap.logits).max())):
-        raise WebExportError(f"{loaded.name}'s ONNX graph gives logits {difference:.2g} away from the library's: not written.")
-    _logger.info("graph checked on an example: logits within %.2g of the library's", difference)
-    return data
+    feeds = {"pixels": cap.input_tensor[None], "kept": np.arange(g.num_patches)[None],
+             "head_mask": np.ones((g.num_layers, g.num_heads), np.float32)}
+    for name in (GRAPH, LOGITS_GRAPH):
+        session = onnxruntime.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+        difference = float(np.abs(session.run(["logits"], feeds)[0][0] - cap.logits).max())
+        if difference > PARITY_TOLERANCE * max(1.0, float(np.abs(cap.logits).max())):
+            raise WebExportError(f"{loaded.name}'s ONNX graph {name} gives logits {difference:.2g} away from the library's.")
+        _logger.info("%s checked on an example: logits within %.2g of the library's", name, difference)
 
 
 def png(image: Image.Image) -> bytes:
@@ -156,7 +165,7 @@ def write_site(loaded: LoadedModel, out: str | Path, web_root: Path = WEB_ROOT) 
     dist = ort_dist(web_root)
     out = Path(out)
     examples = example_images(loaded)
-    graph = checked_graph(loaded, next(iter(examples.values())))
+    graphs = graph_files(loaded)  # before anything is written: a model the graph can't carry is refused first
     (out / "examples").mkdir(parents=True, exist_ok=True)
     (out / "ort").mkdir(exist_ok=True)
     if (out / "src").exists():
@@ -167,7 +176,9 @@ def write_site(loaded: LoadedModel, out: str | Path, web_root: Path = WEB_ROOT) 
     for name in ORT_FILES:
         shutil.copyfile(dist / name, out / "ort" / name)
     shutil.copyfile(web_root / "licences" / ORT_LICENCE, out / "ort" / ORT_LICENCE)
-    (out / "model.onnx").write_bytes(graph)
+    for name, data in graphs.items():
+        (out / name).write_bytes(data)
+    check_graphs(loaded, out, next(iter(examples.values())))
     for name, image in examples.items():
         (out / "examples" / name).write_bytes(png(image))
     (out / "model.json").write_text(json.dumps(model_description(loaded, [f"examples/{n}" for n in examples])))

@@ -152,11 +152,11 @@ export function chart(series, { width = 460, height = 340, xLabel = "", yLabel =
       svg.append(svgElement("polyline", { points: s.points.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "), fill: "none", stroke: s.colour,
         "stroke-width": 3, "stroke-dasharray": s.dashed ? "8 6" : "none" }));
     }
-    if (s.label) {
-      const [x, y] = s.points[s.points.length - 1];
-      svg.append(svgElement("text", { x: X(x) - 4, y: Y(y) - 10, "text-anchor": "end", fill: s.colour }, s.label));
-    }
   }
+  // Labels as a legend at the top right, one line each: at the curves' ends they overlap where the curves meet.
+  series.filter((s) => s.label).forEach((s, i) => {
+    svg.append(svgElement("text", { x: width - m.r, y: m.t + FONT * (i + 1), "text-anchor": "end", fill: s.colour }, s.label));
+  });
   return svg;
 }
 

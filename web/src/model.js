@@ -12,8 +12,9 @@ ort.env.wasm.wasmPaths = new URL("../ort/", import.meta.url).href;
 const BATCH = 16; // perturbed copies per run, at most: the deletion test's and the occlusion map's forwards
 
 export class Model {
-  constructor(session, info) {
-    this.session = session;
+  constructor(session, logitsSession, info) {
+    this.session = session; // every output: one image's pass
+    this.logitsSession = logitsSession; // the logits alone, last block for the class token: the perturbation tests
     const g = info.geometry;
     const [gh, gw] = g.grid;
     this.g = {
@@ -25,9 +26,15 @@ export class Model {
   }
 
   static async load(info, base = "./") {
-    const session = await ort.InferenceSession.create(new URL(info.graph.file, new URL(base, location.href)).href,
-      { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
-    return new Model(session, info);
+    const url = (file) => new URL(file, new URL(base, location.href)).href;
+    const [graph, logitsGraph, weights] = await Promise.all([info.graph.file, info.graph.logits_file, info.graph.weights]
+      .map(async (file) => new Uint8Array(await (await fetch(url(file))).arrayBuffer())));
+    // Both graphs read the one weights file (vit_core.web.graph.shared_weights), fetched once; each session gets its
+    // own copy, in case the runtime takes the buffer over.
+    const open = (bytes, copy) => ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], graphOptimizationLevel: "all",
+      externalData: [{ path: info.graph.weights, data: copy ? weights.slice() : weights }] });
+    const logitsSession = await open(logitsGraph, true);
+    return new Model(await open(graph, false), logitsSession, info);
   }
 
   allHeads() {
@@ -40,7 +47,7 @@ export class Model {
 
   /** One run: the image's pixels (3*H*W) for every row, kept-patch lists of one length, heads (L*H,).
    * fetch: the outputs wanted. -> {name: Float32Array} */
-  async runBatch(pixels, sets, heads, fetch) {
+  async runBatch(pixels, sets, heads, fetch, session = this.session) {
     const { imgSize } = this.g, b = sets.length, k = sets[0].length, size = pixels.length;
     const batchPixels = new Float32Array(b * size);
     for (let i = 0; i < b; i++) batchPixels.set(pixels, i * size);
@@ -51,7 +58,7 @@ export class Model {
       kept: new ort.Tensor("int64", kept, [b, k]),
       head_mask: new ort.Tensor("float32", heads || this.allHeads(), [this.g.L, this.g.H]),
     };
-    const job = this.queue.then(() => this.session.run(feeds, fetch));
+    const job = this.queue.then(() => session.run(feeds, fetch));
     this.queue = job.catch(() => {});
     const out = await job;
     return Object.fromEntries(fetch.map((name) => [name, out[name].data]));
@@ -73,7 +80,7 @@ export class Model {
     for (const indices of byLength.values()) {
       for (let start = 0; start < indices.length; start += BATCH) {
         const chunk = indices.slice(start, start + BATCH);
-        const { logits } = await this.runBatch(pixels, chunk.map((i) => sets[i]), heads, ["logits"]);
+        const { logits } = await this.runBatch(pixels, chunk.map((i) => sets[i]), heads, ["logits"], this.logitsSession);
         chunk.forEach((i, row) => { results[i] = logits.slice(row * C, (row + 1) * C); });
       }
     }
