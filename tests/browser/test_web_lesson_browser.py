@@ -9,6 +9,7 @@ import base64
 import functools
 import http.server
 import io
+import os
 import re
 import threading
 
@@ -27,6 +28,8 @@ from vit_core.web import site as web_site
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 ORT_INSTALLED = (web_site.WEB_ROOT / "node_modules" / web_site.ORT_PACKAGE / "dist" / web_site.ORT_FILES[-1]).is_file()
+if not ORT_INSTALLED and os.environ.get("CI"):
+    raise RuntimeError("CI must run the static lesson's tests: tools/setup installs onnxruntime-web with npm, and it is missing")
 
 RELATIVE = 1e-5  # of the largest value: the page's analyses against the library's
 POINTS = 0.001  # 0.1 percentage points: the page's prediction against the library's, the page's resize and crop included

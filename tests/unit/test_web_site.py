@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -14,6 +15,8 @@ from vit_core.web import site
 
 pytest.importorskip("onnxruntime")
 ORT_INSTALLED = (site.WEB_ROOT / "node_modules" / site.ORT_PACKAGE / "dist" / site.ORT_FILES[-1]).is_file()
+if not ORT_INSTALLED and os.environ.get("CI"):
+    raise RuntimeError("CI must run the static lesson's tests: tools/setup installs onnxruntime-web with npm, and it is missing")
 needs_ort = pytest.mark.skipif(not ORT_INSTALLED, reason="onnxruntime-web is not installed (bash tools/setup)")
 SITE_LIMIT = 30 * 2**20  # the budget for the Shapes ViT's site
 

@@ -198,7 +198,7 @@ async function boot() {
     area.hidden = !area.hidden;
     $("draw").setAttribute("aria-pressed", String(!area.hidden));
   });
-  $("photo").addEventListener("change", async (e) => {
+  const photo = async (e) => {
     const file = e.target.files[0];
     if (!file) return;
     const t = performance.now();
@@ -207,7 +207,9 @@ async function boot() {
     } catch {
       $("prediction").innerHTML = `${lessonText.escape(file.name)} can't be read as an image: try a PNG or JPEG.`;
     }
-  });
+  };
+  $("photo").addEventListener("change", photo);
+  $("camera").addEventListener("change", photo); // a phone opens its camera for this one (capture="environment")
   const first = info.examples[0];
   await app.setImage(first.split("/").pop().replace(/\.png$/, ""), await decodeBlob(await (await fetch(first)).blob()));
   // From the navigation's start (performance's time origin): what a student waits from the link to the first answer.
