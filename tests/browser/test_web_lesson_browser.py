@@ -310,3 +310,34 @@ def test_the_steps_say_what_the_streamlit_lesson_says(lesson, shapes):
         assert [plain(o) for o in js["question"]["options"]] == [plain(o) for o in py.question.options], step
         assert js["question"]["answer"] == py.question.answer, step
         assert plain(js["reveal"]) == plain(py.reveal), step
+
+
+@pytest.mark.parametrize("config", [
+    {"input_size": (3, 224, 224), "interpolation": "bicubic", "crop_pct": 0.9, "crop_mode": "center"},  # ViT-B/16 augreg2
+    {"input_size": (3, 224, 224), "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "center"},
+    {"input_size": (3, 384, 384), "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "squash"},
+])
+def test_the_pages_resize_and_crop_are_timms_for_imagenet_configs(lesson, config):
+    """The page's crop for other models' preprocessing (bicubic, crop_pct < 1, squash) is the library's, byte for byte:
+    timm's eval transform up to its crop (vit_core.loading.model.split_eval_transform), on photos larger and smaller
+    than the input."""
+    from vit_core.loading.model import split_eval_transform
+
+    page, _, _ = lesson
+    data_config = {**config, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    crop_transform, _ = split_eval_transform(data_config)
+    images = [next(drawings(1)).resize(size) for size in [(512, 600), (300, 200), (97, 130), (224, 224)]]
+    pre = {**data_config, "input_size": list(config["input_size"]), "mean": [0.5] * 3, "std": [0.5] * 3}
+    crops = page.evaluate(f"""([images, pre]) => {{
+        const fromB64 = {FROM_B64};
+        return images.map(([rgb, w, h]) => {{
+            const {{ crop }} = vitLens.preprocess.modelCrop(fromB64(rgb, Uint8Array), w, h, pre);
+            let s = ""; for (const v of crop) s += String.fromCharCode(v);
+            return btoa(s);
+        }});
+    }}""", [[[b64(np.asarray(im), "u1"), im.width, im.height] for im in images], pre])
+    for image, crop in zip(images, crops, strict=True):
+        expected = np.asarray(crop_transform(image), dtype=np.uint8).ravel()
+        ours = np.frombuffer(base64.b64decode(crop), np.uint8)
+        assert ours.shape == expected.shape, (image.size, ours.shape, expected.shape)
+        assert np.array_equal(ours, expected), (image.size, np.abs(ours.astype(int) - expected).max())
