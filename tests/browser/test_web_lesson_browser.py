@@ -107,6 +107,11 @@ def test_every_step_renders(lesson):
             assert page.inner_text("#notice").startswith("Notice."), step
         else:
             assert page.locator(".concept-check .question").count() == 5
+    page.goto(page.url.split("?")[0] + "?step=10")
+    page.wait_for_selector("body[data-ready]", state="attached", timeout=60_000)
+    page.get_by_role("button", name="Token norms").click()
+    assert page.locator("#figure canvas[aria-label='token norms']").count() == 1
+    assert re.search(r"\d+ high-norm patches", page.inner_text("#controls"))
     page.goto(page.url.split("?")[0] + "?step=9")
     page.wait_for_selector("#figure svg[aria-label='deletion test']", timeout=60_000)
     verdicts = "beats random|worse than random|not distinguishable from random"
@@ -126,10 +131,12 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
     lens = logit_lens(shapes, cap)
     occlusion = occlusion_map(shapes, cap, target)
     test = faithfulness(shapes, cap, {"rollout": rollout}, target)
-    page_values = page.evaluate(f"""async ([att, pixels, map, target]) => {{
+    token_norms = np.linalg.norm(cap.tokens.astype(np.float64), axis=-1)  # (L+1, T)
+    page_values = page.evaluate(f"""async ([att, pixels, map, target, normsB64]) => {{
         const fromB64 = {FROM_B64};
         const V = vitLens, g = V.model.g, A = V.analyses;
         const a = fromB64(att, Float32Array), x = fromB64(pixels, Float32Array), m = fromB64(map, Float32Array);
+        const norms = fromB64(normsB64, Float32Array);
         const pass = await V.model.analyse(x);
         const {{ random_orders: orders, steps }} = V.app.site.info.deletion;
         const test = await V.why.deletionTest(V.model, x, m, target, orders, steps);
@@ -137,8 +144,10 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
             rollout: Array.from(A.rollout(a, g)), distances: Array.from(A.meanAttentionDistance(a, g)),
             lens: Array.from(pass.lens), occlusion: Array.from(await V.why.occlusion(V.model, x, target)),
             deletion: test.curve, random: test.randomMean, spread: test.randomSpread, verdict: test.verdict.label,
+            norms: Array.from(pass.norms),
+            high: [...Array(g.L + 1).keys()].map((r) => A.highNormPatches(norms.subarray(r * g.T, (r + 1) * g.T), g)),
         }};
-    }}""", [b64(cap.pattern), b64(cap.input_tensor), b64(rollout), target])
+    }}""", [b64(cap.pattern), b64(cap.input_tensor), b64(rollout), target, b64(token_norms)])
 
     def close(ours, theirs, name, scale=None):
         theirs = np.asarray(theirs, dtype=np.float64).ravel()
@@ -156,6 +165,8 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
     close(page_values["random"], test.deletion["random"], "random deletion curve")
     close(page_values["spread"], test.random_deletion_std, "random spread")
     assert page_values["verdict"] == test.deletion_verdict("rollout").label
+    close(page_values["norms"], token_norms, "token norms")
+    assert np.array_equal(page_values["high"], A.high_norm_patches(token_norms.astype(np.float32), g.num_prefix_tokens))
     assert np.array_equal(random_patch_orders(g.num_patches), page.evaluate("vitLens.app.site.info.deletion.random_orders"))
 
 

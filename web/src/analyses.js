@@ -254,3 +254,21 @@ export function settledRow(tops) {
 export function lensTops(lens, rows, classes) {
   return Array.from({ length: rows }, (_, r) => topK(softmax(lens.subarray(r * classes, (r + 1) * classes)), 1)[0]);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Token norms and high-norm tokens (Darcet et al., ICLR 2024; analyses.md)
+
+/** numpy's default quantile (linear interpolation between the sorted values). */
+export function quantile(values, q) {
+  const sorted = Float64Array.from(values).sort();
+  const at = q * (sorted.length - 1), lo = Math.floor(at), hi = Math.min(lo + 1, sorted.length - 1);
+  return sorted[lo] + (at - lo) * (sorted[hi] - sorted[lo]);
+}
+
+/** Which patch tokens of one residual row are high-norm: norms (T,) of the row -> booleans (N,), above Q3 + 3 IQR of the
+ * row's patch norms (prefix tokens never count). */
+export function highNormPatches(rowNorms, g) {
+  const patches = Array.from(rowNorms.slice(g.P, g.P + g.N));
+  const q1 = quantile(patches, 0.25), q3 = quantile(patches, 0.75), fence = q3 + 3 * (q3 - q1);
+  return patches.map((v) => v > fence);
+}

@@ -199,7 +199,13 @@ export function further(app) {
   });
   const tops = A.lensTops(shown.result.lens, g.L + 1, g.C);
   const rows = [["after", "top class"], ...tops.map((t, r) => [r === 0 ? "emb" : `${r - 1}`, A.predictionText(app.label(t.index), t.prob)])];
-  const lens = F.table(rows, [100, 150], { label: "logit lens" });
+  let side = F.table(rows, [100, 150], { label: "logit lens" });
+  if (s.furtherView === "norms") { // the image's own tokens (no intervention): their norms after the chosen block
+    const row = s.normsRow ?? g.L, norms = image.result.norms.subarray(row * g.T, (row + 1) * g.T);
+    const high = A.highNormPatches(norms, g);
+    const frames = Object.fromEntries(high.flatMap((h, k) => (h ? [[k, "#e4572e"]] : [])));
+    side = F.imageFigure(image.crop, g.imgSize, g.grid, 220, { map: norms.slice(g.P, g.P + g.N), frames, label: "token norms" });
+  }
   const heads = document.createElement("div");
   heads.className = "heads";
   heads.append(caption("Heads on (click to silence):"));
@@ -219,7 +225,15 @@ export function further(app) {
   summary.id = "intervention";
   const reset = button("Undo all", () => { s.dropped.clear(); s.silenced.clear(); app.intervene(); });
   const settled = A.settledRow(A.lensTops(image.result.lens, g.L + 1, g.C).map((t) => t.index));
-  return { figure: box(fig, lens), controls: [summary, heads, reset], text: L.goingFurther(g, before.label, settled) };
+  const views = [button("Logit lens", () => { s.furtherView = "lens"; app.render(); }, s.furtherView !== "norms"),
+    button("Token norms", () => { s.furtherView = "norms"; app.render(); }, s.furtherView === "norms")];
+  if (s.furtherView === "norms") {
+    const row = s.normsRow ?? g.L;
+    const high = A.highNormPatches(image.result.norms.subarray(row * g.T, (row + 1) * g.T), g).filter(Boolean).length;
+    views.push(select("Tokens after block", [...Array(g.L + 1).keys()].map((r) => [r, r === 0 ? "emb" : `${r - 1}`]), row,
+      (v) => { s.normsRow = Number(v); app.render(); }, "norms-row"), caption(`${high} high-norm patches (framed).`));
+  }
+  return { figure: box(fig, side), controls: [...views, summary, heads, reset], text: L.goingFurther(g, before.label, settled) };
 }
 
 export const STEP_VIEWS = [patches, filters, positions, oneHead, allHeads, throughLayers, distance, prediction, why, further];
