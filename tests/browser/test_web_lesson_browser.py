@@ -112,6 +112,8 @@ def test_every_step_renders(lesson):
     page.get_by_role("button", name="Token norms").click()
     assert page.locator("#figure canvas[aria-label='token norms']").count() == 1
     assert re.search(r"\d+ high-norm patches", page.inner_text("#controls"))
+    page.keyboard.press("PageUp")  # a presenter's clicker
+    assert page.inner_text("#title").startswith("9.") and page.url.endswith("?step=9")
     page.goto(page.url.split("?")[0] + "?step=9")
     page.wait_for_selector("#figure svg[aria-label='deletion test']", timeout=60_000)
     verdicts = "beats random|worse than random|not distinguishable from random"

@@ -178,6 +178,10 @@ async function boot() {
   $("model-name").textContent = `${info.name} (${info.weights})`;
   $("back").addEventListener("click", () => app.go(app.s.step - 1));
   $("next").addEventListener("click", () => app.go(app.s.step + 1));
+  document.addEventListener("keydown", (e) => { // a presenter's clicker sends Page Up / Page Down, as in the Streamlit lesson
+    if (e.key === "PageDown") { e.preventDefault(); app.go(app.s.step + 1); }
+    if (e.key === "PageUp") { e.preventDefault(); app.go(app.s.step - 1); }
+  });
 
   const examples = $("examples");
   for (const path of info.examples) {
