@@ -7,6 +7,7 @@ throttling (CDP Emulation.setCPUThrottlingRate: roughly a phone).
 Figures, on the page's own clock (performance.now(); the page records them in vitLens.app.timings):
 - open: from the navigation's start to the first example's prediction shown with step 1's figure;
 - stroke: from a stroke's end (pointerup on the drawing canvas) to its prediction and the open step's figure drawn;
+- example: from a click on an example to its prediction and the open step's figure (its PNG fetched and decoded);
 - deletion: the deletion test of the rollout map (its 10 steps and 8 random orders; forwards batched per step);
 and the site's size. Without --site, the Shapes ViT's site is exported to a temporary folder first. With --shots, a
 screenshot of steps 1, 4, 6, 9 at 1280 x 720 and steps 1 and 9 at 390 x 844 (unthrottled), with the smallest figure text
@@ -31,6 +32,7 @@ import numpy as np
 from tools.make_assets import CHROMIUM_ARGS
 
 PROJECTOR = (1280, 720)
+EXAMPLES = ("star", "heart", "arrow")  # not the first example, which the page opens with
 PHONE = (390, 844)
 
 
@@ -82,6 +84,11 @@ def one_round(browser, url: str, throttle: float, strokes: int, deletions: int) 
             draw(page, star(box, 0.2 * i))
             page.wait_for_function(f"Number(document.body.dataset.ready) > {before}", timeout=60_000)
         result["stroke"] = timings(page, "your drawing")
+        for name in EXAMPLES:  # a new image: click to its prediction and the open step's figure (fetch and decode included)
+            before = int(page.evaluate("document.body.dataset.ready"))
+            page.get_by_role("button", name=name, exact=True).click()
+            page.wait_for_function(f"Number(document.body.dataset.ready) > {before}", timeout=60_000)
+        result["example"] = [t for name in EXAMPLES for t in timings(page, name)]
         result["deletion"] = page.evaluate("""async (n) => {
             const V = vitLens, g = V.model.g, img = V.app.image, out = [];
             const map = V.analyses.rollout(img.result.attention, g);
@@ -160,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
             for throttle in (1, 4):
                 runs = [one_round(browser, url, throttle, args.strokes, args.deletions) for _ in range(args.rounds)]
-                report[f"x{throttle}"] = {what: {"median_ms": statistics.median(v := [x for r in runs for x in r[what]]),
-                                                 "max_ms": max(v), "n": len(v)} for what in ("open", "stroke", "deletion")}
+                figures = {what: [x for r in runs for x in r[what]] for what in ("open", "stroke", "example", "deletion")}
+                report[f"x{throttle}"] = {what: {"median_ms": statistics.median(v), "max_ms": max(v), "n": len(v)}
+                                          for what, v in figures.items()}
             if args.shots:
                 args.shots.mkdir(parents=True, exist_ok=True)
                 report["layout"] = (layout(browser, url, PROJECTOR, [1, 4, 6, 9], args.shots)
