@@ -256,6 +256,21 @@ def test_the_pages_resize_and_crop_give_the_librarys_predictions(lesson, shapes)
     assert worst <= POINTS, worst
 
 
+def test_once_loaded_the_lesson_works_offline(lesson):
+    """With the network gone, an example, the deletion test and a new step still work: the page has what it needs."""
+    page, _, errors = lesson
+    page.context.set_offline(True)
+    try:
+        before = ready_count(page)
+        page.get_by_role("button", name="arrow", exact=True).click()
+        wait_next_prediction(page, before)
+        page.get_by_role("button", name="9", exact=True).click()
+        page.wait_for_selector("#figure svg[aria-label='deletion test']", timeout=60_000)
+        assert page_prediction(page)[0] and not errors
+    finally:
+        page.context.set_offline(False)
+
+
 def test_no_request_leaves_the_sites_origin(lesson, site_url):
     _, requests, _ = lesson
     assert requests and all(url.startswith(site_url) or url.startswith("data:") for url in requests), \
