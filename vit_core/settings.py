@@ -104,9 +104,12 @@ CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
                      "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
 HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "off",
                      "Restart the server once with glibc's malloc on transparent huge pages (Linux, glibc).", "server")
+STATIC_LESSON = Setting("VIT_LENS_STATIC_LESSON", "text", "",
+                        "The address of the class's static lesson (`vit-lens export-web`), which the Lesson page "
+                        "links to; empty: the page names the command.", "server")
 
 ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
-                            TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES)
+                            TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES, STATIC_LESSON)
 
 
 def check_all(env: Mapping[str, str] | None = None) -> None:

@@ -28,7 +28,7 @@ from dashboard.text import METHOD_TITLES
 from dashboard.views import attention, embeddings, lens, pipeline, prediction, why
 from dashboard.views.context import ViewContext
 from dashboard.views.header import outside_its_world
-from vit_core import analyses, explain, serving
+from vit_core import analyses, explain, serving, settings
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
 from vit_core.loading.model import pos_embed_rows
 
@@ -134,13 +134,22 @@ def lesson(ctx: ViewContext) -> None:
     if step == 1:
         with st.expander("Before you start: a short check (what do you know already?)", expanded=True):
             concept_check("start")
-        st.caption(STATIC_LESSON)
+        st.caption(static_lesson_note(settings.STATIC_LESSON.text()))
 
 
 # The static lesson (vit_core.web): where a class has no server to host, the same ten steps in each student's browser.
 STATIC_LESSON = ("No server for your class? This lesson also runs in each student's browser, with the model: "
                  "`vit-lens export-web --out lesson/` writes it as a folder to put on any web space (README, "
                  "\"A lesson without a server\").")
+
+
+def static_lesson_note(address: str) -> str:
+    """The line under step 1: a link to the class's static lesson where the server was told its address
+    (VIT_LENS_STATIC_LESSON), else the command that makes one."""
+    if not address:
+        return STATIC_LESSON
+    target = address.replace(" ", "%20").replace("(", "%28").replace(")", "%29")  # a Markdown link's target, unbroken
+    return f"This lesson also runs without a server, in each student's browser: [the static lesson]({target})."
 
 
 def end_checks() -> None:

@@ -208,6 +208,9 @@ def test_step_9_shows_its_map_first_while_step_8s_maps_are_still_being_made(shap
     assert "**Notice.**" in words
 
 
-def test_the_first_step_points_to_the_lesson_without_a_server(tiny_env):
-    """The Streamlit lesson names the static one (`vit-lens export-web`), where a class has no server."""
+def test_the_first_step_points_to_the_lesson_without_a_server(tiny_env, monkeypatch):
+    """The Streamlit lesson names the static one (`vit-lens export-web`), where a class has no server, and links to it
+    where the server knows its address."""
     assert "vit-lens export-web --out lesson/" in texts(lesson_at(1))
+    monkeypatch.setenv("VIT_LENS_STATIC_LESSON", "http://192.168.1.20:8000/")
+    assert "[the static lesson](http://192.168.1.20:8000/)" in texts(lesson_at(1))
