@@ -146,7 +146,8 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
             rollout: Array.from(A.rollout(a, g)), distances: Array.from(A.meanAttentionDistance(a, g)),
             lens: Array.from(pass.lens), occlusion: Array.from(await V.why.occlusion(V.model, x, target)),
             deletion: test.curve, random: test.randomMean, spread: test.randomSpread, verdict: test.verdict.label,
-            norms: Array.from(pass.norms),
+            norms: Array.from(pass.norms), logits: Array.from(pass.logits),
+            attention: btoa(Array.from(new Uint8Array(pass.attention.buffer), (c) => String.fromCharCode(c)).join("")),
             high: [...Array(g.L + 1).keys()].map((r) => A.highNormPatches(norms.subarray(r * g.T, (r + 1) * g.T), g)),
         }};
     }}""", [b64(cap.pattern), b64(cap.input_tensor), b64(rollout), target, b64(token_norms)])
@@ -154,7 +155,12 @@ def test_the_pages_analyses_are_the_librarys(lesson, shapes):
     def close(ours, theirs, name, scale=None):
         theirs = np.asarray(theirs, dtype=np.float64).ravel()
         gap = np.abs(np.asarray(ours, dtype=np.float64) - theirs).max()
-        assert gap <= RELATIVE * (scale or max(np.abs(theirs).max(), 1e-12)), (name, gap)
+        scale = scale or max(np.abs(theirs).max(), 1e-12)
+        print(f"{name}: the page's and the library's differ by {gap:.2g}, {gap / scale:.2g} of {scale:.3g}")
+        assert gap <= RELATIVE * scale, (name, gap)
+
+    close(page_values["logits"], cap.logits, "logits (onnxruntime-web)")
+    close(np.frombuffer(base64.b64decode(page_values["attention"]), "<f4"), cap.pattern, "attention (onnxruntime-web)")
 
     close(page_values["rollout"], rollout, "rollout")
     close(page_values["distances"], distances, "mean attention distance")
