@@ -31,10 +31,10 @@ _PUBLIC = {  # name -> the module that defines it
     "DEFAULT_MODEL": "loading", "TEACHING_MODEL": "loading", "load_model": "loading",
     "Geometry": "loading.model", "LoadedModel": "loading.model",
 }
-_SUBMODULES = ("analyses", "dataset", "explain", "export", "settings")
+_SUBMODULES = ("analyses", "concepts", "dataset", "explain", "export", "settings")
 
 __all__ = [  # _PUBLIC and _SUBMODULES, spelled out for linters and `from vit_core import *`
-    "analyses", "Capture", "CaptureError", "dataset", "decode_image", "DecodedImage", "DEFAULT_MODEL",
+    "analyses", "Capture", "CaptureError", "concepts", "dataset", "decode_image", "DecodedImage", "DEFAULT_MODEL",
     "describe_device", "DeviceError", "explain", "export", "Geometry", "hub_reachable", "ImageError", "load_image",
     "load_model", "LoadedModel", "ModelError", "OfflineError", "on_model_device", "preprocess", "recording_hooks_on",
     "resolve_device", "run_with_capture", "settings", "TEACHING_MODEL", "ViTLensError", "WeightsError",
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
-    from . import analyses, dataset, explain, export, settings
+    from . import analyses, concepts, dataset, explain, export, settings
     from .capture import Capture, preprocess, run_with_capture
     from .errors import CaptureError, ImageError, ModelError, OfflineError, ViTLensError, WeightsError
     from .hooks import recording_hooks_on
