@@ -64,7 +64,7 @@ def test_the_attackers_judging_gets_its_result(server, kind):
         if kind == "many-judge":
             attacker.MANY_IMAGES, many = 4, attacker.MANY_IMAGES
         step = {"judge": attacker._judge, "many-judge": attacker._many_judge}[kind]
-        step(page, 0, threading.Event(), 0, result)
+        step(page, 0, threading.Event(), 0, result, threading.Event())
     finally:
         if kind == "many-judge":
             attacker.MANY_IMAGES = many

@@ -97,10 +97,12 @@ FLOOD_MB = 24  # each PUT of the upload flood
 
 
 def run_attacker(url: str, index: int, step_timeout_s: float, start_delay: float, stop: threading.Event,
-                 pause_s: float, result, kind: str = "files") -> None:
+                 pause_s: float, result, kind: str = "files", under_way: threading.Event | None = None) -> None:
     """Session `index` attacks (`kind`, one of ATTACKS) in rounds until `stop` is set; fills `result` (a
     SessionResult: `attacks` with an Outcome per step, `errors` with tracebacks the page showed and failures of the
-    session)."""
+    session). Sets `under_way` once its first attack is sent (a judge: once its image and tab are ready, as it
+    clicks), also when it fails before."""
+    under_way = under_way or threading.Event()
     from .client import StreamlitSession
 
     if kind not in ATTACKS:
@@ -112,16 +114,19 @@ def run_attacker(url: str, index: int, step_timeout_s: float, start_delay: float
         page.open()
         if kind in ("judge", "many-judge"):  # one step takes minutes: the page goes when the class is done
             threading.Thread(target=_close_when, args=(stop, page), daemon=True).start()
+        if kind in ("files", "uploads"):
+            under_way.set()
         round_ = 0
         while not stop.is_set():
             {"files": _hostile_files, "judge": _judge, "many-judge": _many_judge, "uploads": _upload_flood
-             }[kind](page, round_, stop, pause_s, result)
+             }[kind](page, round_, stop, pause_s, result, under_way)
             round_ += 1
     except Exception as e:  # noqa: BLE001 - a finding, not a crash of the tool
         if not stop.is_set():  # (after it, the page closed under the attacker's feet)
             result.errors.append(f"attacker (session {index}): {type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
+        under_way.set()
         if page is not None:
             result.retries = [f"attacker: {r}" for r in page.retries]
             page.close()
@@ -132,7 +137,7 @@ def _close_when(stop: threading.Event, page) -> None:
     page.close()  # the attacker's receive fails at once: its run goes on at the server until the server stops it
 
 
-def _hostile_files(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+def _hostile_files(page, round_: int, stop: threading.Event, pause_s: float, result, under_way) -> None:
     """One round of `hostile_attacks()`, each file refused or shown, never a traceback."""
     if round_ == 0:
         page.set(keys.K_DRAW_ON, True)
@@ -191,16 +196,17 @@ def _timed(kind: str, step, result, judged_text: str) -> None:
         result.attacks.append(Outcome(kind, seconds, "judged" if shown else "shown", detail))
 
 
-def _judge(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+def _judge(page, round_: int, stop: threading.Event, pause_s: float, result, under_way) -> None:
     """A new image, then Judge on the Why? tab."""
     page.upload(keys.K_UPLOAD, f"r{round_}_noise.png", _noise_png(round_))
     if round_ == 0:
         page.set(keys.K_VIEW, JUDGE_TAB)
+    under_way.set()  # (the click's run is on its way as the students start: a judge takes far longer than a storm)
     _timed("Judge on the Why? tab", lambda: page.click("why_judge"), result, "| method |")
     stop.wait(pause_s)
 
 
-def _many_judge(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+def _many_judge(page, round_: int, stop: threading.Event, pause_s: float, result, under_way) -> None:
     """The Many images page: MANY_IMAGES drawn Shapes (another seed each round), also judged, Run."""
     from streamlit.proto.WidgetStates_pb2 import WidgetState
 
@@ -209,12 +215,13 @@ def _many_judge(page, round_: int, stop: threading.Event, pause_s: float, result
         page.states[keys.K_MANY_COUNT] = WidgetState(id=page.widget_ids[keys.K_MANY_COUNT], double_value=MANY_IMAGES)
         page.set(keys.K_MANY_EXPLAIN, True)
     page.states[keys.K_MANY_SEED] = WidgetState(id=page.widget_ids[keys.K_MANY_SEED], double_value=round_)
+    under_way.set()
     _timed(f"Many images: {MANY_IMAGES} Shapes, also judged", lambda: page.click(keys.K_MANY_RUN), result,
            "images analysed")
     stop.wait(pause_s)
 
 
-def _upload_flood(page, round_: int, stop: threading.Event, pause_s: float, result) -> None:
+def _upload_flood(page, round_: int, stop: threading.Event, pause_s: float, result, under_way) -> None:
     """Ask for an upload URL and PUT a FLOOD_MB file to it, never telling any widget; pause_s / 10 between two."""
     from streamlit.proto.BackMsg_pb2 import BackMsg
 

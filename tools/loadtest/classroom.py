@@ -75,7 +75,7 @@ from . import floor as floors
 from .attacker import ATTACKS
 from .meters import CpuMeter, RssSampler
 from .reference import capture_sizes, compare, reference_model
-from .report import attacker_lines, client_lines, memory_lines, problem_lines, storm_lines
+from .report import attacker_lines, client_lines, memory_lines, percentile, problem_lines, storm_lines
 from .server import server_linears, server_log_problems, start_server, stop_server
 from .sessions import DownloadStore, SessionResult, download_path, prepare_images
 from .storm import drive
@@ -292,6 +292,10 @@ def median_ratio(without: list[float], with_: list[float]) -> float:
     return statistics.median(with_) / statistics.median(without) if without and with_ else float("nan")
 
 
+def p95_ratio(without: list[float], with_: list[float]) -> float:
+    return percentile(with_, 0.95) / percentile(without, 0.95) if without and with_ else float("nan")
+
+
 def run_with_attacker(sessions: int, workdir: Path | None = None, quiet: bool = False, **options) -> dict:
     """Two runs, each on its own server (a server's caches would answer the second run's images): `sessions - 1`
     students alone, then the same students with one attacker (`run(..., attacker=True)`); reports the students'
@@ -313,12 +317,16 @@ def run_with_attacker(sessions: int, workdir: Path | None = None, quiet: bool = 
         say(f"  {label:<16} {statistics.median(a) if a else float('nan'):6.2f} s / "
             f"{statistics.median(b) if b else float('nan'):6.2f} s   ratio {ratios[what]:.2f}"
             f"{'' if ratios[what] <= ATTACK_TARGET else '   OVER THE TARGET'}")
+    # The median hides a stall that only some students meet (a judge holding the model from the middle of the class
+    # on): the p95 shows it.
+    p95 = {what: p95_ratio(without[what], attacked[what]) for what in ("new_image", "control")}
+    say(f"  their p95s, with / without: new image {p95['new_image']:.2f}x, control change {p95['control']:.2f}x")
     outcomes = attacked["attacks"]
     counts = ", ".join(f"{r} {sum(o.result == r for o in outcomes)}" for r in dict.fromkeys(o.result for o in outcomes))
     say(f"  the attacker ({options.get('attack', 'files')}) made {len(outcomes)} steps: {counts or 'none'}")
     ok = without["ok"] and attacked["ok"] and all(r <= ATTACK_TARGET for r in ratios.values())
     say("OK" if ok else "FAILED")
-    return {"without": without, "with": attacked, "ratios": ratios, "ok": ok}
+    return {"without": without, "with": attacked, "ratios": ratios, "p95_ratios": p95, "ok": ok}
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ from typing import Callable
 from .pages import CHROMIUM_ARGS, idle, lowered, run_session
 from .sessions import DownloadStore, SessionResult, run_protocol_session
 
+ATTACK_START_TIMEOUT_S = 300.0  # the students start then even if the attacker never got its attack going
+
 
 async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int, step_timeout_s: float,
                 stagger_s: float, workdir: Path, screenshot: Path | None, store: DownloadStore,
@@ -21,8 +23,9 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
     """Run every session at once (`prepared`: each one's images): the first `browsers` as chromium pages, the rest
     as protocol clients (one thread each, their downloads kept in `store`); then, if `screenshot`, one more page
     to show the app still answers. With `attacker`, one more protocol session (the last) attacks (`attack`, one of
-    tools/loadtest/attacker.py's ATTACKS) until every other one is done; its result comes last. `sessions_done` is called
-    once the students' sessions are done, before that page (which is nobody's work in the class)."""
+    tools/loadtest/attacker.py's ATTACKS) from before the others start until every other one is done; its result
+    comes last. `sessions_done` is called once the students' sessions are done, before that page (which is nobody's
+    work in the class)."""
     from .attacker import run_attacker
 
     sessions = len(prepared)
@@ -30,6 +33,11 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
     # a thread per protocol session (asyncio's default pool has only cpu_count + 4)
     threads = ThreadPoolExecutor(max_workers=max(1, sessions - browsers + attacker), thread_name_prefix="session")
     stop = threading.Event()  # set once the students are done: the attacker stops
+    # The students start once the attack is under way (a judge's click sent: its minutes overlap the whole class),
+    # or at once without an attacker.
+    under_way = threading.Event()
+    if not attacker:
+        under_way.set()
     attack_result = SessionResult(sessions, client="attacker")
 
     def students_done() -> None:
@@ -38,8 +46,9 @@ async def drive(url: str, prepared: list[list[tuple[str, bytes]]], changes: int,
 
     try:
         loop = asyncio.get_running_loop()
-        attacking = loop.run_in_executor(threads, run_attacker, url, sessions, step_timeout_s, sessions * stagger_s,
-                                         stop, attack_pause_s, attack_result, attack) if attacker else None
+        attacking = loop.run_in_executor(threads, run_attacker, url, sessions, step_timeout_s, 0.0, stop,
+                                         attack_pause_s, attack_result, attack, under_way) if attacker else None
+        await loop.run_in_executor(threads, under_way.wait, ATTACK_START_TIMEOUT_S)
         protocol = [loop.run_in_executor(threads, run_protocol_session, url, i, prepared[i], changes, step_timeout_s,
                                          i * stagger_s, store) for i in range(browsers, sessions)]
         if not browsers:
