@@ -6,6 +6,8 @@ runs the model again (cached per model, image, concepts file and feature)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import streamlit as st
 
@@ -92,6 +94,10 @@ def concepts_view(ctx: ViewContext) -> None:
     st.markdown(f"**The image's strongest features after block {found.layer}** (of {found.sae.num_features:,}, "
                 f"k = {found.sae.k}), each with its top patches from the folder")
     features = summary.get("features", [])
+    folder = summary.get("folder", "")
+    if not folder or not Path(folder).is_dir():  # concepts made elsewhere: the maps still show, the crops can't
+        st.caption(f"The folder the concepts were learned from ({md(folder or 'not named')}) is not on this server: its "
+                   "top patches can't be shown.")
     for feature in seen.strongest.tolist():
         left, right = st.columns(FEATURE_COLUMNS, vertical_alignment="center")
         with left:

@@ -105,3 +105,21 @@ def test_concepts_of_another_model_or_no_file_are_said_in_one_line(concepts_dir,
     at.text_input(key=session.K_CONCEPTS).set_value(str(tmp_path)).run()
     assert_healthy(at)
     assert "vit_tiny_patch16_224" in at.warning[0].value
+
+
+def test_concepts_learned_elsewhere_still_show_their_maps(concepts_dir, tmp_path):
+    """A concepts folder copied from another machine: its FOLDER is not here, so the crops can't be shown (said in
+    a caption); the maps and the removal still work."""
+    import json
+    import shutil
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(concepts_dir / "concepts.safetensors", moved)
+    summary = json.loads((concepts_dir / "concepts.json").read_text())
+    (moved / "concepts.json").write_text(json.dumps({**summary, "folder": "/nowhere/shapes"}))
+    at = run_view()
+    at.text_input(key=session.K_CONCEPTS).set_value(str(moved)).run()
+    assert_healthy(at)
+    assert not at.error
+    assert any("/nowhere/shapes" in c.value and "not on this server" in c.value for c in at.caption)
