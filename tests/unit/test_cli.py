@@ -101,6 +101,7 @@ HEAVY = ("torch", "timm", "numpy", "PIL", "streamlit")
     "from dashboard import cli; cli.main(['--help'])",
     "from dashboard import cli; cli.main(['analyze', '--help'])",
     "from vit_core import __main__ as core_cli; core_cli.main(['dataset', '--help'])",
+    "from vit_core import __main__ as core_cli; core_cli.main(['concepts', '--help'])",
 ])
 def test_help_answers_without_importing_torch_or_timm(command):
     """`vit-lens --help` took 7-10 s on 2 cores: it imported timm (and torch) before argparse ran."""
