@@ -16,22 +16,26 @@ extracted. A refused set is said in one sentence and the page, and the previous 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import struct
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path, PurePosixPath
 
 import numpy as np
+from PIL import Image
 
 from dashboard.figures.base import png_bytes
+from dashboard.figures.concepts import crops_row_image
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB
 from dashboard.models import ModelRequest
-from vit_core import dataset
-from vit_core.errors import ViTLensError
+from vit_core import concepts, dataset
+from vit_core.errors import ImageError, ViTLensError
+from vit_core.images import load_image
 from vit_core.loading.model import LoadedModel
 from vit_core.teaching import data as shapes
 
@@ -364,6 +368,90 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     files = dataset.dataset_files(result, loaded.geometry)
     return ManyRun(result, files, request.key, loaded.name, loaded.weights, image_set.description, image_set.notes,
                    image_set.no_labels_reason, clock() - start, stopped)
+
+
+# ----------------------------------------------------------------------------------------------
+# The set through a `vit-lens concepts` run's autoencoder (the page's Concepts section)
+
+
+@dataclass(frozen=True)
+class SetRemoval:
+    """One concept removed over the set (vit_core.concepts.removal_agreement)."""
+
+    agreement: float  # share of the set's images whose top-1 is unchanged
+    kl: float  # mean KL(p || p_removed) over the set's images, in nats
+    images: int
+
+
+@dataclass(frozen=True)
+class SetConceptsRun:
+    """The concepts found in a set, as the session keeps them, with the removals asked for since."""
+
+    seen: concepts.SetConcepts
+    crops: tuple[bytes, ...]  # per shown feature: its top patches in this set, side by side (PNG)
+    model_key: str  # ModelRequest.key of the model it ran on
+    concepts_key: str  # dashboard.caches.loaded_concepts's key of the concepts
+    set_digest: str  # set_digest of the set
+    description: str  # ImageSet.description
+    images: int  # the set's images that could be read
+    skipped: tuple[str, ...]  # "name: why" of those that could not
+    seconds: float
+    removed: dict[int, SetRemoval] = field(default_factory=dict)  # feature -> its removal over the set
+
+
+def set_digest(image_set: ImageSet) -> str:
+    """The SHA-256 of the set's names and bytes: the same set drawn or uploaded again has the same digest."""
+    digest = hashlib.sha256()
+    for name, data in image_set.sources:
+        digest.update(hashlib.sha256(name.encode()).digest() + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def set_pictures(loaded: LoadedModel, image_set: ImageSet) -> tuple[list[Image.Image], list[str]]:
+    """The set's images decoded (at most MAX_IMAGES), and "name: why" of those that can't be."""
+    pictures, skipped = [], []
+    for name, data in image_set.sources[:MAX_IMAGES]:
+        try:
+            pictures.append(load_image(data, loaded.decode_min_side))
+        except ImageError as e:
+            skipped.append(f"{name}: {e}")
+    if not pictures:
+        raise SetError("None of the set's images could be read.")
+    return pictures, skipped
+
+
+def set_concepts_run(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet, found: concepts.Concepts,
+                     concepts_key: str, progress: Callable[[int, int], None] | None = None) -> SetConceptsRun:
+    """The set's patch tokens after the concepts' block (forwards of blocks 0..L), its strongest features with their
+    top patches in the set as crops, and its reconstruction error (vit_core.concepts.set_concepts)."""
+    start = time.monotonic()
+    pictures, skipped = set_pictures(loaded, image_set)
+    seen = concepts.set_concepts(found, concepts.set_tokens(loaded, pictures, found.layer, progress))
+    grid_w, patch_size = loaded.geometry.grid[1], loaded.geometry.patch_size
+    model_crops: dict[int, np.ndarray] = {}
+    rows = []
+    for j in range(len(seen.strongest)):
+        crops = []
+        for i, p, activation in zip(seen.top_image[j].tolist(), seen.top_patch[j].tolist(), seen.top_activation[j],
+                                    strict=True):
+            if activation <= 0:
+                break
+            if i not in model_crops:
+                model_crops[i] = concepts.image_crop(loaded, pictures[i])
+            crops.append(concepts.patch_crop(model_crops[i], patch_size, p // grid_w, p % grid_w))
+        rows.append(png_bytes(crops_row_image(crops)))
+    return SetConceptsRun(seen, tuple(rows), request.key, concepts_key, set_digest(image_set), image_set.description,
+                          len(pictures), tuple(skipped), time.monotonic() - start)
+
+
+def set_concept_removed(loaded: LoadedModel, image_set: ImageSet, found: concepts.Concepts, feature: int,
+                        progress: Callable[[int, int], None] | None = None) -> SetRemoval:
+    """Feature `feature` removed at the concepts' block on every image of the set: the share of top-1s unchanged and
+    the mean KL (two forwards per image)."""
+    pictures, _ = set_pictures(loaded, image_set)
+    plain, removed = concepts.set_logits_with_concept_removed(loaded, pictures, found, feature, progress)
+    agreement, kl = concepts.removal_agreement(plain, removed)
+    return SetRemoval(agreement, kl, len(pictures))
 
 
 def limits_text(upload_mb: int) -> str:

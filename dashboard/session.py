@@ -29,7 +29,7 @@ from dashboard.server import uploads
 
 if TYPE_CHECKING:
     from dashboard.image_choice import ImageChoice
-    from dashboard.image_sets import ManyRun
+    from dashboard.image_sets import ManyRun, SetConceptsRun
     from dashboard.models import ModelRequest
     from vit_core.loading.model import LoadedModel
 
@@ -52,6 +52,9 @@ K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts ta
 # The Many images page.
 K_MANY_SOURCE, K_MANY_COUNT, K_MANY_SEED = "many_source", "many_count", "many_seed"
 K_MANY_FILES, K_MANY_RUN, K_MANY_EXPLAIN = "many_files", "many_run", "many_explain"
+# Its Concepts section: the concepts path, Find, the feature to remove, Remove.
+K_MANY_CONCEPTS, K_MANY_CONCEPTS_FIND = "many_concepts", "many_concepts_find"
+K_MANY_CONCEPT_REMOVED, K_MANY_CONCEPT_REMOVE = "many_concept_removed", "many_concept_remove"
 
 # Session-state keys that are not widgets.
 _HOLDER = "_capture_holder"  # this session's name in the capture cache's holds: see holder
@@ -67,6 +70,7 @@ _TARGET_OWNER = "_target_owner"  # (model key, image sha) the chosen target clas
 _INT_CLICKS = "_intervention_clicks"  # how many patch clicks so far: part of the clickable chart's key
 _DECODE_LOCK = "_decode_lock"  # see decode_lock
 _MANY_LATEST_RUN = "_many_latest_run"  # ManyRun: the last finished run of the Many images page
+_MANY_CONCEPTS = "_many_concepts"  # SetConceptsRun: the last set whose concepts the Many images page found
 _INPUT_REFUSAL = "_input_refusal"  # the input this script run refused, for the main area: see keep_input_refusal
 _OBJECTS = "_objects"  # image sha -> KnownObject: where the object is, for a drawing or a shape example
 MAX_KNOWN_OBJECTS = 4  # per session: the latest images whose object it knows (a mask of the image's size each)
@@ -374,6 +378,15 @@ def latest_many_run() -> ManyRun | None:
 
 def keep_many_run(run: ManyRun) -> None:
     st.session_state[_MANY_LATEST_RUN] = run
+
+
+def latest_many_concepts() -> SetConceptsRun | None:
+    """The last set whose concepts the Many images page found in this session (with its removals), or None."""
+    return st.session_state.get(_MANY_CONCEPTS)
+
+
+def keep_many_concepts(found: SetConceptsRun) -> None:
+    st.session_state[_MANY_CONCEPTS] = found
 
 
 def decode_lock() -> threading.Lock:

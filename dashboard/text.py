@@ -193,6 +193,15 @@ CONCEPTS = (
     "`vit-lens concepts FOLDER --model M --layer L --out DIR`, then give DIR here."
 )
 
+MANY_CONCEPTS = (
+    "The concepts of a `vit-lens concepts` run (see the One image page's Concepts tab), over this set: **Find** "
+    "runs blocks 0..L on every image of the set and ranks the features by their mean activation over the set's "
+    "patch tokens; each is shown with the patches of this set where it fires most beside those of the folder it "
+    "was learned from. **Remove this concept** subtracts the feature's share $s\\,z_f d_f$ from every patch token "
+    "after block L of every image and says how many top-1s stay and the mean KL divergence of the class "
+    "probabilities. Make concepts with `vit-lens concepts FOLDER --model M --layer L --out DIR`, then give DIR here."
+)
+
 LOGIT_LENS = (
     "The **logit lens** asks what the model would predict if it stopped after block l: the tokens of that "
     "layer go through the model's own final norm, pooling and head. Row L (the last) is the real prediction. "

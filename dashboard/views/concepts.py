@@ -6,7 +6,9 @@ runs the model again (cached per model, image, concepts file and feature)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import streamlit as st
@@ -26,7 +28,8 @@ from dashboard.views.context import (
     show_picture,
 )
 from vit_core import analyses
-from vit_core.concepts import ConceptsError
+from vit_core.concepts import Concepts, ConceptsError
+from vit_core.loading.model import LoadedModel
 
 FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
 CROPS_SHOWN = 8
@@ -41,7 +44,8 @@ def _feature_map_png(ctx: ViewContext, path: str, concepts_key: str, feature: in
     return figures.encode(concept_figures.feature_map_image(ctx.cap.input_image, activation, g.patch_size, MAP_PX), "png")
 
 
-def _feature_crops_png(model: ModelSource, path: str, concepts_key: str, feature: int) -> bytes:
+def folder_crops_png(model: ModelSource, path: str, concepts_key: str, feature: int) -> bytes:
+    """A feature's top patches from the folder it was learned on, side by side (the Many images page's too)."""
     _, _, summary = caches.loaded_concepts(path)
     crops = caches.feature_crops(model.request, model.loaded, concepts_key, summary, feature, CROPS_SHOWN)
     return figures.encode(concept_figures.crops_row_image([crop for crop, _ in crops]), "png")
@@ -63,49 +67,86 @@ def _ranked(logits: np.ndarray, labels) -> str:
                                                                                                  TARGET_CHOICES)))
 
 
-@st.fragment
-def concepts_view(ctx: ViewContext) -> None:
+@dataclass(frozen=True)
+class PickedConcepts:
+    """A concepts folder the user gave, loaded and made for the current model."""
+
+    path: str  # as typed
+    key: str  # caches.loaded_concepts's: names these concepts in other caches
+    found: Concepts
+    summary: dict[str, Any]  # concepts.json ({} where there is none)
+
+
+def concepts_picker(loaded: LoadedModel, key: str, empty: str) -> PickedConcepts | None:
+    """The box for a concepts folder on the server (widget `key`), its concepts loaded and checked against `loaded`.
+    None when there are none to use: `empty` (Markdown) shown when the box is empty, else the one line that says why
+    (can't be read, another model's)."""
     path = st.text_input("Concepts: the folder `vit-lens concepts` wrote (or its concepts.safetensors), on the server",
-                         key=session.K_CONCEPTS, placeholder="/path/to/DIR").strip()
+                         key=key, placeholder="/path/to/DIR").strip()
     if not path:
-        st.markdown(text.CONCEPTS)
-        return
+        st.markdown(empty)
+        return None
     try:
         concepts_key, found, summary = caches.loaded_concepts(path)
     except ConceptsError as e:
         st.error(str(e))
-        return
-    if found.model != ctx.loaded.name or found.sae.d_model != ctx.loaded.geometry.embed_dim:
-        st.warning(f"These concepts were learned for {md(found.model)}, not {md(ctx.loaded.name)}: choose that model, "
+        return None
+    if found.model != loaded.name or found.sae.d_model != loaded.geometry.embed_dim:
+        st.warning(f"These concepts were learned for {md(found.model)}, not {md(loaded.name)}: choose that model, "
                    "or learn concepts for this one.")
+        return None
+    if found.weights and found.weights != loaded.weights:
+        st.caption(f"Learned with the weights {md(found.weights)}; this model has {md(loaded.weights)}.")
+    return PickedConcepts(path, concepts_key, found, summary)
+
+
+def folder_metrics(picked: PickedConcepts, columns: Sequence) -> None:
+    """The folder's held-out FVU and spliced top-1 agreement (concepts.json), in two of the page's columns."""
+    summary = picked.summary
+    if summary:
+        columns[0].metric("Held-out FVU of the folder", f"{summary['fvu']:.3f}",
+                          help=f"over the {summary.get('held_out_images', 0)} images held out of training")
+        columns[1].metric("Spliced top-1 agreement", f"{summary['spliced_top1_agreement']:.0%}",
+                          help="held-out images whose top-1 stays when block L's patch tokens are replaced by their "
+                               "reconstruction")
+
+
+def folder_note(picked: PickedConcepts) -> None:
+    """A caption when the folder the concepts were learned from is not on this server (its crops can't be shown)."""
+    folder = picked.summary.get("folder", "")
+    if not folder or not Path(folder).is_dir():  # concepts made elsewhere: the maps still show, the crops can't
+        st.caption(f"The folder the concepts were learned from ({md(folder or 'not named')}) is not on this server: its "
+                   "top patches can't be shown.")
+
+
+def folder_feature(picked: PickedConcepts, feature: int) -> dict[str, Any]:
+    """concepts.json's entry of `feature` ({} where there is none)."""
+    features = picked.summary.get("features", [])
+    return features[feature] if feature < len(features) else {}
+
+
+@st.fragment
+def concepts_view(ctx: ViewContext) -> None:
+    picked = concepts_picker(ctx.loaded, session.K_CONCEPTS, text.CONCEPTS)
+    if picked is None:
         return
-    if found.weights and found.weights != ctx.loaded.weights:
-        st.caption(f"Learned with the weights {md(found.weights)}; this model has {md(ctx.loaded.weights)}.")
+    path, concepts_key, found = picked.path, picked.key, picked.found
     seen = caches.image_concepts(ctx.request, ctx.image, concepts_key, found, ctx.cap)
     a, b, c = st.columns(3)
     a.metric("This image's reconstruction error (FVU)", f"{seen.error:.3f}",
              help="sum over its patch tokens of ||x - x^||^2, over their spread sum ||x - mean x||^2")
-    if summary:
-        b.metric("Held-out FVU of the folder", f"{summary['fvu']:.3f}",
-                 help=f"over the {summary.get('held_out_images', 0)} images held out of training")
-        c.metric("Spliced top-1 agreement", f"{summary['spliced_top1_agreement']:.0%}",
-                 help="held-out images whose top-1 stays when block L's patch tokens are replaced by their "
-                      "reconstruction")
+    folder_metrics(picked, (b, c))
     st.markdown(f"**The image's strongest features after block {found.layer}** (of {found.sae.num_features:,}, "
                 f"k = {found.sae.k}), each with its top patches from the folder")
-    features = summary.get("features", [])
-    folder = summary.get("folder", "")
-    if not folder or not Path(folder).is_dir():  # concepts made elsewhere: the maps still show, the crops can't
-        st.caption(f"The folder the concepts were learned from ({md(folder or 'not named')}) is not on this server: its "
-                   "top patches can't be shown.")
+    folder_note(picked)
     for feature in seen.strongest.tolist():
         left, right = st.columns(FEATURE_COLUMNS, vertical_alignment="center")
         with left:
             show_picture(cached_figure(_feature_map_png, ctx, path, concepts_key, feature), f"concept_map_{feature}",
                          f"{ctx.stem}_feature_{feature}")
         with right:
-            entry = features[feature] if feature < len(features) else {}
-            st.image(cached_figure(_feature_crops_png, ctx.model, path, concepts_key, feature), output_format="PNG")
+            entry = folder_feature(picked, feature)
+            st.image(cached_figure(folder_crops_png, ctx.model, path, concepts_key, feature), output_format="PNG")
             st.caption(f"Feature **#{feature}**: fires on {entry.get('firing_rate', float('nan')):.2%} of the folder's "
                        f"patches, mean activation {entry.get('mean_activation', float('nan')):.3g}; here its total "
                        f"activation is {float(seen.maps[list(seen.strongest).index(feature)].sum()):.3g}.")

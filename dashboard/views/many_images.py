@@ -6,7 +6,9 @@ the session keeps the latest result (`session.keep_many_run`), so changing a wid
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import streamlit as st
 
@@ -16,10 +18,14 @@ from dashboard.image_choice import IMAGE_TYPES
 from dashboard.literal import markdown_literal
 from dashboard.models import ModelRequest
 from dashboard.server import process
+from dashboard.views import concepts as concept_view
+from dashboard.views.context import ModelSource, cached_figure
 from vit_core import dataset, explain
 from vit_core.errors import ViTLensError
 from vit_core.loading.model import LoadedModel
 from vit_core.runtime.background import WorkStopped
+
+T = TypeVar("T")
 
 
 def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:
@@ -62,24 +68,136 @@ def run_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], im
         st.error(markdown_literal(str(e)))
         return
     total = len(image_set.sources)
-    bar = st.progress(0.0, text=f"Analysing {total} images with {loaded.name}...")
+    run = _as_job(f"Analysing {total} images with {loaded.name}...", "Analysed",
+                  lambda progress: image_sets.run_set(request, loaded, image_set, progress, explain=explain))
+    if run is not None:
+        session.keep_many_run(run)
+
+
+def _as_job(starting: str, done_text: str, work: Callable[[Callable[[int, int], None]], T]) -> T | None:
+    """`work(progress)` as this session's explanation job (below the class's new images; one per session) with a
+    progress bar. None when it was stopped (said with text.JOB_STOPPED) or refused (its message)."""
+    bar = st.progress(0.0, text=starting)
 
     def progress(done: int, of: int) -> None:
-        bar.progress(min(1.0, done / max(of, 1)), text=f"Analysed {done} of {of} images...")
+        bar.progress(min(1.0, done / max(of, 1)), text=f"{done_text} {done} of {of} images...")
 
     try:
-        with process.explanation_job():  # below the class's new images; one per session
-            run = image_sets.run_set(request, loaded, image_set, progress, explain=explain)
+        with process.explanation_job():
+            result = work(progress)
     except WorkStopped:
         bar.empty()
         st.info(text.JOB_STOPPED)
-        return
+        return None
     except ViTLensError as e:
         bar.empty()
         st.error(markdown_literal(str(e)))
-        return
+        return None
     bar.empty()
-    session.keep_many_run(run)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Concepts: the set through a `vit-lens concepts` run's autoencoder
+
+
+def concepts_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], image_sets.ImageSet]) -> None:
+    """The Concepts section: a concepts folder made for this model; Find (forwards of blocks 0..L over the set) keeps
+    the set's strongest features in the session; each shown with its top patches in the set and in the folder; the
+    set's reconstruction error; and "remove this concept" over the set, on its own button."""
+    with st.expander("Concepts: the sparse-autoencoder features of the set", icon=":material/category:"):
+        picked = concept_view.concepts_picker(loaded, session.K_MANY_CONCEPTS, text.MANY_CONCEPTS)
+        if picked is None:
+            return
+        if st.button("Find the set's concepts", key=session.K_MANY_CONCEPTS_FIND, icon=":material/search:",
+                     help=f"runs blocks 0..{picked.found.layer} on each image of the set as the widgets above "
+                          f"describe it (at most {image_sets.MAX_IMAGES})"):
+            image_set = _made(make_set)
+            if image_set is not None:
+                found = _as_job(f"Encoding {len(image_set.sources)} images...", "Encoded",
+                                lambda progress: image_sets.set_concepts_run(request, loaded, image_set, picked.found,
+                                                                             picked.key, progress))
+                if found is not None:
+                    session.keep_many_concepts(found)
+        kept = session.latest_many_concepts()
+        if kept is None or kept.concepts_key != picked.key or kept.model_key != request.key:
+            st.caption("Press **Find the set's concepts** to rank the features over the set.")
+            return
+        _set_concepts_ui(kept, picked, request, loaded, make_set)
+
+
+def _made(make_set: Callable[[], image_sets.ImageSet]) -> image_sets.ImageSet | None:
+    try:
+        with st.spinner("Preparing the images..."):
+            return make_set()
+    except image_sets.SetError as e:
+        st.error(markdown_literal(str(e)))
+        return None
+
+
+def _set_concepts_ui(kept: image_sets.SetConceptsRun, picked: concept_view.PickedConcepts, request: ModelRequest,
+                     loaded: LoadedModel, make_set: Callable[[], image_sets.ImageSet]) -> None:
+    seen, found = kept.seen, picked.found
+    st.success(f"The concepts of {markdown_literal(kept.description)}: {kept.images} images, "
+               f"{kept.images * loaded.geometry.num_patches:,} patch tokens after block {found.layer}, in "
+               f"{kept.seconds:.1f} s.")
+    if kept.skipped:
+        st.caption(f"{len(kept.skipped)} image(s) could not be read: " + markdown_literal("; ".join(kept.skipped[:5])))
+    a, b, c = st.columns(3)
+    a.metric("The set's reconstruction error (FVU)", f"{seen.error:.3f}",
+             help="sum over the set's patch tokens of ||x - x^||^2, over their spread sum ||x - mean x||^2 (the mean "
+                  "over the whole set)")
+    concept_view.folder_metrics(picked, (b, c))
+    if not len(seen.strongest):
+        st.info("No feature fires on this set.")
+        return
+    st.markdown(f"**The features that fire most over the set after block {found.layer}** (of "
+                f"{found.sae.num_features:,}, k = {found.sae.k}, ranked by their mean activation over the set's patch "
+                "tokens): each one's top patches in this set, beside its top patches in the folder it was learned from")
+    concept_view.folder_note(picked)
+    model = ModelSource(request, loaded)
+    for j, feature in enumerate(seen.strongest.tolist()):
+        entry = concept_view.folder_feature(picked, feature)
+        st.markdown(f"Feature **#{feature}**: mean activation {seen.mean_activation[feature]:.3g} over the set, fires "
+                    f"on {seen.firing_rate[feature]:.1%} of its patches (the folder's: "
+                    f"{entry.get('firing_rate', float('nan')):.1%})")
+        here, folder = st.columns(2)
+        here.image(kept.crops[j], caption="in this set", output_format="PNG")
+        folder.image(cached_figure(concept_view.folder_crops_png, model, picked.path, picked.key, feature),
+                     caption="in the folder", output_format="PNG")
+    _set_removal_ui(kept, picked, loaded, make_set)
+
+
+def _set_removal_ui(kept: image_sets.SetConceptsRun, picked: concept_view.PickedConcepts, loaded: LoadedModel,
+                    make_set: Callable[[], image_sets.ImageSet]) -> None:
+    """Remove this concept over the set: on its button, two forwards per image; the result kept with the set's."""
+    strongest = kept.seen.strongest.tolist()
+    left, right = st.columns([2, 1], vertical_alignment="bottom")
+    feature = left.selectbox("Remove this concept over the set", strongest, key=session.K_MANY_CONCEPT_REMOVED,
+                             format_func=lambda f: f"feature #{f}",
+                             help="subtracts s z_f d_f, the feature's share of the reconstruction, from every patch "
+                                  f"token after block {picked.found.layer} of every image; the rest of the model "
+                                  "runs on that")
+    if right.button("Remove", key=session.K_MANY_CONCEPT_REMOVE, icon=":material/remove_circle:"):
+        image_set = _made(make_set)
+        if image_set is not None and image_sets.set_digest(image_set) != kept.set_digest:
+            st.info("The images above changed since their concepts were found: press **Find the set's concepts** "
+                    "again.")
+        elif image_set is not None:
+            removal = _as_job(f"Removing feature #{feature} from {kept.images} images...", "Done",
+                              lambda progress: image_sets.set_concept_removed(loaded, image_set, picked.found,
+                                                                             feature, progress))
+            if removal is not None:
+                kept = replace(kept, removed={**kept.removed, feature: removal})
+                session.keep_many_concepts(kept)
+    removal = kept.removed.get(feature)
+    if removal is None:
+        return
+    a, b = st.columns(2)
+    a.metric(f"Top-1 unchanged without feature #{feature}", f"{removal.agreement:.0%}",
+             help=f"the share of the set's {removal.images} images whose top-1 class stays")
+    b.metric("Mean KL of the class probabilities", f"{removal.kl:.3g} nats",
+             help="the mean over the set's images of KL(p || p_removed) = sum_c p_c (log p_c - log p_removed,c)")
 
 
 def results_ui(run: image_sets.ManyRun, request: ModelRequest) -> None:

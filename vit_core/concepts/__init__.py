@@ -10,6 +10,8 @@ Definitions: docs/spec/analyses.md, "Concepts"; files and the command: docs/spec
   agreement and KL, each feature's firing rate, mean activation and top patches);
 - `splice`: the autoencoder spliced into the model (reconstruction, or one concept removed);
 - `image`: one image's strongest features and reconstruction error, from its capture;
+- `sets`: a set of images' strongest features, their top patches in the set, its reconstruction error, and one
+  concept removed over the set (the share of top-1s unchanged, the mean KL);
 - `crops`: the top patches as pictures, and the contact sheet.
 
     from vit_core.concepts import load_concepts, image_concepts, logits_with_concept_removed
@@ -26,7 +28,7 @@ from typing import Any, Callable
 from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
 from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
-from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, patch_crop, top_crops
+from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, image_crop, patch_crop, top_crops
 from .image import SHOWN_FEATURES, ImageConcepts, image_concepts
 from .learn import (
     MEMORY_BUDGET,
@@ -52,13 +54,23 @@ from .sae import (
     topk_codes,
     train_sae,
 )
+from .sets import (
+    SET_CROPS,
+    SET_FEATURES,
+    SetConcepts,
+    removal_agreement,
+    set_concepts,
+    set_logits_with_concept_removed,
+    set_tokens,
+)
 from .splice import concept_removed, logits_spliced, logits_with_concept_removed, reconstructed, spliced, spliced_logits
 
 CONCEPTS_FILE, SUMMARY_FILE, SHEET_FILE = "concepts.safetensors", "concepts.json", "contact_sheet.png"
 
 __all__ = [
-    "CONCEPTS_FILE", "MEMORY_BUDGET", "SHEET_FILE", "SHOWN_FEATURES", "SUMMARY_FILE", "Concepts", "ConceptsError",
-    "ImageConcepts",
+    "CONCEPTS_FILE", "MEMORY_BUDGET", "SET_CROPS", "SET_FEATURES", "SHEET_FILE", "SHOWN_FEATURES", "SUMMARY_FILE",
+    "Concepts", "ConceptsError", "ImageConcepts", "SetConcepts", "image_crop", "removal_agreement", "set_concepts",
+    "set_logits_with_concept_removed", "set_tokens",
     "Normalisation", "TokenStore", "TopKSAE", "TrainingSettings", "collect_shards", "concept_removed", "concepts_bytes",
     "concepts_files", "concepts_path", "contact_sheet_png", "held_out", "image_concepts", "load_concepts", "logits_spliced",
     "logits_with_concept_removed", "patch_crop", "patch_tokens", "read_summary", "reconstructed", "residual_after",

@@ -23,7 +23,11 @@ SHEET_CROPS = 8
 
 def model_crop(loaded: LoadedModel, path: str | Path) -> np.ndarray:
     """The crop the model sees of the image file at `path`: uint8 (H, W, 3). Raises ImageError."""
-    image = load_image(read_input(path, MAX_FILE_BYTES), loaded.decode_min_side)
+    return image_crop(loaded, load_image(read_input(path, MAX_FILE_BYTES), loaded.decode_min_side))
+
+
+def image_crop(loaded: LoadedModel, image: Image.Image) -> np.ndarray:
+    """The crop the model sees of a decoded image: uint8 (H, W, 3)."""
     return np.asarray(loaded.crop_transform(image), dtype=np.uint8)
 
 

@@ -1,0 +1,69 @@
+"""The Many images page's Concepts section on the Shapes ViT: concepts learned by `vit-lens concepts` from a few drawn
+images (a small autoencoder), given by path; Find over a drawn Shapes set shows the set's strongest features (its
+error checked against vit_core.concepts), and removing one shows the share of top-1s unchanged over the set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import assert_healthy, run_app
+from dashboard import image_sets, session
+from dashboard.models import build_named_model
+from vit_core import TEACHING_MODEL
+from vit_core import __main__ as core_cli
+from vit_core.concepts import load_concepts, removal_agreement, set_concepts, set_logits_with_concept_removed, set_tokens
+from vit_core.loading import teaching_model_available
+from vit_core.teaching.data import LABELS, draw_set
+
+PAGE = "page_scripts/many_images.py"  # relative to dashboard/app.py
+COUNT = 4
+
+pytestmark = pytest.mark.skipif(not teaching_model_available(), reason="the bundled Shapes ViT's weights are not here")
+
+
+@pytest.fixture(scope="module")
+def concepts_dir(tmp_path_factory) -> Path:
+    folder, out = tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("concepts")
+    drawn = draw_set(9, seed=4)
+    for i, image in enumerate(drawn.images):
+        (folder / LABELS[drawn.labels[i]]).mkdir(exist_ok=True)
+        Image.fromarray(image).save(folder / LABELS[drawn.labels[i]] / f"{i:02d}.png")
+    assert core_cli.main(["concepts", str(folder), "--model", TEACHING_MODEL, "--layer", "2", "--features", "32",
+                          "--k", "4", "--epochs", "1", "--workers", "0", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_section_finds_a_shapes_sets_concepts_and_removes_one(concepts_dir, monkeypatch):
+    monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)
+    at = run_app(default_timeout=180)
+    at.switch_page(PAGE).run()
+    assert_healthy(at)
+    assert any("vit-lens concepts FOLDER" in m.value for m in at.markdown)  # no folder yet: how to make one
+    at.number_input(key=session.K_MANY_COUNT).set_value(COUNT).run()
+    at.text_input(key=session.K_MANY_CONCEPTS).set_value(str(concepts_dir)).run()
+    assert_healthy(at)
+    at.button(key=session.K_MANY_CONCEPTS_FIND).click().run()
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+
+    loaded = build_named_model(TEACHING_MODEL, False)
+    found = load_concepts(concepts_dir)
+    pictures, _ = image_sets.set_pictures(loaded, image_sets.shapes_set(loaded, COUNT, 0))
+    seen = set_concepts(found, set_tokens(loaded, pictures, found.layer))
+    metric = next(m for m in at.metric if m.label.startswith("The set's reconstruction error"))
+    assert metric.value == f"{seen.error:.3f}"
+    shown = " ".join(m.value for m in at.markdown)
+    assert all(f"Feature **#{f}**" in shown for f in seen.strongest.tolist())
+    assert len(at.get("image")) >= 2 * len(seen.strongest)  # the set's crops and the folder's, per feature
+
+    feature = int(seen.strongest[0])
+    at.selectbox(key=session.K_MANY_CONCEPT_REMOVED).set_value(feature).run()
+    at.button(key=session.K_MANY_CONCEPT_REMOVE).click().run()
+    assert_healthy(at)
+    agreement, kl = removal_agreement(*set_logits_with_concept_removed(loaded, pictures, found, feature))
+    unchanged = next(m for m in at.metric if m.label.startswith(f"Top-1 unchanged without feature #{feature}"))
+    assert unchanged.value == f"{agreement:.0%}"
+    assert next(m for m in at.metric if m.label.startswith("Mean KL")).value == f"{kl:.3g} nats"
