@@ -47,6 +47,29 @@ def test_a_waiting_foreground_acquire_goes_before_a_waiting_background_one():
     assert order == ["foreground", "background"]
 
 
+def test_background_work_waits_for_a_quiet_moment_after_the_foreground(monkeypatch):
+    """A class's new images come in bursts: background work takes the model only after FOREGROUND_GRACE_S without a
+    foreground holder, so that a slice doesn't land between two images of a burst."""
+    from vit_core.runtime import background
+
+    monkeypatch.setattr(background, "FOREGROUND_GRACE_S", 0.3)
+    lock = ModelLock()
+    with background_work():
+        started = time.monotonic()
+        with lock:  # nobody in the foreground yet: at once
+            pass
+        assert time.monotonic() - started < 0.1
+    with lock:  # a foreground holder
+        pass
+    with background_work():
+        started = time.monotonic()
+        with lock:
+            waited = time.monotonic() - started
+        with lock:  # a background release starts no grace
+            assert time.monotonic() - started - waited < 0.1
+    assert 0.25 < waited < 1.0
+
+
 def test_background_work_that_is_told_to_stop_stops_while_waiting():
     lock = ModelLock()
     lock.acquire()

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -26,6 +28,10 @@ from ..errors import ViTLensError
 # How often a waiting background holder looks at its stop event (seconds): it is set from another thread, with no
 # notify on the lock's condition.
 STOP_POLL_S = 0.25
+# Background work takes the model only once no foreground holder has let it go for this long: a class's new images
+# come in bursts, and a slice taken between two of them (a batch of perturbed forwards: seconds on ViT-B/16 at one
+# thread per lane) would hold up every image of the burst that follows.
+FOREGROUND_GRACE_S = 1.0
 STOPPED = "stopped: a newer job of this session, or the session ended"
 
 
@@ -85,14 +91,17 @@ def lower_this_threads_priority(by: int) -> None:
 
 class ModelLock:
     """A lock of one shared model (not re-entrant) with two classes of holders: a foreground acquire waits only for
-    the holder; a background acquire (inside `background_work`) also waits while any foreground acquire is waiting,
-    and gives up with WorkStopped once its stop event is set. Among foreground waiters there is no order, as with
+    the holder; a background acquire (inside `background_work`) also waits while any foreground acquire is waiting
+    and until FOREGROUND_GRACE_S after the last foreground release, and gives up with WorkStopped once its stop event
+    is set. Among foreground waiters there is no order, as with
     threading.Lock."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._held = False
+        self._held_by_background = False
         self._foreground_waiting = 0
+        self._foreground_left = -math.inf  # time.monotonic() of the last foreground release
 
     def acquire(self) -> bool:
         work = _background.get()
@@ -108,16 +117,19 @@ class ModelLock:
                 while True:
                     if work.stop.is_set():
                         raise WorkStopped(STOPPED)
-                    if not (self._held or self._foreground_waiting):
+                    grace_left = self._foreground_left + FOREGROUND_GRACE_S - time.monotonic()
+                    if not (self._held or self._foreground_waiting or grace_left > 0):
                         break
-                    self._cond.wait(STOP_POLL_S)
-            self._held = True
+                    self._cond.wait(min(STOP_POLL_S, grace_left) if grace_left > 0 else STOP_POLL_S)
+            self._held, self._held_by_background = True, work is not None
             return True
 
     def release(self) -> None:
         with self._cond:
             if not self._held:
                 raise RuntimeError("release of an unlocked ModelLock")
+            if not self._held_by_background:
+                self._foreground_left = time.monotonic()
             self._held = False
             self._cond.notify_all()
 
