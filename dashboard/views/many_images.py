@@ -194,7 +194,7 @@ def _set_removal_ui(kept: image_sets.SetConceptsRun, picked: concept_view.Picked
     if removal is None:
         return
     a, b = st.columns(2)
-    a.metric(f"Top-1 unchanged without feature #{feature}", f"{removal.agreement:.0%}",
+    a.metric(f"Top-1 unchanged without feature #{feature}, over {removal.images} images", f"{removal.agreement:.0%}",
              help=f"the share of the set's {removal.images} images whose top-1 class stays")
     b.metric("Mean KL of the class probabilities", f"{removal.kl:.3g} nats",
              help="the mean over the set's images of KL(p || p_removed) = sum_c p_c (log p_c - log p_removed,c)")
