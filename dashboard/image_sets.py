@@ -22,7 +22,7 @@ import struct
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path, PurePosixPath
 
@@ -397,6 +397,7 @@ class SetConceptsRun:
     skipped: tuple[str, ...]  # "name: why" of those that could not
     seconds: float
     removed: dict[int, SetRemoval] = field(default_factory=dict)  # feature -> its removal over the set
+    plain_logits: np.ndarray | None = None  # float32 (n, C): the plain model's, from the first removal (for the next)
 
 
 def set_digest(image_set: ImageSet) -> str:
@@ -444,14 +445,17 @@ def set_concepts_run(request: ModelRequest, loaded: LoadedModel, image_set: Imag
                           len(pictures), tuple(skipped), time.monotonic() - start)
 
 
-def set_concept_removed(loaded: LoadedModel, image_set: ImageSet, found: concepts.Concepts, feature: int,
-                        progress: Callable[[int, int], None] | None = None) -> SetRemoval:
-    """Feature `feature` removed at the concepts' block on every image of the set: the share of top-1s unchanged and
-    the mean KL (two forwards per image)."""
+def set_concept_removed(loaded: LoadedModel, image_set: ImageSet, found: concepts.Concepts, kept: SetConceptsRun,
+                        feature: int, progress: Callable[[int, int], None] | None = None) -> SetConceptsRun:
+    """Feature `feature` removed at the concepts' block on every image of the set (whose concepts are `kept`): the
+    share of top-1s unchanged and the mean KL, added to `kept`'s removals (two forwards per image the first time, one
+    after: the plain logits are kept)."""
     pictures, _ = set_pictures(loaded, image_set)
-    plain, removed = concepts.set_logits_with_concept_removed(loaded, pictures, found, feature, progress)
+    plain, removed = concepts.set_logits_with_concept_removed(loaded, pictures, found, feature, progress,
+                                                              plain=kept.plain_logits)
     agreement, kl = concepts.removal_agreement(plain, removed)
-    return SetRemoval(agreement, kl, len(pictures))
+    return replace(kept, removed={**kept.removed, feature: SetRemoval(agreement, kl, len(pictures))},
+                   plain_logits=plain)
 
 
 def limits_text(upload_mb: int) -> str:

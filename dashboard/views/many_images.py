@@ -6,7 +6,6 @@ the session keeps the latest result (`session.keep_many_run`), so changing a wid
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -184,11 +183,11 @@ def _set_removal_ui(kept: image_sets.SetConceptsRun, picked: concept_view.Picked
             st.info("The images above changed since their concepts were found: press **Find the set's concepts** "
                     "again.")
         elif image_set is not None:
-            removal = _as_job(f"Removing feature #{feature} from {kept.images} images...", "Done",
-                              lambda progress: image_sets.set_concept_removed(loaded, image_set, picked.found,
-                                                                             feature, progress))
-            if removal is not None:
-                kept = replace(kept, removed={**kept.removed, feature: removal})
+            done = _as_job(f"Removing feature #{feature} from {kept.images} images...", "Done",
+                           lambda progress: image_sets.set_concept_removed(loaded, image_set, picked.found, kept,
+                                                                          feature, progress))
+            if done is not None:
+                kept = done
                 session.keep_many_concepts(kept)
     removal = kept.removed.get(feature)
     if removal is None:

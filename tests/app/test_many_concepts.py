@@ -67,3 +67,16 @@ def test_the_section_finds_a_shapes_sets_concepts_and_removes_one(concepts_dir, 
     unchanged = next(m for m in at.metric if m.label.startswith(f"Top-1 unchanged without feature #{feature}"))
     assert unchanged.value == f"{agreement:.0%}"
     assert next(m for m in at.metric if m.label.startswith("Mean KL")).value == f"{kl:.3g} nats"
+    # A second feature: the plain logits the first removal kept serve again, the result is the library's.
+    second = int(seen.strongest[1])
+    at.selectbox(key=session.K_MANY_CONCEPT_REMOVED).set_value(second).run()
+    at.button(key=session.K_MANY_CONCEPT_REMOVE).click().run()
+    assert_healthy(at)
+    agreement, kl = removal_agreement(*set_logits_with_concept_removed(loaded, pictures, found, second))
+    assert next(m for m in at.metric if m.label.startswith("Mean KL")).value == f"{kl:.3g} nats"
+    assert set(session_concepts(at).removed) == {feature, second}
+
+
+def session_concepts(at):
+    """The set's concepts the page keeps in the session (session.keep_many_concepts's)."""
+    return at.session_state[session._MANY_CONCEPTS]

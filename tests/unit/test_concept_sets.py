@@ -5,6 +5,8 @@ a small autoencoder trained here."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -21,6 +23,7 @@ from vit_core.concepts import (
     set_tokens,
 )
 from vit_core.concepts.learn import learned_concepts
+from vit_core.runtime.background import WorkStopped, background_work
 
 IMAGES = 3
 
@@ -93,6 +96,19 @@ def test_removal_over_the_set_equals_the_tabs_removal_image_by_image(shapes, pic
     agreement, kl = removal_agreement(plain, removed)
     assert agreement == agree / IMAGES
     assert kl == pytest.approx(divergence / IMAGES, rel=1e-4, abs=1e-7)
+    # The plain logits of an earlier call are taken as they are: the removed ones are the same.
+    again_plain, again = set_logits_with_concept_removed(shapes, pictures, trained, feature, plain=plain)
+    assert again_plain is plain and again.tobytes() == removed.tobytes()
+
+
+def test_a_stopped_job_stops_before_its_next_image(shapes, pictures, trained):  # noqa: F811
+    stop = threading.Event()
+    stop.set()
+    with background_work(stop), pytest.raises(WorkStopped):
+        set_tokens(shapes, pictures, LAYER)
+    with background_work(stop), pytest.raises(WorkStopped):
+        set_logits_with_concept_removed(shapes, pictures, trained, 0)
+    assert recording_hooks_on(shapes.model) == 0
 
 
 def test_removal_agreement_of_known_logits():

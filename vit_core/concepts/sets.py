@@ -105,22 +105,27 @@ def set_concepts(concepts: Concepts, tokens: np.ndarray, count: int = SET_FEATUR
 
 
 def set_logits_with_concept_removed(loaded: LoadedModel, images: Sequence[Image.Image], concepts: Concepts, feature: int,
-                                    progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
+                                    progress: Progress | None = None, plain: np.ndarray | None = None
+                                    ) -> tuple[np.ndarray, np.ndarray]:
     """Each image's logits from the plain model and with feature `feature`'s share of the reconstruction subtracted at
-    the concepts' layer (as `logits_with_concept_removed`, one image per forward): float32 (n, C) twice. Stops between
-    images when its background work is told to (WorkStopped)."""
+    the concepts' layer (as `logits_with_concept_removed`, one image per forward): float32 (n, C) twice. `plain`: the
+    plain logits (n, C) of an earlier call on the same images, returned as they are (one forward per image instead of
+    two). Stops between images when its background work is told to (WorkStopped)."""
     if not 0 <= feature < concepts.sae.num_features:
         raise ConceptsError(f"There is no feature {feature}: these concepts have {concepts.sae.num_features}.")
+    assert plain is None or len(plain) == len(images)
     replace = concept_removed(concepts, feature)
-    plain, removed = [], []
+    plains, removed = [], []
     for i, image in enumerate(images):
         check_stopped()
         x = model_input(loaded, image)  # (1, 3, H, W)
-        plain.append(spliced_logits(loaded, x, concepts.layer, None)[0])  # (C,)
+        if plain is None:
+            plains.append(spliced_logits(loaded, x, concepts.layer, None)[0])  # (C,)
         removed.append(spliced_logits(loaded, x, concepts.layer, replace)[0])
         if progress:
             progress(i + 1, len(images))
-    return torch.stack(plain).numpy(), torch.stack(removed).numpy()  # n x (C,) -> (n, C)
+    removed_logits = torch.stack(removed).numpy()  # n x (C,) -> (n, C)
+    return (torch.stack(plains).numpy() if plain is None else plain), removed_logits
 
 
 def removal_agreement(plain: np.ndarray, removed: np.ndarray) -> tuple[float, float]:
