@@ -4,8 +4,9 @@ On a class server one student's Judge (hundreds of perturbed forwards) or Many i
 minutes, while the others' new images each need one forward. `ModelLock`, the lock every forward of a LoadedModel
 takes, lets a waiting foreground forward in before any waiting background work, and background work (the code inside
 `background_work`) takes the lock in slices (`vit_core.explain.passes.forwards_on_lanes`: a few forwards, then the lock
-is taken again), so a new image waits for one slice, not for the whole job. Background work also stops at its next
-slice once its `stop` event is set (`WorkStopped`): a newer job of the same session, or the session's end.
+is taken again), and only after a moment without foreground holders (FOREGROUND_GRACE_S), so a new image waits for
+one slice at most, not for the whole job. Background work also stops at its next slice once its `stop` event is set
+(`WorkStopped`): a newer job of the same session, or the session's end.
 
 Only the order of who holds the lock changes, never what a forward computes: results are the same bits in the
 background as in the foreground.
