@@ -551,18 +551,26 @@ def dataset(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _inputs_missing(args):
         return EXIT_FAILURES
+    if not _engine_options_checked(args):
+        return EXIT_FAILURES
+    return _with_model(args, _dataset_run)
+
+
+def _engine_options_checked(args: argparse.Namespace) -> bool:
+    """The engine options `dataset` and `concepts` share, checked before the model loads (each refusal one line on
+    stderr); `args.shard` parsed into (index, count) in place. Returns whether they can be used."""
     ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
                                              ("--model-workers", args.model_workers)) if value is not None]
     if args.engine != "ray" and ray_only:
         _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
-        return EXIT_FAILURES
+        return False
     from .dataset import ShardError, parse_shard
 
     try:
         args.shard = parse_shard(args.shard) if args.shard else None
     except ShardError as e:
         _fail(str(e))
-        return EXIT_FAILURES
+        return False
     if args.engine == "ray":
         from .dataset.ray_engine import RayMissingError, import_ray
 
@@ -570,8 +578,8 @@ def dataset(args: argparse.Namespace) -> int:
             import_ray()  # before the model: a missing extra costs no load
         except RayMissingError as e:
             _fail(str(e))
-            return EXIT_FAILURES
-    return _with_model(args, _dataset_run)
+            return False
+    return True
 
 
 def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
@@ -725,26 +733,8 @@ def concepts(args: argparse.Namespace) -> int:
     if args.features is not None and args.k > args.features:
         _fail(f"--k {args.k}: at most --features ({args.features}) features can be active")
         return EXIT_FAILURES
-    ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
-                                             ("--model-workers", args.model_workers)) if value is not None]
-    if args.engine != "ray" and ray_only:
-        _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
+    if not _engine_options_checked(args):
         return EXIT_FAILURES
-    from .dataset import ShardError, parse_shard
-
-    try:
-        args.shard = parse_shard(args.shard) if args.shard else None
-    except ShardError as e:
-        _fail(str(e))
-        return EXIT_FAILURES
-    if args.engine == "ray":
-        from .dataset.ray_engine import RayMissingError, import_ray
-
-        try:
-            import_ray()
-        except RayMissingError as e:
-            _fail(str(e))
-            return EXIT_FAILURES
     return _with_model(args, _concepts_run)
 
 

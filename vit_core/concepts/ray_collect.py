@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..dataset.listing import Shard
-from ..dataset.ray_engine import DecodeStage, ModelSpec, RayPlan, RayRunError
+from ..dataset.ray_engine import ModelSpec, RayPlan, RayRunError, decoded_crops
 from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
 from ..runtime import cpu_quota
@@ -62,11 +62,7 @@ def collect_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, l
     todo = [shard for shard in todo if shard.size]
     if not todo:
         return
-    items = [{"index": i, "path": os.path.abspath(plan.paths[i])} for shard in todo for i in range(shard.start, shard.stop)]
-    crops = ray.data.from_items(items).map_batches(
-        DecodeStage, fn_constructor_kwargs={"crop_transform": loaded.crop_transform, "min_side": loaded.decode_min_side,
-                                            "input_size": tuple(loaded.data_config["input_size"][1:])},
-        batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers.decoders), num_cpus=1)
+    crops = decoded_crops(ray, loaded, plan, todo, batch_size, workers)
     tokens = crops.map_batches(
         TokenStage, fn_constructor_kwargs={"spec": spec, "layer": layer, "threads": threads}, batch_size=batch_size,
         compute=ray.data.ActorPoolStrategy(size=workers.model_workers), num_cpus=1,
@@ -74,7 +70,7 @@ def collect_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, l
     starts = np.array([shard.start for shard in todo])
     received: dict[int, list[dict[str, np.ndarray]]] = {shard.number: [] for shard in todo}
     count = {shard.number: 0 for shard in todo}
-    total, done = len(items), 0
+    total, done = sum(shard.size for shard in todo), 0
     try:
         for batch in tokens.iter_batches(batch_size=None, batch_format="numpy"):
             owners = np.searchsorted(starts, batch["index"], side="right") - 1  # (B,): positions in `todo`

@@ -260,6 +260,16 @@ def ray_plan(ray: Any, model_workers: int | None = None, gpus_per_worker: float 
     return RayPlan(model_workers, gpus_per_worker, decoders)
 
 
+def decoded_crops(ray, loaded: LoadedModel, plan: RunPlan, todo: Sequence[Shard], batch_size: int, workers: RayPlan):
+    """The images of the shards `todo` of `plan` as a Ray dataset of model-ready crops, decoded on `workers.decoders`
+    actors (DecodeStage): rows {"index", "crop", ...} in batches of `batch_size`."""
+    items = [{"index": i, "path": os.path.abspath(plan.paths[i])} for shard in todo for i in range(shard.start, shard.stop)]
+    return ray.data.from_items(items).map_batches(
+        DecodeStage, fn_constructor_kwargs={"crop_transform": loaded.crop_transform, "min_side": loaded.decode_min_side,
+                                            "input_size": tuple(loaded.data_config["input_size"][1:])},
+        batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers.decoders), num_cpus=1)
+
+
 def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: Sequence[Shard],
                       files_sha256: str, *, workers: RayPlan, batch_size: int, explain: bool = False, steps: int = 10,
                       tests: Sequence[str] = EXPORT_TESTS, masks: Masks | None = None,
@@ -279,11 +289,7 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
     todo = [shard for shard in todo if shard.size]
     if not todo:
         return
-    items = [{"index": i, "path": os.path.abspath(plan.paths[i])} for shard in todo for i in range(shard.start, shard.stop)]
-    crops = ray.data.from_items(items).map_batches(
-        DecodeStage, fn_constructor_kwargs={"crop_transform": loaded.crop_transform, "min_side": loaded.decode_min_side,
-                                            "input_size": tuple(loaded.data_config["input_size"][1:])},
-        batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers.decoders), num_cpus=1)
+    crops = decoded_crops(ray, loaded, plan, todo, batch_size, workers)
     values = crops.map_batches(
         reducer, fn_constructor_kwargs={"spec": spec, "logit_lens": logit_lens, "explain": explain, "steps": steps,
                                         "threads": threads, "tests": tuple(tests), "masks": masks},
@@ -294,7 +300,7 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
     received: dict[int, list[dict[str, np.ndarray]]] = {shard.number: [] for shard in todo}
     count = {shard.number: 0 for shard in todo}
     by_number = {shard.number: shard for shard in todo}
-    total, done = len(items), 0
+    total, done = sum(shard.size for shard in todo), 0
     try:
         for batch in values.iter_batches(batch_size=None, batch_format="numpy"):
             owners = np.array([todo[k].number for k in np.searchsorted(starts, batch["index"], side="right") - 1])
