@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 import vit_core
@@ -21,9 +20,9 @@ from dashboard.image_choice import ImageChoice
 from dashboard.models import ModelRequest
 from dashboard.views import VIEWS
 from dashboard.views.context import ViewContext
-from vit_core import __main__ as core_cli
+from support.dataset_folder import shapes_concepts
 from vit_core.concepts import image_concepts, load_concepts, logits_with_concept_removed
-from vit_core.teaching.data import LABELS, draw_set, sample_image
+from vit_core.teaching.data import sample_image
 
 SHAPES = "vit-lens/shapes-vit"
 
@@ -39,14 +38,7 @@ def shapes_context() -> ViewContext:
 
 @pytest.fixture(scope="module")
 def concepts_dir(tmp_path_factory) -> Path:
-    folder, out = tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("concepts")
-    drawn = draw_set(18, seed=2)
-    for i, image in enumerate(drawn.images):
-        (folder / LABELS[drawn.labels[i]]).mkdir(exist_ok=True)
-        Image.fromarray(image).save(folder / LABELS[drawn.labels[i]] / f"{i:02d}.png")
-    assert core_cli.main(["concepts", str(folder), "--model", SHAPES, "--layer", "2", "--features", "128", "--k", "8",
-                          "--epochs", "3", "--workers", "0", "--out", str(out)]) == 0
-    return out
+    return shapes_concepts(tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("concepts"), 18, 2, 128, 8, 3)
 
 
 def view_script() -> None:

@@ -7,16 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from conftest import assert_healthy, run_app
 from dashboard import image_sets, session
 from dashboard.models import build_named_model
+from support.dataset_folder import shapes_concepts
 from vit_core import TEACHING_MODEL
-from vit_core import __main__ as core_cli
 from vit_core.concepts import load_concepts, removal_agreement, set_concepts, set_logits_with_concept_removed, set_tokens
 from vit_core.loading import teaching_model_available
-from vit_core.teaching.data import LABELS, draw_set
 
 PAGE = "page_scripts/many_images.py"  # relative to dashboard/app.py
 COUNT = 4
@@ -26,14 +24,7 @@ pytestmark = pytest.mark.skipif(not teaching_model_available(), reason="the bund
 
 @pytest.fixture(scope="module")
 def concepts_dir(tmp_path_factory) -> Path:
-    folder, out = tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("concepts")
-    drawn = draw_set(9, seed=4)
-    for i, image in enumerate(drawn.images):
-        (folder / LABELS[drawn.labels[i]]).mkdir(exist_ok=True)
-        Image.fromarray(image).save(folder / LABELS[drawn.labels[i]] / f"{i:02d}.png")
-    assert core_cli.main(["concepts", str(folder), "--model", TEACHING_MODEL, "--layer", "2", "--features", "32",
-                          "--k", "4", "--epochs", "1", "--workers", "0", "--out", str(out)]) == 0
-    return out
+    return shapes_concepts(tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("concepts"), 9, 4, 32, 4, 1)
 
 
 def test_the_section_finds_a_shapes_sets_concepts_and_removes_one(concepts_dir, monkeypatch):

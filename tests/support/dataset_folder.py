@@ -20,3 +20,21 @@ def labelled_folder(root: Path) -> Path:
     (root / "notes.txt").write_text("a note")
     (root / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
     return root
+
+
+def shapes_concepts(folder: Path, out: Path, count: int, seed: int, features: int, k: int, epochs: int) -> Path:
+    """`count` Shapes drawn with `seed` into class folders under `folder`, and `vit-lens concepts` on them at the
+    Shapes ViT's block 2 into `out` (a small autoencoder of `features` features, `k` active, for the app tests)."""
+    from PIL import Image
+
+    from vit_core import __main__ as core_cli
+    from vit_core.loading import TEACHING_MODEL
+    from vit_core.teaching.data import LABELS, draw_set
+
+    drawn = draw_set(count, seed=seed)
+    for i, image in enumerate(drawn.images):
+        (folder / LABELS[drawn.labels[i]]).mkdir(exist_ok=True)
+        Image.fromarray(image).save(folder / LABELS[drawn.labels[i]] / f"{i:02d}.png")
+    assert core_cli.main(["concepts", str(folder), "--model", TEACHING_MODEL, "--layer", "2", "--features", str(features),
+                          "--k", str(k), "--epochs", str(epochs), "--workers", "0", "--out", str(out)]) == 0
+    return out
