@@ -12,13 +12,17 @@ images" (/many-images: the attention distance, accuracy and high-norm rate over 
 dashboard/lesson). Every page gets the model chosen here from the session (`session.chosen_model`).
 """
 
+from pathlib import Path
+
 import streamlit as st
 
 from dashboard import model_choice
 from dashboard.server import process
 from dashboard.upload_limits import upload_limits
 
-st.set_page_config(page_title="ViT Lens", page_icon=":material/visibility:", layout="wide")
+# The tab's icon ships with the package: a `:material/...:` page icon is fetched from a font host, offline in vain.
+ICON = Path(__file__).resolve().parent / "icon.png"
+st.set_page_config(page_title="ViT Lens", page_icon=ICON, layout="wide")
 with process.serving(upload_limits):  # `streamlit run dashboard/app.py` too, not only the server start: see process.serving
     page = st.navigation([
         st.Page("page_scripts/one_image.py", title="One image", icon=":material/image:", url_path="one-image", default=True),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -193,14 +194,47 @@ def widget_value(key: str, default: Any) -> Any:
     return st.session_state.get(key, default)
 
 
-def open_renamed_view(renamed: dict[str, str]) -> None:
-    """A tab asked for by its former label (`?view=Attention` in a link, or set so by a script) opens under its label
-    today (`5 Attention`). Called before the tabs exist: their bound query parameter can only be set through the
-    session state."""
-    for old in (st.session_state.get(K_VIEW), st.query_params.get(K_VIEW)):
-        if old in renamed:
-            st.session_state[K_VIEW] = renamed[old]
-            return
+def linked_head(value: str) -> int | None:
+    """The head a `&head=` value written as a number (`2`, `-1`) or `mean` means (-1: the mean of all heads), else None:
+    the widget itself binds to its labels (`head 2`), which links keep working with too."""
+    value = value.strip()
+    if value == "mean":
+        return -1
+    return int(value) if value.lstrip("-").isdigit() and int(value) >= -1 else None
+
+
+def link_labels(params: dict[str, str], renamed: dict[str, str], head_label: Callable[[int], str],
+                token_name: Callable[[int], str], num_heads: int, num_tokens: int) -> dict[str, str]:
+    """The parameters of a link that the README's forms name by something else than the bound widget's label, with the
+    label each means: a former tab label (`view=Attention` -> `5 Attention`), a head by number (`head=2` -> `head 2`),
+    a token by index (`query=5` -> its name). Empty when the link already speaks in labels."""
+    out = {}
+    if params.get(K_VIEW) in renamed:
+        out[K_VIEW] = renamed[params[K_VIEW]]
+    head = linked_head(params.get(K_HEAD, "x"))
+    if head is not None and head < num_heads:
+        out[K_HEAD] = head_label(head)
+    query = params.get(K_QUERY, "").strip()
+    if query.isdigit() and int(query) < num_tokens:
+        out[K_QUERY] = token_name(int(query))
+    return out
+
+
+def open_link(renamed: dict[str, str], head_label: Callable[[int], str], token_name: Callable[[int], str],
+              num_heads: int, num_tokens: int) -> None:
+    """Before any widget bound to the URL exists: a link in one of the README's other forms (`link_labels`) is
+    rewritten to the labels and the page runs again, so the widgets open on it and the URL keeps it (a bound widget
+    drops a value it doesn't know from the URL; once bound, a parameter can't be set from the script)."""
+    if st.session_state.get(K_VIEW) in renamed:  # set so by a script (the load test)
+        st.session_state[K_VIEW] = renamed[st.session_state[K_VIEW]]
+    labels = link_labels(st.query_params.to_dict(), renamed, head_label, token_name, num_heads, num_tokens)
+    if not labels:
+        return
+    try:
+        st.query_params.update(labels)
+    except st.errors.StreamlitAPIException:  # already bound in this session: the widgets keep their values
+        return
+    st.rerun()
 
 
 def canvas_generation(key: str) -> int:

@@ -42,7 +42,9 @@ def prepare_process(upload_limits: Callable[[], UploadLimits] | None = None) -> 
     """Once per process, before any session runs: the modules that sessions share imported, torch's threads and the
     forwards' scheduling set from the CPU quota, made downloads kept on their shelf for a while, and, given the app's
     `upload_limits` (dashboard.upload_limits, made above the server wing), every upload held to them
-    (streamlit_internals.install_upload_budget). The server's start calls it before Streamlit starts; `streamlit run
+    (streamlit_internals.install_upload_budget), and the pages served with the server's base set, so that a page such
+    as /lesson asks no 404s (streamlit_internals.serve_pages_with_backend_base: from the server's start only). The
+    server's start calls it before Streamlit starts; `streamlit run
     dashboard/app.py` gets it from the app's first run, with the same limits."""
     _import_shared_modules()
     _configure_forwards()
@@ -50,6 +52,7 @@ def prepare_process(upload_limits: Callable[[], UploadLimits] | None = None) -> 
 
     streamlit_internals.shelve_made_downloads()
     streamlit_internals.install_disconnect_hook()
+    streamlit_internals.serve_pages_with_backend_base()
     if upload_limits is not None:
         streamlit_internals.install_upload_budget(upload_limits())
 

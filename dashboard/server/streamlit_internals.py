@@ -274,3 +274,57 @@ def upload_run_finished(completed: bool) -> None:
     found = _session_uploads()
     if found is not None:
         found[0].run_finished(found[1], completed)
+
+
+# Streamlit's frontend (1.67) finds its server by trying the page's own path first: opened at /lesson, it asks
+# /lesson/_stcore/health and /lesson/_stcore/host-config (both 404 by design: a page is not a base path), then the
+# parent, "/", which answers. It does that because it can't tell a page's path from a base URL under a proxy; it reads
+# the answer from `window.__streamlit.BACKEND_BASE_URL` when the page defines it. Every page of the app is then served
+# with that set to the server's own base (server.baseUrlPath), and the browser asks only there: an offline class's
+# console stays clean. Streamlit has no setting for it.
+def index_html_with_backend_base(html: str, base_url_path: str) -> str:
+    """Streamlit's index.html with `window.__streamlit.BACKEND_BASE_URL` set to the server's base, before its scripts."""
+    base = "/" + base_url_path.strip("/") + "/" if base_url_path.strip("/") else "/"
+    script = ("<script>window.__streamlit = Object.assign(window.__streamlit || {}, "
+              f"{{BACKEND_BASE_URL: new URL({base!r}, window.location.origin).href}});</script>")
+    return html.replace("<head>", "<head>" + script, 1)
+
+
+@functools.cache
+def serve_pages_with_backend_base() -> bool:
+    """Once per process, before Streamlit builds its server: index.html (every page's HTML) is served with the
+    server's base set (`index_html_with_backend_base`). Returns whether the patch is in place (on a Streamlit other than
+    PINNED_MINOR: one warning, nothing patched). `streamlit run dashboard/app.py` builds its server before the app's
+    first run, so there Streamlit's own probe stays; `vit-lens dashboard` (dashboard.serve) patches first."""
+    if not checked():
+        _logger.warning("Streamlit %s is not %sx: its pages probe their own path for the server first (two 404s in "
+                        "the browser's console on /lesson)", streamlit.__version__, PINNED_MINOR)
+        return False
+    from pathlib import Path
+
+    from starlette.responses import FileResponse, HTMLResponse
+    from streamlit import config
+    from streamlit.web.server.starlette import starlette_static_routes as routes
+
+    make_handler = routes.create_streamlit_static_handler
+
+    def handler_with_backend_base(directory: str, base_url: str | None):
+        handler = make_handler(directory=directory, base_url=base_url)
+        index = Path(directory) / "index.html"
+        html = index_html_with_backend_base(index.read_text(encoding="utf-8"),
+                                            config.get_option("server.baseUrlPath") or "")
+        get_response = handler.get_response
+
+        async def get_response_with_base(path, scope):
+            response = await get_response(path, scope)
+            if isinstance(response, FileResponse) and Path(response.path) == index:
+                headers = {k: v for k, v in response.headers.items()
+                           if k.lower() not in ("content-length", "content-type", "etag", "last-modified")}
+                return HTMLResponse(html, status_code=response.status_code, headers=headers)
+            return response
+
+        handler.get_response = get_response_with_base
+        return handler
+
+    routes.create_streamlit_static_handler = handler_with_backend_base
+    return True

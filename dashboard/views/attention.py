@@ -68,6 +68,11 @@ def _head_maps_sheet(ctx: ViewContext, layer: int, query: int, encoding: str) ->
     return figures.encode(sheet, encoding, text_px=figures.TEXT_PX)
 
 
+def head_label(head: int) -> str:
+    """The Head selectbox's label of `head` (-1: the mean), which a link's `&head=` names."""
+    return "mean of all heads" if head == -1 else f"head {head}"
+
+
 @st.fragment
 def _attention_maps(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap
@@ -75,7 +80,7 @@ def _attention_maps(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns(3)
     layer = c1.slider("Layer (0 = first block)", 0, g.num_layers - 1, g.num_layers - 1, key=session.K_LAYER, bind="query-params")
     head = c2.selectbox("Head", [-1] + list(range(g.num_heads)), key=session.K_HEAD, bind="query-params",
-                        format_func=lambda h: "mean of all heads" if h == -1 else f"head {h}")
+                        format_func=head_label)
     query = c3.selectbox("Query token (or click a patch)", list(range(g.num_tokens)), index=default_query_token(g),
                          key=session.K_QUERY, format_func=g.token_name, bind="query-params")
     amap = analyses.attention_map(cap.pattern, layer, _head_or_none(head), query, p, g.grid)

@@ -95,6 +95,22 @@ def test_links_with_the_former_tab_labels_open_the_renamed_tabs(tiny_env, old, n
     assert key in {w.key for w in at.get(widget)}  # the renamed tab's content is what ran
 
 
+def test_a_former_tab_label_stays_in_the_link_as_todays(tiny_env):
+    """`?view=Attention` opens "5 Attention" and the URL keeps the view (as its label today), so the link still shares it."""
+    at = run_app(view="Attention")
+    assert at.query_params["view"] == "5 Attention"
+    assert "layer" in {w.key for w in at.slider}
+
+
+@pytest.mark.parametrize("head, shown", [("2", 2), ("-1", -1), ("mean", -1), ("head 1", 1)])
+def test_a_head_in_a_link_is_a_number_or_its_label(tiny_env, head, shown):
+    """`&head=2` (the README's `&head=...`) and the widget's own label `&head=head+2` open the same head."""
+    at = run_app(view="Attention", layer="1", head=head, query="6")
+    assert at.selectbox(key="head").value == shown
+    assert at.selectbox(key="query").value == 6  # a token by its index, as `patch 5 (row 0, col 5)` by its name
+    assert any(f"layer 1, {'mean of heads' if shown == -1 else f'head {shown}'}" in m.value for m in at.markdown)
+
+
 def test_the_header_is_one_line_and_the_introduction_is_behind_about(tiny_env):
     at = run_app(view="Attention")
     line = next(m.value for m in at.markdown if m.value.startswith("Model **"))

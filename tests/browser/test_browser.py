@@ -63,9 +63,12 @@ def test_upload_visit_every_view_and_click_a_patch(page, tmp_path):
     page.screenshot(path=str(ARTIFACTS / "view_attention_clicked.png"), full_page=True)
 
 
-def test_a_shared_link_opens_the_same_view(page, server):
-    page.goto(f"{server}/?view=Attention&layer=1&head=head+2")
+@pytest.mark.parametrize("head", ["head+2", "2"])
+def test_a_shared_link_opens_the_same_view(page, server, head):
+    """The README's forms: a former tab label and a head by its number or its label; the URL keeps them, as labels."""
+    page.goto(f"{server}/?view=Attention&layer=1&head={head}")
     settle(page)
     no_exception(page)
     text = page.locator('[role="tabpanel"]:visible').inner_text()
     assert "layer 1, head 2" in text
+    assert "view=5+Attention" in page.url and "head=head+2" in page.url  # (layer 1 is the default here: not kept)

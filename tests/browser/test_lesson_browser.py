@@ -205,3 +205,25 @@ def test_a_step_link_opens_the_lesson_where_the_start_up_model_is_refused(projec
         assert "Offline" in page.locator('[data-testid="stSidebar"]').inner_text()
     finally:
         loadtest.stop_server(proc)
+
+
+@pytest.mark.parametrize("path", ["/lesson?step=4", "/many-images", "/?view=Attention"])
+def test_an_offline_page_asks_nothing_of_the_internet_and_its_console_is_clean(browser, server, path):
+    """The server started as the README starts it (dashboard.serve): every request a page makes stays on the server
+    (the tab's icon ships with the app: a `:material/...:` one is fetched from a font host), and the console shows no
+    error, such as the 404s of a page's path probed for the server (/lesson/_stcore/health)."""
+    from support.browser import page_at
+
+    with page_at(browser, (PROJECTOR["width"], PROJECTOR["height"])) as page:
+        requests, problems = [], []
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        page.goto(server + path)
+        settle(page)
+        no_exception(page)
+        page.wait_for_timeout(1000)  # the favicon is asked for after the page's first run
+        icon = page.evaluate("document.querySelector('link[rel~=icon]')?.href")
+    assert icon and icon.startswith(server), icon
+    assert requests and all(url.startswith(server) for url in requests), [u for u in requests if not u.startswith(server)]
+    assert not problems, problems

@@ -515,3 +515,28 @@ def test_a_weights_file_for_the_teaching_or_tiny_model_is_used_or_refused_never_
         models.build_model(models.TEACHING_MODEL, str(path), "", False)
     loaded = models.build_model(models.TEST_TINY, str(path), "", False)
     assert loaded.weights == "file: w.safetensors"
+
+
+@pytest.mark.parametrize("base, expected", [("", "'/'"), ("class/", "'/class/'"), ("/a/b", "'/a/b/'")])
+def test_pages_name_the_servers_base_before_streamlits_scripts(base, expected):
+    """A page such as /lesson finds its server at the server's base at once (no probe of /lesson/_stcore/health)."""
+    from dashboard.server.streamlit_internals import index_html_with_backend_base
+
+    html = '<!doctype html><html><head><script type="module" src="./static/js/index.js"></script></head></html>'
+    out = index_html_with_backend_base(html, base)
+    assert out.index("BACKEND_BASE_URL") < out.index("index.js")
+    assert f"new URL({expected}, window.location.origin)" in out
+
+
+@pytest.mark.parametrize("link, expected", [
+    ({"view": "Attention", "head": "2", "query": "5"}, {"view": "5 Attention", "head": "head 2", "query": "patch 4"}),
+    ({"view": "5 Attention", "head": "head 2", "query": "patch 4"}, {}),  # already in labels: nothing to rewrite
+    ({"head": "-1"}, {"head": "mean of all heads"}), ({"head": "mean"}, {"head": "mean of all heads"}),
+    ({"head": "12"}, {}), ({"head": "-2"}, {}), ({"head": "two"}, {}), ({"query": "197"}, {}),  # left to the widget
+])
+def test_a_links_other_forms_are_rewritten_to_the_widgets_labels(link, expected):
+    from dashboard import session
+    from dashboard.views import RENAMED
+    from dashboard.views.attention import head_label
+
+    assert session.link_labels(link, RENAMED, head_label, lambda t: f"patch {t - 1}", 12, 197) == expected
