@@ -5,6 +5,7 @@ the session keeps the latest result (`session.keep_many_run`), so changing a wid
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +26,7 @@ from vit_core.loading.model import LoadedModel
 from vit_core.runtime.background import WorkStopped
 
 T = TypeVar("T")
+_logger = logging.getLogger(__name__)
 
 
 def set_ui(loaded: LoadedModel) -> Callable[[], image_sets.ImageSet]:
@@ -77,14 +79,18 @@ def _as_job(starting: str, done_text: str, work: Callable[[Callable[[int, int], 
     """`work(progress)` as this session's explanation job (below the class's new images; one per session) with a
     progress bar. None when it was stopped (said with text.JOB_STOPPED) or refused (its message)."""
     bar = st.progress(0.0, text=starting)
+    counted = [0, 0]  # images done, of: what the server's log says of a stopped job
 
     def progress(done: int, of: int) -> None:
+        counted[:] = done, of
         bar.progress(min(1.0, done / max(of, 1)), text=f"{done_text} {done} of {of} images...")
 
     try:
         with process.explanation_job():
             result = work(progress)
     except WorkStopped:
+        # The server's own record of a stop nobody may be there to see (a closed page): tests/live read it.
+        _logger.info("explanation job stopped after %d of %d images", *counted)
         bar.empty()
         st.info(text.JOB_STOPPED)
         return None

@@ -308,13 +308,18 @@ def test_load_test_cpu_meter_counts_the_server_and_its_children(tmp_path):
     import subprocess
     import sys
 
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    burnt = tmp_path / "burnt"
+    burn = (f"import pathlib, time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+            f"pathlib.Path({str(burnt)!r}).touch()\ntime.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
-                               f"subprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"])
+                               f"subprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(120)"])
     try:
         meter = loadtest.CpuMeter(parent.pid)
         meter.start()
-        time.sleep(2.5)  # the child starts, burns 0.6 CPU-s and sleeps
+        time.sleep(2.5)  # the machine's CPU-s below: at least 2 cores x 2.5 s
+        deadline = time.monotonic() + 100
+        while not burnt.exists() and time.monotonic() < deadline:  # however long a busy machine makes the 0.6 CPU-s
+            time.sleep(0.1)
         use = meter.stop()
     finally:
         for child in loadtest.meters._children(parent.pid):

@@ -49,25 +49,27 @@ def test_a_waiting_foreground_acquire_goes_before_a_waiting_background_one():
 
 def test_background_work_waits_for_a_quiet_moment_after_the_foreground(monkeypatch):
     """A class's new images come in bursts: background work takes the model only after FOREGROUND_GRACE_S without a
-    foreground holder, so that a slice doesn't land between two images of a burst."""
+    foreground holder, so that a slice doesn't land between two images of a burst. Told apart by the grace's size, not
+    by tight timings: with a 60 s grace, what must not wait returns long before it; with 0.3 s, what must wait does."""
     from vit_core.runtime import background
 
-    monkeypatch.setattr(background, "FOREGROUND_GRACE_S", 0.3)
+    monkeypatch.setattr(background, "FOREGROUND_GRACE_S", 60.0)
     lock = ModelLock()
     with background_work():
         started = time.monotonic()
         with lock:  # nobody in the foreground yet: at once
             pass
-        assert time.monotonic() - started < 0.1
+        with lock:  # a background release starts no grace
+            pass
+        assert time.monotonic() - started < 30
+    monkeypatch.setattr(background, "FOREGROUND_GRACE_S", 0.3)
     with lock:  # a foreground holder
         pass
     with background_work():
         started = time.monotonic()
         with lock:
             waited = time.monotonic() - started
-        with lock:  # a background release starts no grace
-            assert time.monotonic() - started - waited < 0.1
-    assert 0.25 < waited < 1.0
+    assert waited >= 0.25
 
 
 def test_background_work_that_is_told_to_stop_stops_while_waiting():
@@ -102,8 +104,13 @@ def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for
     lanes = explain.forward_lanes(tiny, 20)
     started, finished = threading.Event(), []
 
+    asked = threading.Event()  # the foreground forward got the model
+
     def slow(_: int) -> float:
         started.set()
+        deadline = time.monotonic() + 30
+        while not (asked.is_set() or tiny.lock.foreground_waiting()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first slice lasts until the foreground asks, however late a busy machine lets it
         time.sleep(0.1)
         return 0.0
 
@@ -116,6 +123,7 @@ def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for
     started.wait(5)
     with tiny.lock:
         got_it = time.monotonic()
+        asked.set()
         with torch.inference_mode():
             tiny.model(x)
     thread.join(30)

@@ -49,13 +49,23 @@ def test_the_resized_size_is_timms():
         assert loaded.crop_transform.resized_size(size) == resize(Image.new("L", size)).size
 
 
-def test_a_progressive_jpeg_of_thousands_of_scans_is_refused_from_its_markers():
+def _no_decoding(monkeypatch) -> None:
+    """Refused from the bytes alone: no decode worker (Pillow) gets the file. Observed, not timed: a busy machine's
+    clock would say nothing about where the refusal came from."""
+    from vit_core.images import decoding
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("the file reached a decode worker")
+
+    monkeypatch.setattr(decoding, "decode_in_worker", decoded)
+
+
+def test_a_progressive_jpeg_of_thousands_of_scans_is_refused_from_its_markers(monkeypatch):
     """Finding 2: 3,000 scans (before: decoded, 6 ms a scan on a large picture; 25-76 s for the attacker's)."""
     data = hostile.many_scan_jpeg(3000)
-    started = time.perf_counter()
+    _no_decoding(monkeypatch)
     with pytest.raises(ImageError, match="more than 100 progressive scans"):
         decode_image(data)
-    assert time.perf_counter() - started < 2
 
 
 def test_an_ordinary_progressive_jpeg_decodes():
@@ -121,12 +131,11 @@ def test_the_jpeg_walk_skips_entropy_coded_data_as_the_regular_expression_did(mo
     assert sum(jpeg_scans_and_segments(data)[0] > 5 for data in made) > 25  # walks past many scans (36 of 200)
 
 
-def test_a_jpeg_of_many_empty_segments_is_refused_before_pillow_opens_it():
+def test_a_jpeg_of_many_empty_segments_is_refused_before_pillow_opens_it(monkeypatch):
     """Finding 5: 500,000 empty APP0 segments (2 MB; before: about 1 s in Image.open, 6.3 M took 14.7 s)."""
-    started = time.perf_counter()
+    _no_decoding(monkeypatch)
     with pytest.raises(ImageError, match="more than 2000 header segments"):
         decode_image(hostile.many_segment_jpeg(500_000))
-    assert time.perf_counter() - started < 2
 
 
 def test_a_tiff_of_many_frames_is_counted_in_linear_time():
@@ -134,7 +143,7 @@ def test_a_tiff_of_many_frames_is_counted_in_linear_time():
     data = hostile.many_frame_tiff(40_000)
     started = time.perf_counter()
     decoded = decode_image(data)
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 15  # generous for a busy machine; the quadratic count took 30 s quiet
     assert decoded.image.size == (1, 1)
     assert any("more than 10000 frames" in note for note in decoded.notes)
     assert any("first of its 3 frames" in note for note in decode_image(hostile.many_frame_tiff(3)).notes)

@@ -139,7 +139,7 @@ def test_a_huge_header_is_refused_from_its_length_field_unread(tmp_path):
     with pytest.raises(WeightsError, match=r"^huge\.safetensors has a safetensors header of 94\.4 MB; ViT Lens reads "
                                            r"headers of at most 4 MB \(a ViT's is under 100 KB\)\.$"):
         load_model(ARCH, weights=path, **TINY)
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 30  # generous for a busy machine; reading the header took 106-123 s
 
 
 def test_a_real_vits_header_is_far_below_the_caps():

@@ -93,6 +93,7 @@ class StreamlitSession:
         self.states: dict[str, WidgetState] = {}  # widget key -> the state this page reports
         self.query: dict[str, str] = {}  # bound query parameters the page's URL carries
         self.page_name = ""  # the app's page (st.navigation's url_path); "" is its default page
+        self.progress_text = ""  # the text of the last progress bar drawn, as the page shows it while a run goes on
         self.responses: dict[str, ForwardMsg] = {}  # request id -> file_urls / backend operation response
         self.retries: list[str] = []  # what was tried twice, and why (see _http and download)
 
@@ -142,6 +143,8 @@ class StreamlitSession:
         if element_id.startswith("$$ID-"):
             key = element_id.rsplit("-", 1)[1]
             self.widget_ids[key], self.fragments[key], self.elements[key] = element_id, fragment_id, widget
+        if kind == "progress":
+            self.progress_text = element.progress.text
         if run is not None:
             run.texts += _texts(element)
             if kind == "alert" and element.alert.format == Alert.ERROR:
