@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
-from . import settings
+from . import arguments, settings
 from .errors import ViTLensError
 from .runtime import configure_threads, cpu_quota
 
@@ -86,6 +86,8 @@ DEFAULT_STEPS = 10  # vit_core.explain.DEFAULT_STEPS
 FAITHFULNESS_TESTS = ("deletion_auc", "insertion_auc", "pixel_deletion_auc", "pixel_insertion_auc", "srg",
                       "saco")  # vit_core.explain.FAITHFULNESS_TESTS
 EXPORT_TESTS = ("deletion_auc", "insertion_auc")  # vit_core.export.EXPORT_TESTS
+NO_IMAGES = "There are no images to analyse."
+TOO_FEW_FOR_CONCEPTS = "learning concepts needs at least 2 images (one is held out)."
 CONCEPTS_K, CONCEPTS_EPOCHS, CONCEPTS_MEMORY_GB = 32, 4, 4.0  # `concepts`' defaults (vit_core.concepts.learn: MEMORY_BUDGET)
 
 
@@ -333,6 +335,33 @@ def _inputs_missing(args: argparse.Namespace) -> bool:
     return missing
 
 
+def _refused_before_loading(args: argparse.Namespace) -> bool:
+    """Says in one line each whether --model names no model or --out can't be the output folder (True: the command
+    stops): before torch is imported, so these mistakes are answered at once (vit_core.arguments)."""
+    refused = False
+    why = arguments.model_refused(args.model)
+    if why:
+        _fail(f"{args.model}: {why}")
+        refused = True
+    why = arguments.out_refused(args.out)
+    if why:
+        _fail(f"--out {args.out}: {why}")
+        refused = True
+    return refused
+
+
+def _too_few_images(folder: Path, needed: int, message: str) -> bool:
+    """Says in one line whether FOLDER holds fewer than `needed` images (True: the command stops), before torch is
+    imported; the run's listing (dataset.plan_run) says the same of what remains after --limit and the run's own
+    files."""
+    from .images.listing import has_images  # numpy and Pillow, no torch
+
+    if has_images(folder, needed):
+        return False
+    _fail(f"{folder}: {message}")
+    return True
+
+
 def _load(args: argparse.Namespace) -> tuple[LoadedModel, OutputFolder] | None:
     """The model the arguments name, on their device, and the output folder made and opened (refused if it is a
     symlink: results land only in the folder named); None after saying why not."""
@@ -385,7 +414,11 @@ def analyze(args: argparse.Namespace) -> int:
     if args.mask and len(args.mask) != len(args.images):
         _fail(f"--mask: {len(args.mask)} mask(s) for {len(args.images)} image(s); give one per image, in the same order")
         return EXIT_FAILURES
-    if _inputs_missing(args):
+    if _inputs_missing(args) or _refused_before_loading(args):
+        return EXIT_FAILURES
+    why = arguments.target_refused(args.target, args.model, args.labels)
+    if why:
+        _fail(f"--target: {why}")
         return EXIT_FAILURES
     given = len(args.images)
     args.images, args.mask = _present(args.images, args.mask)
@@ -403,6 +436,10 @@ def _present(images: list[Path], masks: list[Path] | None) -> tuple[list[Path], 
         why = _unreachable(image)
         if why:
             _fail(f"{image}: {why}")
+            continue
+        if image.is_dir():
+            _fail(f"{image}: a folder; analyze reads image files (for every image in a folder: vit-lens dataset "
+                  f"{image})")
             continue
         why = mask is not None and _unreachable(mask)
         if why:
@@ -549,9 +586,9 @@ def dataset(args: argparse.Namespace) -> int:
     if not args.folder.is_dir():
         _fail(f"{args.folder}: not a folder")
         return EXIT_FAILURES
-    if _inputs_missing(args):
+    if _inputs_missing(args) or _refused_before_loading(args):
         return EXIT_FAILURES
-    if not _engine_options_checked(args):
+    if _too_few_images(args.folder, 1, NO_IMAGES) or not _engine_options_checked(args):
         return EXIT_FAILURES
     return _with_model(args, _dataset_run)
 
@@ -596,7 +633,7 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
         plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=count, outputs=args.out,
                         resumed_shards=(found or {}).get("shards"))
         if not plan.paths:
-            raise DatasetError("There are no images to analyse.")
+            raise DatasetError(NO_IMAGES)
         manifest = manifest_of(loaded, plan, weights_file=args.weights, labels_file=args.labels, limit=args.limit,
                                explain=args.explain, steps=args.steps, tests=args.tests, masks=args.masks)
         store.open(manifest)
@@ -728,7 +765,9 @@ def concepts(args: argparse.Namespace) -> int:
     if args.out.resolve().is_relative_to(args.folder.resolve()):  # its contact sheet would be an image of the next run
         _fail(f"--out {args.out}: inside FOLDER; write the concepts elsewhere")
         return EXIT_FAILURES
-    if _inputs_missing(args):
+    if _inputs_missing(args) or _refused_before_loading(args):
+        return EXIT_FAILURES
+    if _too_few_images(args.folder, 2, TOO_FEW_FOR_CONCEPTS):
         return EXIT_FAILURES
     if args.features is not None and args.k > args.features:
         _fail(f"--k {args.k}: at most --features ({args.features}) features can be active")
@@ -755,7 +794,7 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=args.shard[1] if args.shard else args.shards,
                         resumed_shards=(found or {}).get("shards"))
         if len(plan.paths) < 2:
-            raise DatasetError(f"{len(plan.paths)} image(s): learning concepts needs at least 2 (one is held out).")
+            raise DatasetError(f"{len(plan.paths)} image(s): {TOO_FEW_FOR_CONCEPTS}")
         store.open(manifest_of(loaded, plan, args.layer, args.limit))
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
@@ -857,6 +896,8 @@ def export_web(args: argparse.Namespace) -> int:
         if reason:
             _fail(f"{option}: {reason}")
             return EXIT_FAILURES
+    if _refused_before_loading(args):
+        return EXIT_FAILURES
     opened = _load(args)
     if opened is None:
         return EXIT_FAILURES

@@ -338,8 +338,10 @@ def test_inputs_that_are_not_regular_files_are_one_line_each_and_the_others_go_o
     result = run_cli(tmp_path / "pipe.png", "/dev/zero", tmp_path / "folder.png", tmp_path / "scene.png",
                      "--model", "vit_tiny_patch16_224", "--random-init", "--out", tmp_path / "out", cwd=tmp_path)
     assert result.returncode == 2
-    errors = result.stderr.strip().splitlines()
-    assert [line.split(": ", 2)[1] for line in errors] == [str(tmp_path / "pipe.png"), "/dev/zero", str(tmp_path / "folder.png")]
+    folder, *errors = result.stderr.strip().splitlines()  # the folder is answered before the model loads
+    assert folder == (f"vit_core: {tmp_path / 'folder.png'}: a folder; analyze reads image files (for every image in a "
+                      f"folder: vit-lens dataset {tmp_path / 'folder.png'})")
+    assert [line.split(": ", 2)[1] for line in errors] == [str(tmp_path / "pipe.png"), "/dev/zero"]
     assert all(line.endswith("not a regular file (a folder, a FIFO or a device), so it was skipped.") for line in errors)
     assert (tmp_path / "out" / "scene.npz").is_file()
 
@@ -613,3 +615,74 @@ print(status, ",".join(m for m in {HEAVY!r} if m in sys.modules))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.stdout.split() == ["2"], f"imported {result.stdout}"
     assert result.stderr == line + "\n"
+
+
+def _refused_before_torch(argv: list, cwd: Path) -> tuple[int, list[str], str]:
+    """`vit-lens ARGV` in a fresh process: its exit status, stderr's lines, and which of torch and timm it imported."""
+    script = f"""
+import sys
+from dashboard import cli
+status = cli.main({[str(a) for a in argv]!r})
+print(status, ",".join(m for m in ("torch", "timm") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
+    status, _, imported = result.stdout.strip().partition(" ")
+    return int(status), result.stderr.strip().splitlines(), imported
+
+
+def test_mistakes_that_need_no_model_are_answered_before_torch_with_a_hint(tmp_path):
+    """An empty folder, an --out that is a file, a mistyped --target of the bundled model, a model name timm doesn't
+    know (with the closest names), a folder given to analyze: one line each, before torch is imported (5-15 s)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "one").mkdir()
+    drawn_image(1).save(tmp_path / "one" / "a.png")
+    drawn_image(2).save(tmp_path / "x.png")
+    (tmp_path / "file").write_text("")
+    cases = [
+        (["dataset", "empty"], "vit-lens: empty: There are no images to analyse."),
+        (["concepts", "one", "--layer", "1", "--out", "c"],
+         "vit-lens: one: learning concepts needs at least 2 images (one is held out)."),
+        (["analyze", "x.png", "--out", "file"], "vit-lens: --out file: a file, not a folder."),
+        (["dataset", "one", "--out", "file/results"], "vit-lens: --out file/results: "
+                                                      f"{tmp_path / 'file'} is a file, not a folder."),
+        (["analyze", "x.png", "--model", "vit-lens/shapes-vit", "--explain", "--target", "squre"],
+         "vit-lens: --target: no class is labelled 'squre'. Did you mean square?"),
+        (["analyze", "x.png", "--model", "shapes-vit"],
+         "vit-lens: shapes-vit: timm has no model called 'shapes-vit'. Did you mean vit-lens/shapes-vit?"),
+        (["dataset", "one", "--model", "vit_bse_patch16_224"], "vit-lens: vit_bse_patch16_224: timm has no model "
+                                                               "called 'vit_bse_patch16_224'. Did you mean "),
+        (["analyze", "one"], "vit-lens: one: a folder; analyze reads image files (for every image in a folder: "
+                             "vit-lens dataset one)"),
+    ]
+    for argv, line in cases:
+        status, errors, imported = _refused_before_torch(argv, tmp_path)
+        assert (status, imported) == (2, ""), (argv, errors, imported)
+        assert len(errors) == 1 and errors[0].startswith(line), (argv, errors)
+    assert "vit_base_patch16_224" in _refused_before_torch(cases[6][0], tmp_path)[1][0]
+
+
+def test_timms_names_read_from_its_source_are_its_registry():
+    """vit_core.arguments reads timm's names without importing it: the same set as timm's own registry (current and
+    deprecated names), so no name timm knows is refused before the import."""
+    import timm.models._registry as registry
+
+    from vit_core import arguments
+
+    assert arguments.timm_model_names() == set(registry._model_entrypoints)
+    assert all(arguments.model_refused(name) is None for name in ("vit_base_patch16_224.augreg2_in21k_ft_in1k",
+                                                                   "vit_base_patch16_224_in21k", "hf-hub:timm/x",
+                                                                   arguments.TEACHING_MODEL))
+
+
+def test_a_mistyped_target_or_model_gets_the_closest_names_after_loading_too(tiny):
+    """Where the classes are known only once the model loads (ImageNet's), resolve_target and the loader hint alike."""
+    from vit_core.errors import ModelError
+    from vit_core.explain import TargetError, resolve_target
+    from vit_core.loading.names import _check_name
+
+    logits = np.zeros(len(tiny.labels), dtype=np.float32)  # ImageNet's classes
+    name = tiny.label(3).split(",")[0].strip().lower()  # "tiger shark"
+    with pytest.raises(TargetError, match=rf"^no class is labelled '{name[:-1]}x'\. Did you mean {name}"):
+        resolve_target(tiny, logits, name[:-1] + "x")
+    with pytest.raises(ModelError, match=r"Did you mean vit-lens/shapes-vit\?$"):
+        _check_name("shapes-vit")

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import re
-import stat
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Sequence
 
 from ..errors import ViTLensError
-from ..images import UPLOAD_EXTENSIONS
+from ..images.listing import is_image_path as is_image_path  # re-exported: the dataset package's listing
+from ..images.listing import list_images as list_images
+from ..images.listing import list_not_images as list_not_images
+from ..images.listing import not_image_reason as not_image_reason
 from ..loading.model import LoadedModel
 
 _SYNSET = re.compile(r"^n\d{8}$")
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-# Photo formats that cameras and phones write and that ViT Lens can't decode: named in the skip reason.
-_UNREADABLE_PHOTOS = {"heic": "HEIC", "heif": "HEIF", "avif": "AVIF", "dng": "DNG (raw)", "cr2": "CR2 (raw)",
-                      "nef": "NEF (raw)", "arw": "ARW (raw)"}
 
 
 class ShardError(ViTLensError, ValueError):
@@ -32,67 +31,7 @@ class ShardError(ViTLensError, ValueError):
 
 
 # ----------------------------------------------------------------------------------------------
-# Files
-
-
-def _visible_entries(folder: Path) -> list[tuple[Path, str | None]]:
-    """Every visible entry under `folder` (recursively; hidden files and folders, ".name", left out), sorted by path,
-    each with None where it is a file that can be read, else why it can't: a broken link, a FIFO or a folder named
-    like an image would otherwise vanish from the listing without a word. Plain folders are walked, not listed."""
-    entries = []
-    for path in sorted(folder.rglob("*")):
-        if any(part.startswith(".") for part in path.relative_to(folder).parts):
-            continue
-        try:
-            mode = path.stat().st_mode  # follows a link: its target is what would be read
-        except OSError as e:
-            if path.is_symlink():
-                entries.append((path, "A link whose target can't be reached (a broken link); nothing to read."))
-            else:
-                entries.append((path, f"It can't be read ({e.strerror or e})."))
-            continue
-        if stat.S_ISREG(mode):
-            entries.append((path, None))
-        elif stat.S_ISDIR(mode):
-            if is_image_path(path) or path.is_symlink():  # a link to a folder is not followed
-                what = "A link to a folder" if path.is_symlink() else "A folder"
-                entries.append((path, f"{what}, not an image file; ViT Lens reads regular files only."))
-        else:
-            entries.append((path, "Not a regular file (a FIFO, socket or device); ViT Lens reads regular files only."))
-    return entries
-
-
-def _visible_files(folder: Path) -> list[Path]:
-    """Every regular file under `folder` (recursively), hidden files and folders (".name") left out, sorted by path."""
-    return [path for path, unreadable in _visible_entries(folder) if unreadable is None]
-
-
-def is_image_path(path: str | Path) -> bool:
-    """A file name ViT Lens tries to decode: its suffix is one of images.UPLOAD_EXTENSIONS, any case."""
-    return PurePosixPath(str(path)).suffix.lower().lstrip(".") in UPLOAD_EXTENSIONS
-
-
-def list_images(folder: Path) -> list[Path]:
-    """Every file under `folder` (recursively) whose suffix is one of the image formats ViT Lens reads
-    (images.UPLOAD_EXTENSIONS, any case), sorted by path. Hidden files and folders (".name") are left out."""
-    return [path for path in _visible_files(Path(folder)) if is_image_path(path)]
-
-
-def not_image_reason(path: str | Path) -> str:
-    """Why a listed file that is not an image is skipped: one sentence for the user."""
-    suffix = PurePosixPath(str(path)).suffix.lower().lstrip(".")
-    if suffix in _UNREADABLE_PHOTOS:
-        return (f"A {_UNREADABLE_PHOTOS[suffix]} photo, which ViT Lens can't read: convert it to JPEG or PNG "
-                "(or set the camera to save JPEG).")
-    what = f"a .{suffix} file" if suffix else "a file without a suffix"
-    return f"Not an image ({what}); ViT Lens reads {', '.join(UPLOAD_EXTENSIONS)}."
-
-
-def list_not_images(folder: Path) -> list[tuple[Path, str]]:
-    """Every other visible file under `folder` (what `list_images` leaves out), sorted, with the reason it is skipped;
-    entries that can't be read as files (a broken link, a FIFO, a folder named like an image) too."""
-    return [(path, unreadable or not_image_reason(path)) for path, unreadable in _visible_entries(Path(folder))
-            if unreadable is not None or not is_image_path(path)]
+# Files (listed by vit_core.images.listing, which the command line reads before torch is imported)
 
 
 def relative_name(folder: Path, path: Path) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..arguments import target_message
 from ..capture import Capture, preprocess
 from ..errors import ViTLensError
 from ..loading.model import LoadedModel
@@ -60,7 +61,7 @@ def resolve_target(loaded: LoadedModel, logits: np.ndarray, target: int | str | 
             label = loaded.label(i).lower()
             if wanted in (label, label.split(",")[0].strip()):
                 return i
-        raise TargetError(f"no class is labelled {target!r}")
+        raise TargetError(target_message(target, [loaded.label(i) for i in range(num_classes)]))
     index = int(target)
     if not 0 <= index < num_classes:
         raise TargetError(f"class index {index} is outside 0..{num_classes - 1}")

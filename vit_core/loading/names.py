@@ -8,7 +8,6 @@ pattern a capture can record, a patch embedding over pixels and a fixed input si
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from timm.layers import to_2tuple
 from timm.models.vision_transformer import Attention, VisionTransformer
 
+from ..arguments import unknown_model_message
 from ..errors import ModelError
 from ..teaching.model import TEACHING_MODEL
 
@@ -58,9 +58,7 @@ def _check_name(name: str) -> None:
     """Refuse a name timm doesn't know, or a pretrained tag (`arch.tag`) that is not one of the architecture's."""
     arch, tag = timm.models.split_model_name_tag(name)
     if not timm.is_model(arch):
-        close = difflib.get_close_matches(arch, timm.list_models("*vit*") + timm.list_models("deit*"), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ModelError(f"timm has no model called {name!r}.{hint}")
+        raise ModelError(unknown_model_message(name, set(timm.list_models())))
     if tag:  # timm.is_model ignores the tag, and create_model raises a RuntimeError for one it doesn't know
         tags = [known.split(".", 1)[1] for known in timm.list_pretrained(f"{arch}.*")]
         if tag not in tags:
