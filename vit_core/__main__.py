@@ -20,7 +20,9 @@ written atomically (vit_core.images.files): a reader never finds half of one. A 
 that can't be written) prints one line on stderr, starting with the command's name (`vit-lens:`, or `vit_core:`
 under `python -m`), the other images are still analysed, and the exit status is 2. So is a bad `--device` (auto,
 cpu, cuda, cuda:N, mps; vit_core.runtime.devices), and a path that isn't there (an IMAGE, a MASK, --weights, --labels,
-FOLDER): both are refused before torch is imported or any model loaded. Ctrl-C ends a command in one line on
+FOLDER): both are refused before torch is imported or any model loaded, as are the other mistakes that need no
+model (vit_core.arguments: an unknown model name or a mistyped --target with the closest names, an --out that can't
+be a folder, a FOLDER without images, a folder given to analyze). Ctrl-C ends a command in one line on
 stderr with exit status 130; `dataset` says how many shards it kept in DIR/parts for a rerun to build on.
 
 `concepts` collects the residual stream after block L of every patch token under FOLDER (in shards kept in
