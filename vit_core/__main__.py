@@ -822,9 +822,10 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         return 0
     settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed)
     try:
-        files, summary = concepts_files(loaded, plan, store, args.layer, settings,
-                                        memory_budget=int(args.memory_gb * 2 ** 30),
-                                        collect_seconds=time.perf_counter() - started if todo else None)
+        with _stage_bars() as progress:
+            files, summary = concepts_files(loaded, plan, store, args.layer, settings,
+                                            memory_budget=int(args.memory_gb * 2 ** 30), progress=progress,
+                                            collect_seconds=time.perf_counter() - started if todo else None)
         written = [out.write(name, data) for name, data in files.items()]
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
@@ -836,6 +837,39 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
           f"{summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g} -> {', '.join(map(str, written))}",
           flush=True)
     return EXIT_FAILURES if summary["failures"] else 0
+
+
+@contextlib.contextmanager
+def _stage_bars() -> Iterator[Callable[[str, int, int], None]]:
+    """progress(stage, done, of) for `concepts`' stages after the collection (concepts.STAGES: training, metrics,
+    features, sheet): a tqdm bar per stage on a terminal (stderr), each stage's progress lines on stdout otherwise,
+    so that no stage is minutes of silence."""
+    from tqdm import tqdm
+
+    from .concepts import STAGES
+    from .dataset.progress import ProgressLines
+
+    bars: dict[str, tqdm] = {}
+    lines: dict[str, ProgressLines] = {}
+
+    def progress(stage: str, done: int, of: int) -> None:
+        if stage not in bars:
+            for bar in bars.values():  # the stage before has ended
+                bar.close()
+            unit = STAGES[stage]
+            bars[stage] = tqdm(total=of, unit=unit.rstrip("s"), desc=stage, disable=not sys.stderr.isatty(),
+                               file=sys.stderr, dynamic_ncols=True)
+            if not sys.stdout.isatty():
+                lines[stage] = ProgressLines(sys.stdout, stage, items=unit, per=unit)
+        bars[stage].update(done - bars[stage].n)
+        if stage in lines:
+            lines[stage].update(done, of)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()
 
 
 def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, store, todo: list[Shard]) -> None:

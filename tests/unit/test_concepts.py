@@ -280,7 +280,13 @@ def test_the_command_writes_the_concepts_files(shapes, folder, tmp_path, capsys)
     assert core_cli.main(["concepts", *common, "--shard", "1/2"]) == 0
     assert not (out / "concepts.safetensors").exists() and "1 of 2 shards" in capsys.readouterr().out
     assert core_cli.main(["concepts", *common, "--shard", "2/2"]) == 0
-    assert "images (" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "images (" in said
+    # No silent stage after the collection: each one's progress lines (stdout is no terminal here), to its end.
+    ends = [line.split(":")[0] for line in said.splitlines() if "(100%)" in line and "done in" in line]
+    assert ends == ["tokens", "training", "metrics", "features", "sheet"], said
+    trained = 2 * 11 * shapes.geometry.num_patches  # epochs x training images x their patch tokens
+    assert f"training: {trained:,} of {trained:,} tokens" in said and "metrics: 1 of 1 images" in said, said
     summary = json.loads((out / "concepts.json").read_text())
     assert (summary["model"], summary["layer"], summary["num_features"], summary["k"]) == ("vit-lens/shapes-vit", 2, 64, 4)
     assert summary["images"] == 12 and summary["held_out_images"] == 1

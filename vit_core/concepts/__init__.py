@@ -78,27 +78,45 @@ __all__ = [
 ]
 
 
+# The stages after the collection, in their order, each with what its progress counts (concepts_files' `progress`).
+STAGES = {"training": "tokens", "metrics": "images", "features": "tokens", "sheet": "features"}
+
+
 def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,
-                   memory_budget: int = MEMORY_BUDGET, workers: int = 0, progress: Callable[[int], None] | None = None,
+                   memory_budget: int = MEMORY_BUDGET, workers: int = 0,
+                   progress: Callable[[str, int, int], None] | None = None,
                    collect_seconds: float | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every shard's tokens (all collected) -> the autoencoder trained, measured and drawn: the files of
     docs/spec/interface.md "Concepts" (name -> bytes) and concepts.json's content (without its features, for a
-    summary line)."""
+    summary line). progress(stage, done, of) as each stage goes: STAGES names them and their units."""
     import json
+
+    def stage(name: str) -> Callable[[int, int], None] | None:
+        return (lambda done, of: progress(name, done, of)) if progress else None
 
     clock = Stopwatch()
     if collect_seconds is not None:  # this run's collection, for concepts.json's "seconds"
         clock.seconds["collect"] = collect_seconds
     tokens = clock.time("load", lambda: tokens_of(store, plan, loaded.geometry.num_patches, memory_budget))
-    concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget, progress))
+    concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget,
+                                                            stage("training")))
     held = clock.time("held_out", lambda: held_out_metrics(concepts, tokens))
-    splice = clock.time("splice", lambda: splice_metrics(loaded, concepts, plan, workers))
-    stats = clock.time("features", lambda: feature_statistics(concepts, tokens))
+    splice = clock.time("splice", lambda: splice_metrics(loaded, concepts, plan, workers, progress=stage("metrics")))
+    stats = clock.time("features", lambda: feature_statistics(concepts, tokens, progress=stage("features")))
     features = features_json(stats, plan.names, loaded.geometry.grid)
     cache: dict = {}
-    rows = clock.time("sheet", lambda: [(f, [crop for crop, _ in top_crops(loaded, plan.folder, features[f]["top"],
-                                                                           SHEET_CROPS, cache)])
-                                        for f in strongest_features(features, SHEET_FEATURES)])
+    strongest = strongest_features(features, SHEET_FEATURES)
+    sheet_done = stage("sheet")
+    if sheet_done:
+        sheet_done(0, len(strongest))
+
+    def sheet_row(number: int, f: int) -> tuple[int, list]:
+        row = (f, [crop for crop, _ in top_crops(loaded, plan.folder, features[f]["top"], SHEET_CROPS, cache)])
+        if sheet_done:
+            sheet_done(number + 1, len(strongest))
+        return row
+
+    rows = clock.time("sheet", lambda: [sheet_row(number, f) for number, f in enumerate(strongest)])
     sheet = contact_sheet_png(rows)
     summary = summary_of(loaded, plan, concepts, settings, held, splice, features, store.failures(plan.shards),
                          clock.seconds)

@@ -83,8 +83,9 @@ def training_batches(tokens: Tokens, normalisation: Normalisation, batch_tokens:
 
 
 def learned_concepts(loaded: LoadedModel, tokens: Tokens, layer: int, settings: TrainingSettings,
-                     memory_budget: int = MEMORY_BUDGET, progress: Callable[[int], None] | None = None) -> Concepts:
-    """The autoencoder trained on the training images' tokens (the held-out ones never seen)."""
+                     memory_budget: int = MEMORY_BUDGET, progress: Callable[[int, int], None] | None = None) -> Concepts:
+    """The autoencoder trained on the training images' tokens (the held-out ones never seen). progress(tokens
+    trained on, of epochs x training tokens) after each step."""
     train = [np.asarray(c.tokens[tokens.rows(c, False)]) for c in tokens.chunks]
     if sum(len(t) for t in train) == 0:
         raise ConceptsError("Every image is held out: learning concepts needs at least 2 images.")
@@ -92,7 +93,17 @@ def learned_concepts(loaded: LoadedModel, tokens: Tokens, layer: int, settings: 
     del train
     d_model = tokens.chunks[0].tokens.shape[1]
     batches = training_batches(tokens, normalisation, settings.batch_tokens, memory_budget)
-    sae = train_sae(batches, d_model, tokens.count(held=False), settings, progress)
+    total, seen = settings.epochs * tokens.count(held=False), [0]
+    if progress:
+        progress(0, total)  # the stage begins: its rate is counted from here
+
+    def counted(epoch: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+        for x_n in batches(epoch, generator):
+            seen[0] += len(x_n)  # counted before its step: train_sae reports the step once it is done
+            yield x_n
+
+    sae = train_sae(counted, d_model, tokens.count(held=False), settings,
+                    (lambda step: progress(seen[0], total)) if progress else None)
     return Concepts(sae, normalisation, loaded.name, loaded.weights, layer)
 
 
@@ -111,8 +122,13 @@ class FeatureStatistics:
     top_patch: np.ndarray  # int64 (K, F): their patches (row-major index into the grid)
 
 
-def feature_statistics(concepts: Concepts, tokens: Tokens, top: int = TOP_ACTIVATIONS) -> FeatureStatistics:
-    """Every token encoded once, ENCODE_TOKENS at a time; each feature's K highest activations kept as it goes."""
+def feature_statistics(concepts: Concepts, tokens: Tokens, top: int = TOP_ACTIVATIONS,
+                       progress: Callable[[int, int], None] | None = None) -> FeatureStatistics:
+    """Every token encoded once, ENCODE_TOKENS at a time; each feature's K highest activations kept as it goes.
+    progress(tokens encoded, of all) after each piece."""
+    every = sum(len(chunk.tokens) for chunk in tokens.chunks)
+    if progress:
+        progress(0, every)
     num_features = concepts.sae.num_features
     fired, total = np.zeros(num_features, dtype=np.int64), np.zeros(num_features, dtype=np.float64)
     best = torch.full((0, num_features), -1.0)  # (<= K, F)
@@ -130,6 +146,8 @@ def feature_statistics(concepts: Concepts, tokens: Tokens, top: int = TOP_ACTIVA
             merged_rows = torch.cat([best_row, rows + base + first])
             best, order = merged.topk(min(top, len(merged)), dim=0)  # ties: torch's order, deterministic on the CPU
             best_row = merged_rows.gather(0, order)
+            if progress:
+                progress(count, every)
         base += len(chunk.tokens)
     rows = best_row.numpy()
     return FeatureStatistics(firing_rate=fired / max(count, 1), mean_activation=total / np.maximum(fired, 1),
@@ -162,15 +180,22 @@ def held_out_metrics(concepts: Concepts, tokens: Tokens) -> dict[str, float]:
 
 
 def splice_metrics(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, workers: int = 0,
-                   batch_size: int = 8) -> dict[str, float]:
+                   batch_size: int = 8, progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Over the held-out images: the share whose top-1 is unchanged, and the mean KL(p || p_spliced) in nats, when
-    block L's patch tokens are replaced by their reconstruction (prefix tokens untouched)."""
+    block L's patch tokens are replaced by their reconstruction (prefix tokens untouched). progress(images done, of
+    the held-out images) after each batch."""
     mask = held_out(plan.names)
     sources = [source for source, held in zip(plan.sources(), mask, strict=True) if held]
     agree, divergence, count = 0, 0.0, 0
     if sources:
         batches = consecutive_batches(0, len(sources), batch_size)
-        for _, x, _ in image_loader(loaded, sources, batch_size, workers, batches=batches):
+        done = 0
+        if progress:
+            progress(0, len(sources))
+        for decoded, x, failed in image_loader(loaded, sources, batch_size, workers, batches=batches):
+            done += len(decoded) + len(failed)
+            if progress:
+                progress(done, len(sources))
             if x is None:
                 continue
             plain = spliced_logits(loaded, x, concepts.layer, None).log_softmax(-1).double()  # (B, C)

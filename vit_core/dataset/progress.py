@@ -26,8 +26,10 @@ class ProgressLines:
     seconds after the last line, and at the end; rate and time left from this run's files so far."""
 
     def __init__(self, stream: TextIO, label: str = "images", percent: int = 5, every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, items: str = "files", per: str = "images") -> None:
+        """`items`: what `done` counts ("files"); `per`: the rate's unit ("images": images/s)."""
         self.stream, self.label, self.percent, self.every_s, self.clock = stream, label, percent, every_s, clock
+        self.items, self.per = items, per
         self.started = clock()
         self.last_line = self.started
         self.next_percent = percent
@@ -48,5 +50,6 @@ class ProgressLines:
         left = (total - done) / rate if rate > 0 else float("nan")
         tail = f"done in {duration(elapsed)}" if self.finished else (
             f"about {duration(left)} left" if rate > 0 else "time left not known yet")
-        self.stream.write(f"{self.label}: {done:,} of {total:,} files ({share:.0f}%), {rate:.1f} images/s, {tail}\n")
+        self.stream.write(f"{self.label}: {done:,} of {total:,} {self.items} ({share:.0f}%), {rate:.1f} {self.per}/s, "
+                          f"{tail}\n")
         self.stream.flush()
