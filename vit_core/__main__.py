@@ -121,6 +121,10 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     analyze.add_argument("--tests", type=_tests, default=EXPORT_TESTS, metavar="all|T[,T...]",
                          help="with --explain: the faithfulness tests to run, 'all' or a comma-separated list of "
                               f"{', '.join(FAITHFULNESS_TESTS)} (default: {','.join(EXPORT_TESTS)})")
+    analyze.add_argument("--lens", action="append", default=[], metavar="FILE.py|MODULE|NAME",
+                         help="run the lenses a Python file or module declares (@lens from vit_core.lenses), or a "
+                              "built-in lens by name (attention_logits), on each image: their arrays go into the .npz "
+                              "as <lens>.<key>; repeatable")
 
     dataset = commands.add_parser("dataset", help="analyse every image under a folder; write dataset.npz, dataset.json "
                                   "and mean_attention_distance.png")
@@ -416,7 +420,7 @@ def analyze(args: argparse.Namespace) -> int:
     if args.mask and len(args.mask) != len(args.images):
         _fail(f"--mask: {len(args.mask)} mask(s) for {len(args.images)} image(s); give one per image, in the same order")
         return EXIT_FAILURES
-    if _inputs_missing(args) or _refused_before_loading(args):
+    if _inputs_missing(args) or _refused_before_loading(args) or not _lenses_loaded(args):
         return EXIT_FAILURES
     why = arguments.target_refused(args.target, args.model, args.labels)
     if why:
@@ -452,6 +456,18 @@ def _present(images: list[Path], masks: list[Path] | None) -> tuple[list[Path], 
     return kept, kept_masks if masks else None
 
 
+def _lenses_loaded(args: argparse.Namespace) -> bool:
+    """Imports the --lens files into `args.lenses` before any model loads; one line and False when one can't be used."""
+    from .lenses import LensError, lenses_of
+
+    try:
+        args.lenses = lenses_of(args.lens)
+    except LensError as e:
+        _fail(str(e))
+        return False
+    return True
+
+
 def _steps_refused(args: argparse.Namespace, loaded: LoadedModel) -> bool:
     """Says in one line whether --steps asks for more steps than the model has patches (True: the command stops): a
     curve removes at least one patch per step, and each step holds a copy of the image in memory."""
@@ -472,6 +488,7 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     from .export import analysis_arrays, explanation_export, json_bytes, npz_bytes, summary
     from .images import MAX_FILE_BYTES, load_image
     from .images.files import read_input
+    from .lenses import sites_of
     from .runtime.devices import describe_device
 
     device_name = describe_device(loaded.device)
@@ -481,9 +498,15 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         try:
             image = load_image(read_input(path, MAX_FILE_BYTES), loaded.decode_min_side)  # an unreadable path: its own line
             mask = None if mask_path is None else _read_mask(mask_path)
-            cap = run_with_capture(loaded, image)
+            cap = run_with_capture(loaded, image, sites=sites_of(args.lenses))
             arrays, described = analysis_arrays(loaded, cap), {"image": str(path), **summary(loaded, cap, args.topk),
                                                            "device": device_name}
+            if args.lenses:
+                lens_arrays, described["lenses"], failed = _lens_results(args.lenses, cap)
+                arrays |= lens_arrays
+                for sentence in failed:
+                    failures += 1
+                    _fail(f"{path}: {sentence}")
             if args.explain:
                 extra_arrays, extra_summary = explanation_export(loaded, cap, image, args.target, args.steps,
                                                                  mask=mask, tests=args.tests)
@@ -501,6 +524,21 @@ def _analyze_each(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
             failures += 1
             _fail(f"{path}: {_os_reason(e, path)}")
     return EXIT_FAILURES if failures else 0
+
+
+def _lens_results(lenses: list, cap) -> tuple[dict, list[dict], list[str]]:
+    """Every lens's arrays on `cap` (`<lens>.<key>`), the .json's "lenses" (each with "failed": its sentence when it
+    raised) and the sentences of those that failed: one lens failing leaves the others' arrays."""
+    from .lenses import LensError, arrays_of, summary
+
+    arrays, described, failed = {}, summary(lenses), []
+    for one, entry in zip(lenses, described, strict=True):
+        try:
+            arrays |= arrays_of(one, cap)
+        except LensError as e:
+            entry["failed"] = str(e)
+            failed.append(str(e))
+    return arrays, described, failed
 
 
 def prediction_text(loaded: LoadedModel, cap) -> str:

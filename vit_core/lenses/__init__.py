@@ -1,0 +1,172 @@
+"""Lenses: a per-image analysis as one declared unit, found by name (docs/spec/interface.md, "Your own lens").
+
+A lens is a function of one capture that returns a dict of arrays, declared with the sites it reads:
+
+    from vit_core.lenses import lens
+
+    @lens("qk", sites=["blocks.*.attn.q", "blocks.*.attn.k"])
+    def qk(cap):                                        # cap: vit_core.Capture, read with cap.site(name)
+        q, k = cap.site("blocks.*.attn.q"), cap.site("blocks.*.attn.k")   # (L, H, T, d_head) each
+        return {"scores": q @ k.swapaxes(-1, -2)}       # (L, H, T, T)
+
+`vit-lens analyze --lens FILE.py|module|name` runs every lens a file or module registers (or a built-in lens by
+name: `BUILTIN`) on each image; its arrays go into the image's .npz as `<lens>.<key>`. A lens file is code: it
+is loaded only from a command line or environment, never from anything a page's user sends.
+
+This module imports nothing heavy (no torch, no numpy at import), so that a lens file, and `--help`, load at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from ..errors import ViTLensError
+from ..sites import SiteError, site_names
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..capture import Capture
+
+BUILTIN = {"attention_logits": "vit_core.lenses.attention_logits"}  # built-in lens name -> the module that declares it
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_ANY_DEPTH = 10**6  # a site name is checked against this many blocks before a model is known
+
+
+class LensError(ViTLensError):
+    """A lens file that can't be used (missing, can't be imported, registers nothing), or a lens that failed on an image."""
+
+
+@dataclass(frozen=True)
+class Lens:
+    name: str  # the prefix of its arrays: <name>.<key>
+    sites: tuple[str, ...]  # the sites it reads beyond the default capture (vit_core.sites names)
+    compute: Callable[[Capture], Mapping[str, Any]]  # capture -> {key: array}
+    spec: str = ""  # where its definition is (docs/spec/analyses.md's heading), for built-in lenses
+    source: str = ""  # the file or module it was loaded from
+    sha256: str = ""  # of that file (a module: of its file), recorded beside the results
+
+
+_registry: dict[str, Lens] = {}  # every lens declared in this process, by name
+
+
+def lens(name: str, sites: Iterable[str] = (), *, spec: str = "") -> Callable[[Callable], Callable]:
+    """Declare `compute(cap) -> {key: array}` a lens named `name` that reads `sites` (checked here: a name that isn't
+    a site raises SiteError). Returns the function unchanged."""
+    if not _NAME.fullmatch(name):
+        raise LensError(f"lens name {name!r}: use letters, digits, _ and - (it prefixes the lens's arrays: <name>.<key>).")
+    sites = tuple(sites)
+    for site in sites:
+        site_names(site, _ANY_DEPTH)
+
+    def declare(compute: Callable) -> Callable:
+        _registry[name] = Lens(name, sites, compute, spec=spec, source=getattr(compute, "__module__", ""))
+        return compute
+
+    return declare
+
+
+def _module_file_sha256(module: Any) -> str:
+    path = getattr(module, "__file__", None)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
+
+
+def _declared_by(module_name: str) -> list[Lens]:
+    return [found for found in _registry.values() if found.source == module_name]
+
+
+def _import_file(path: Path) -> Any:
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"vit_lens_user_{path.stem.replace('-', '_')}_{digest}"  # one module per file, whatever its stem
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def load_lenses(given: str) -> list[Lens]:
+    """The lenses `given` declares: a built-in lens's name (`BUILTIN`), a Python file (its path) or an importable
+    module's name. Raises LensError in one sentence: not there, can't be imported (the error it raised), declares
+    no lens. The file is imported once per process."""
+    path = Path(given)
+    try:
+        if given in BUILTIN:
+            module = importlib.import_module(BUILTIN[given])
+            return [_registry[given]]
+        if given.endswith(".py") or path.exists():
+            if not path.is_file():
+                raise LensError(f"--lens {given}: no such file.")
+            module = _import_file(path)
+        else:
+            module = importlib.import_module(given)
+    except LensError:
+        raise
+    except SiteError as e:
+        raise LensError(f"--lens {given}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a lens file is the user's code: any error it raises on import is theirs to read
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise LensError(f"--lens {given}: can't import it ({reason}).") from None
+    found = _declared_by(module.__name__)
+    if not found:
+        raise LensError(f"--lens {given}: it declares no lens (decorate a function with @lens(\"name\", sites=[...]) "
+                        "from vit_core.lenses).")
+    sha = _module_file_sha256(module)
+    return [Lens(f.name, f.sites, f.compute, spec=f.spec, source=given, sha256=sha) for f in found]
+
+
+def lenses_of(given: Sequence[str]) -> list[Lens]:
+    """Every lens of each of `given` (`load_lenses`), in order. Raises LensError when two have the same name."""
+    lenses: dict[str, Lens] = {}
+    for one in given:
+        for found in load_lenses(one):
+            if found.name in lenses and lenses[found.name].source != found.source:
+                raise LensError(f"--lens {one}: a lens named {found.name!r} came already from {lenses[found.name].source}.")
+            lenses[found.name] = found
+    return list(lenses.values())
+
+
+def sites_of(lenses: Iterable[Lens]) -> list[str]:
+    """The sites `lenses` read, each once, in order: what `run_with_capture(..., sites=...)` is asked for."""
+    return list(dict.fromkeys(site for one in lenses for site in one.sites))
+
+
+def arrays_of(one: Lens, cap: Capture) -> dict[str, np.ndarray]:
+    """`one`'s arrays on `cap`, keyed `<lens>.<key>`, as numeric numpy arrays. Raises LensError in one sentence
+    naming the lens when it raises or returns anything but a dict of numeric arrays."""
+    import numpy as np
+
+    try:
+        result = one.compute(cap)
+        if not isinstance(result, Mapping):
+            raise TypeError(f"it returned {type(result).__name__}, not a dict of arrays")
+        arrays = {}
+        for key, value in result.items():
+            array = np.asarray(value)
+            if not isinstance(key, str) or not _NAME.fullmatch(key.replace(".", "_")):
+                raise TypeError(f"key {key!r} is not a name")
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"{key!r} is {array.dtype}, not numbers")
+            arrays[f"{one.name}.{key}"] = array
+        return arrays
+    except Exception as e:  # noqa: BLE001 - the lens is the user's code: whatever it raises is said, the other lenses still run
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise LensError(f"lens {one.name!r} failed: {reason}") from None
+
+
+def summary(lenses: Iterable[Lens]) -> list[dict[str, Any]]:
+    """The `.json`'s "lenses": each lens's name, sites, source and the SHA-256 of its file."""
+    return [{"name": one.name, "sites": list(one.sites), "source": one.source, "sha256": one.sha256} for one in lenses]
