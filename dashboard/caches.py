@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +42,7 @@ from dashboard.models import FailureMemory, ModelRequest, build_model
 from dashboard.server import process
 from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, one_each
 from vit_core import analyses, concepts, explain, export, serving
+from vit_core.concepts.folders import ConceptsFolder, check_for_model, open_folder
 from vit_core.images import DRAFT_MIN_SIDE
 from vit_core.loading.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
 
@@ -436,21 +439,38 @@ def cached_figure(build: Callable[..., bytes], source: figure_keys.FigureSource,
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _concepts(path: str, stamp: int) -> tuple[concepts.Concepts, dict[str, Any]]:
-    return concepts.load_concepts(path), concepts.read_summary(path)
+def _concepts(folder: str, stamp: tuple[int, ...]) -> ConceptsFolder:
+    return open_folder(Path(folder))
 
 
-def loaded_concepts(path: str) -> tuple[str, concepts.Concepts, dict[str, Any]]:
-    """The concepts at `path` (a run's folder or its concepts.safetensors) with their concepts.json, and the key that
-    names them in other caches (the file and its modification time: a rerun's new file is loaded again). Raises
-    ConceptsError."""
-    file = concepts.concepts_path(path)
+def loaded_concepts(folder: str) -> tuple[str, ConceptsFolder]:
+    """The concepts in `folder` (absolute: a server's offered folder, or a single user's typed one), read and checked
+    once (vit_core.concepts.folders.open_folder), and the key that names them in other caches (the folder and its
+    files' modification times: a rerun's new files are read again). Raises ConceptsError."""
+    stamp = []
+    for name in (concepts.CONCEPTS_FILE, concepts.SUMMARY_FILE):
+        try:
+            stamp.append(os.stat(Path(folder) / name).st_mtime_ns)
+        except OSError:
+            stamp.append(-1)  # open_folder says why, if it matters
+    resolved = str(Path(folder).resolve())
+    return f"{resolved}|{stamp[0]}|{stamp[1]}", _concepts(resolved, tuple(stamp))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _model_check(concepts_key: str, num_layers: int, grid: tuple[int, int], _opened: ConceptsFolder) -> str:
     try:
-        stamp = file.stat().st_mtime_ns
-    except OSError as e:
-        raise concepts.ConceptsError(f"{file}: {e.strerror or e}. Give the folder `vit-lens concepts` wrote.") from None
-    resolved = str(file.resolve())
-    return f"{resolved}|{stamp}", *_concepts(resolved, stamp)
+        check_for_model(_opened, num_layers, grid)
+    except concepts.ConceptsError as e:
+        return str(e)
+    return ""
+
+
+def concepts_model_check(concepts_key: str, opened: ConceptsFolder, loaded: LoadedModel) -> str:
+    """Why the concepts don't fit `loaded`'s blocks and grid ("" when they do), checked once per concepts and model
+    shape (concepts.json's top patches can number a million)."""
+    g = loaded.geometry
+    return _model_check(concepts_key, g.num_layers, tuple(g.grid), opened)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -479,14 +499,14 @@ def concept_removed_logits(request: ModelRequest, loaded: LoadedModel, image: Im
 
 @st.cache_resource(max_entries=128, show_spinner=False)
 def _feature_crops(model_key: str, concepts_key: str, feature: int, count: int, _loaded: LoadedModel,
-                   _folder: str, _top: tuple) -> list[tuple[np.ndarray, float]]:
-    return concepts.top_crops(_loaded, _folder, _top, count)
+                   _images: Path | None, _top: tuple) -> list[tuple[np.ndarray, float]]:
+    return concepts.top_crops(_loaded, _images, _top, count)
 
 
-def feature_crops(request: ModelRequest, loaded: LoadedModel, concepts_key: str, summary: dict[str, Any], feature: int,
+def feature_crops(request: ModelRequest, loaded: LoadedModel, concepts_key: str, opened: ConceptsFolder, feature: int,
                   count: int) -> list[tuple[np.ndarray, float]]:
     """A feature's top patches from the folder it was learned on (crops around them, with their activations); none
-    where the folder is not on this machine."""
-    entries = summary.get("features", [])
+    where the folder is not on this machine, and none of a file outside it."""
+    entries = opened.summary.get("features", [])
     top = entries[feature].get("top", []) if feature < len(entries) else []
-    return _feature_crops(request.key, concepts_key, feature, count, loaded, summary.get("folder", ""), tuple(top))
+    return _feature_crops(request.key, concepts_key, feature, count, loaded, opened.images, tuple(top))

@@ -1,7 +1,7 @@
 """Start the dashboard server with the slow start-up work done before the first visitor arrives.
 
-    vit-lens dashboard [--device D] [streamlit options]                # the installed command (dashboard/cli.py)
-    python -m dashboard.serve [--device D] [streamlit options]         # the same
+    vit-lens dashboard [--device D] [--concepts DIR ...] [streamlit options]   # the installed command (dashboard/cli.py)
+    python -m dashboard.serve [--device D] [--concepts DIR ...] [streamlit options]   # the same
 
 It is `streamlit run <this package's app.py> [streamlit options]`, from any working directory: the
 server settings live beside app.py in dashboard/.streamlit/config.toml, which Streamlit reads as the
@@ -18,6 +18,9 @@ bundled model, which is loaded here too. The start-up model is pinned (dashboard
 The models run on one device for the whole server: `--device D` (auto, cpu, cuda, cuda:N or mps) sets
 $VIT_LENS_DEVICE (dashboard.models.server_device), checked here before anything starts: a device this
 machine doesn't have stops the server with one line, not a traceback on every page.
+
+`--concepts DIR` (again for each folder; or $VIT_LENS_CONCEPTS) names a concept folder the Concepts tabs offer by its
+name, beside the bundled ones: a server that others reach takes no path from a page (dashboard.views.concepts).
 
 With weights uploads off (`VIT_LENS_WEIGHTS_UPLOADS=off`, docs/serving.md), the server's own
 upload cap drops from the weights size (400 MB) to the image size (25 MB), unless a
@@ -86,6 +89,19 @@ def warm_up() -> None:
     _logger.info("%s", onednn.choices_line(onednn.choices()))  # made by the first capture, for a burst's thread count
 
 
+def offered_concepts() -> list[str]:
+    """The names of the concept folders the Concepts tabs offer (the bundled ones, then --concepts and
+    $VIT_LENS_CONCEPTS), each folder checked now: one that is not a concepts folder stops the server with one line."""
+    from vit_core import settings
+    from vit_core.concepts import ConceptsError
+    from vit_core.concepts.folders import offered_folders
+
+    try:
+        return list(offered_folders(settings.CONCEPTS.text()))
+    except ConceptsError as e:
+        raise SystemExit(f"vit-lens dashboard: --concepts or {settings.CONCEPTS.name}: {e}") from None
+
+
 def upload_cap_flags(argv: list[str]) -> list[str]:
     """Streamlit options to add to `argv`: the server-wide upload cap at the image size when no session
     may upload weights (and `argv` sets no cap of its own)."""
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None, *, whole_process: bool | None = None) ->
         _logger.info("models run on %s", describe_device(models.server_device()))
     except DeviceError as e:
         raise SystemExit(f"vit-lens dashboard: {e}") from None  # one line on stderr, exit status 1
+    _logger.info("concepts offered: %s", ", ".join(offered_concepts()) or "none")
     process.prepare_process(upload_limits)  # once per process: the app's own call is then a no-op
     threading.Thread(target=warm_up, name="vit-lens-warm-up", daemon=True).start()
     from streamlit.web import cli

@@ -108,8 +108,13 @@ STATIC_LESSON = Setting("VIT_LENS_STATIC_LESSON", "text", "",
                         "The address of the class's static lesson (`vit-lens export-web`), which the Lesson page "
                         "links to; empty: the page names the command.", "server")
 
+CONCEPTS = Setting("VIT_LENS_CONCEPTS", "text", "",
+                   "Concept folders (`vit-lens concepts` DIRs, separated by `:`, `;` on Windows) that the Concepts tabs "
+                   "offer by their names, beside the bundled Shapes ViT concepts; `--concepts DIR` adds one.", "server")
+
 ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
-                            TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES, STATIC_LESSON)
+                            TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES, STATIC_LESSON,
+                            CONCEPTS)
 
 
 def check_all(env: Mapping[str, str] | None = None) -> None:

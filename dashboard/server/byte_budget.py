@@ -18,16 +18,15 @@ quarter of the machine's memory (the container's limit where there is one), betw
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields, is_dataclass
-from pathlib import Path
 from typing import Any, Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
 from vit_core import settings
+from vit_core.runtime import memory_limit_bytes
 
 _logger = logging.getLogger(__name__)
 
@@ -51,19 +50,7 @@ def nbytes_of(value: Any) -> int:
 
 def _memory_limit_bytes() -> int | None:
     """The container's memory limit (cgroup v2 or v1) or the machine's memory, whichever is smaller."""
-    limits = []
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
-            limits.append(int(text))
-    try:
-        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        pass
-    return min(limits) if limits else None
+    return memory_limit_bytes()
 
 
 def default_capture_budget() -> int:

@@ -28,6 +28,7 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     again with huge pages where they are asked for and `whole_process` says it may replace itself, and a
     `--device D` option set as $VIT_LENS_DEVICE (read by dashboard.models.server_device in this process), and the
     log's format set.
+    Each `--concepts DIR` is added to $VIT_LENS_CONCEPTS (the concept folders the server offers).
     Returns (the device option's value, None if not given; the other arguments, for `streamlit run`)."""
     one_blas_thread()
     try:
@@ -39,6 +40,10 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     device, argv = split_device_option(argv)
     if device is not None:
         os.environ[settings.DEVICE.name] = device
+    folders, argv = split_concepts_option(argv)
+    if folders:  # added to the setting's own, as absolute paths: the server's working folder is the one they meant
+        given = [entry for entry in settings.CONCEPTS.text().split(os.pathsep) if entry]
+        os.environ[settings.CONCEPTS.name] = os.pathsep.join([*given, *(os.path.abspath(f) for f in folders)])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return device, argv
 
@@ -100,3 +105,27 @@ def split_device_option(argv: list[str]) -> tuple[str | None, list[str]]:
             rest.append(arg)
         i += 1
     return device, rest
+
+
+CONCEPTS_OPTION = "--concepts"
+
+
+def split_concepts_option(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the folders of every `--concepts DIR` / `--concepts=DIR`, in order; the other arguments): Streamlit has no
+    such option. A `--concepts` without a folder stops the server with one line."""
+    folders, rest = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == CONCEPTS_OPTION:
+            if i + 1 == len(argv) or argv[i + 1].startswith("--"):
+                raise SystemExit(f"vit-lens dashboard: {CONCEPTS_OPTION} needs a folder that `vit-lens concepts` wrote.")
+            folders.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith(CONCEPTS_OPTION + "="):
+            folders.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return folders, rest

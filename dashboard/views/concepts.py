@@ -27,8 +27,9 @@ from dashboard.views.context import (
     no_head,
     show_picture,
 )
-from vit_core import analyses
+from vit_core import analyses, settings
 from vit_core.concepts import Concepts, ConceptsError
+from vit_core.concepts.folders import offered_folders, outside_files, typed_folder
 from vit_core.loading.model import LoadedModel
 
 FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
@@ -37,8 +38,8 @@ MAP_PX = 160
 
 
 def _feature_map_png(ctx: ViewContext, path: str, concepts_key: str, feature: int) -> bytes:
-    _, found, _ = caches.loaded_concepts(path)
-    seen = caches.image_concepts(ctx.request, ctx.image, concepts_key, found, ctx.cap)
+    _, opened = caches.loaded_concepts(path)
+    seen = caches.image_concepts(ctx.request, ctx.image, concepts_key, opened.concepts, ctx.cap)
     g = ctx.loaded.geometry
     activation = seen.codes[:, feature].reshape(g.grid)  # (N,) -> (gh, gw)
     return figures.encode(concept_figures.feature_map_image(ctx.cap.input_image, activation, g.patch_size, MAP_PX), "png")
@@ -46,16 +47,16 @@ def _feature_map_png(ctx: ViewContext, path: str, concepts_key: str, feature: in
 
 def folder_crops_png(model: ModelSource, path: str, concepts_key: str, feature: int) -> bytes:
     """A feature's top patches from the folder it was learned on, side by side (the Many images page's too)."""
-    _, _, summary = caches.loaded_concepts(path)
-    crops = caches.feature_crops(model.request, model.loaded, concepts_key, summary, feature, CROPS_SHOWN)
+    _, opened = caches.loaded_concepts(path)
+    crops = caches.feature_crops(model.request, model.loaded, concepts_key, opened, feature, CROPS_SHOWN)
     return figures.encode(concept_figures.crops_row_image([crop for crop, _ in crops]), "png")
 
 
 def _prediction_change_png(ctx: ViewContext, path: str, concepts_key: str, feature: int) -> bytes:
-    _, found, _ = caches.loaded_concepts(path)
+    _, opened = caches.loaded_concepts(path)
     before = ctx.cap.probs
     after = analyses.softmax(caches.concept_removed_logits(ctx.request, ctx.loaded, ctx.image, ctx.cap, concepts_key,
-                                                           found, feature))
+                                                           opened.concepts, feature))
     classes = list(dict.fromkeys([int(i) for i in np.argsort(-before, kind="stable")[:TARGET_CHOICES]]
                                  + [int(i) for i in np.argsort(-after, kind="stable")[:TARGET_CHOICES]]))
     return intervention_figures.prediction_change_png([ctx.loaded.label(c) for c in classes], before[classes].tolist(),
@@ -69,41 +70,101 @@ def _ranked(logits: np.ndarray, labels) -> str:
 
 @dataclass(frozen=True)
 class PickedConcepts:
-    """A concepts folder the user gave, loaded and made for the current model."""
+    """A concepts folder the user chose, opened, checked and made for the current model."""
 
-    path: str  # as typed
+    path: str  # the folder (absolute), as caches.loaded_concepts takes it
     key: str  # caches.loaded_concepts's: names these concepts in other caches
     found: Concepts
     summary: dict[str, Any]  # concepts.json ({} where there is none)
+    images: Path | None  # the folder the concepts were learned from
 
 
-def concepts_picker(loaded: LoadedModel, key: str, empty: str) -> PickedConcepts | None:
-    """The box for a concepts folder on the server (widget `key`), its concepts loaded and checked against `loaded`.
-    None when there are none to use: `empty` (Markdown) shown when the box is empty, else the one line that says why
-    (can't be read, another model's)."""
-    path = st.text_input("Concepts: the folder `vit-lens concepts` wrote (or its concepts.safetensors), on the server",
-                         key=key, placeholder="/path/to/DIR").strip()
-    if not path:
-        st.markdown(empty)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+TYPED = "A folder on this machine..."  # the choice that shows the path box, where there is one
+
+
+def typed_paths_allowed() -> bool:
+    """Whether a typed path may name a folder on the server: only for a single user on their own machine, a server
+    listening on loopback alone (`--server.address 127.0.0.1`) with weights uploads and any model on. A server that
+    others reach offers its folders by name only (docs/serving.md, "Concepts for a class")."""
+    address = str(st.get_option("server.address") or "")
+    return address in LOOPBACK and settings.WEIGHTS_UPLOADS.on() and settings.ANY_MODEL.on()
+
+
+def offered() -> dict[str, Path]:
+    """Name -> folder: the bundled concepts and the teacher's (VIT_LENS_CONCEPTS, checked at the server's start)."""
+    try:
+        return offered_folders(settings.CONCEPTS.text())
+    except ConceptsError:  # the server refused to start on it; a plain `streamlit run` offers the bundled ones
+        return offered_folders("")
+
+
+def _default_choice(choices: list[str], folders: dict[str, Path], loaded: LoadedModel) -> int:
+    """The first offered folder learned for this model (its index among the choices, none first), else none."""
+    for i, name in enumerate(choices):
+        try:
+            if name in folders and caches.loaded_concepts(str(folders[name]))[1].concepts.model == loaded.name:
+                return i + 1
+        except ConceptsError:
+            continue
+    return 0
+
+
+def _chosen_folder(loaded: LoadedModel, key: str) -> tuple[str, Path] | None:
+    """The folder chosen in widget `key` (by name, or typed where `typed_paths_allowed`): (what to call it, folder)."""
+    folders = offered()
+    choices = [*folders, *([TYPED] if typed_paths_allowed() else [])]
+    choice = st.selectbox("Concepts", [None, *choices], key=key, index=_default_choice(choices, folders, loaded),
+                          format_func=lambda c: "none" if c is None else c,
+                          help="the concept folders this server offers (`vit-lens dashboard --concepts DIR`)")
+    if choice is None:
+        return None
+    if choice != TYPED:
+        return (choice, folders[choice]) if choice in folders else None
+    base = Path.cwd()
+    text_ = st.text_input("The folder `vit-lens concepts` wrote (or its concepts.safetensors)", key=f"{key}_path",
+                          placeholder="/path/to/DIR", help=f"a relative path is relative to {base}").strip()
+    if not text_:
         return None
     try:
-        concepts_key, found, summary = caches.loaded_concepts(path)
+        return text_, typed_folder(text_, base)
     except ConceptsError as e:
         st.error(str(e))
         return None
+
+
+def concepts_picker(loaded: LoadedModel, key: str, empty: str) -> PickedConcepts | None:
+    """The choice of a concepts folder (widget `key`), its concepts opened and checked once against the model and the
+    machine. None when there are none to use: `empty` (Markdown) shown when none is chosen, else the one line that
+    says why (can't be read, damaged, another model's)."""
+    chosen = _chosen_folder(loaded, key)
+    if chosen is None:
+        st.markdown(empty)
+        return None
+    name, folder = chosen
+    try:
+        concepts_key, opened = caches.loaded_concepts(str(folder))
+    except ConceptsError as e:
+        st.error(md(f"{name}: {e}"))
+        return None
+    found = opened.concepts
     if found.model != loaded.name or found.sae.d_model != loaded.geometry.embed_dim:
         st.warning(f"These concepts were learned for {md(found.model)}, not {md(loaded.name)}: choose that model, "
                    "or learn concepts for this one.")
         return None
+    why = caches.concepts_model_check(concepts_key, opened, loaded)
+    if why:
+        st.error(md(f"{name}: {why}"))
+        return None
     if found.weights and found.weights != loaded.weights:
         st.caption(f"Learned with the weights {md(found.weights)}; this model has {md(loaded.weights)}.")
-    return PickedConcepts(path, concepts_key, found, summary)
+    return PickedConcepts(str(opened.folder), concepts_key, found, opened.summary, opened.images)
 
 
 def folder_metrics(picked: PickedConcepts, columns: Sequence) -> None:
     """The folder's held-out FVU and spliced top-1 agreement (concepts.json), in two of the page's columns."""
     summary = picked.summary
-    if summary:
+    if "fvu" in summary and "spliced_top1_agreement" in summary:
         columns[0].metric("Held-out FVU of the folder", f"{summary['fvu']:.3f}",
                           help=f"over the {summary.get('held_out_images', 0)} images held out of training")
         columns[1].metric("Spliced top-1 agreement", f"{summary['spliced_top1_agreement']:.0%}",
@@ -112,11 +173,16 @@ def folder_metrics(picked: PickedConcepts, columns: Sequence) -> None:
 
 
 def folder_note(picked: PickedConcepts) -> None:
-    """A caption when the folder the concepts were learned from is not on this server (its crops can't be shown)."""
-    folder = picked.summary.get("folder", "")
-    if not folder or not Path(folder).is_dir():  # concepts made elsewhere: the maps still show, the crops can't
+    """A caption when the folder the concepts were learned from is not on this server (its crops can't be shown), and
+    one when some top patches name files outside it (skipped)."""
+    if picked.images is None or not picked.images.is_dir():  # concepts made elsewhere: the maps show, the crops can't
+        folder = picked.summary.get("folder", "")
         st.caption(f"The folder the concepts were learned from ({md(folder or 'not named')}) is not on this server: its "
                    "top patches can't be shown.")
+        return
+    outside = sum(outside_files(picked.images, entry.get("top", [])) for entry in picked.summary.get("features", []))
+    if outside:
+        st.caption(f"{outside:,} top patches name files outside the folder the concepts were learned from: skipped.")
 
 
 def folder_feature(picked: PickedConcepts, feature: int) -> dict[str, Any]:

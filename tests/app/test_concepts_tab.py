@@ -1,7 +1,8 @@
-"""The Concepts tab on the Shapes ViT: concepts learned by `vit-lens concepts` from a small drawn folder, given by
-path; the image's strongest features (maps and top patches), its reconstruction error (checked against
-vit_core.concepts), and "remove this concept" with the prediction before and after. A file of another model, or no
-file, is said in one line and the tab keeps working."""
+"""The Concepts tab on the Shapes ViT: the bundled concepts out of the box, and concepts learned by `vit-lens
+concepts` from a small drawn folder, offered by the server by name (typed as a path only by a single user); the
+image's strongest features (maps and top patches), its reconstruction error (checked against vit_core.concepts), and
+"remove this concept" with the prediction before and after. A file of another model, a damaged or hostile one, or
+no file, is said in one line and the tab keeps working."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from dashboard import session
 from dashboard.image_choice import ImageChoice
 from dashboard.models import ModelRequest
 from dashboard.views import VIEWS
+from dashboard.views.concepts import TYPED
 from dashboard.views.context import ViewContext
 from support.dataset_folder import shapes_concepts
 from vit_core.concepts import image_concepts, load_concepts, logits_with_concept_removed
+from vit_core.concepts.folders import BUNDLED_DIR, BUNDLED_NAME
 from vit_core.teaching.data import sample_image
 
 SHAPES = "vit-lens/shapes-vit"
@@ -59,15 +62,45 @@ def test_the_tab_is_among_the_research_tools():
     assert list(VIEWS)[-1] == "Concepts"
 
 
-def test_without_concepts_the_tab_says_how_to_make_them():
+@pytest.fixture
+def offered(concepts_dir, monkeypatch) -> str:
+    """The test's concepts offered as a teacher's folder (VIT_LENS_CONCEPTS): their name in the tab's list."""
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(concepts_dir))
+    return concepts_dir.name
+
+
+@pytest.fixture
+def single_user(monkeypatch):
+    """A server on loopback alone with the single-user defaults: the one place a typed path is offered."""
+    from streamlit import config
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    monkeypatch.delenv("VIT_LENS_WEIGHTS_UPLOADS", raising=False)
+    monkeypatch.delenv("VIT_LENS_ANY_MODEL", raising=False)
+    yield
+    config.set_option("server.address", before)
+
+
+def test_the_bundled_concepts_open_with_the_shapes_vit_and_none_says_how_to_make_more():
+    ctx = shapes_context()
     at = run_view()
+    assert at.selectbox(key=session.K_CONCEPTS).value == BUNDLED_NAME
+    assert not at.error and not at.text_input  # a server that others may reach: no path box
+    seen = image_concepts(load_concepts(BUNDLED_DIR), ctx.cap)
+    assert at.metric[0].value == f"{seen.error:.3f}" and len(seen.strongest)
+    at.selectbox(key=session.K_CONCEPT_REMOVED).set_value(int(seen.strongest[0])).run()
+    assert_healthy(at)
+    assert any(f"After removing feature #{int(seen.strongest[0])}" in m.value for m in at.markdown)
+    at.selectbox(key=session.K_CONCEPTS).set_value(None).run()
     assert any("vit-lens concepts FOLDER" in m.value for m in at.markdown)
 
 
-def test_the_tab_shows_the_images_features_and_removes_one(concepts_dir):
+def test_the_tab_shows_the_images_features_and_removes_one(concepts_dir, offered):
     ctx = shapes_context()
     at = run_view()
-    at.text_input(key=session.K_CONCEPTS).set_value(str(concepts_dir)).run()
+    assert TYPED not in at.selectbox(key=session.K_CONCEPTS).options
+    at.selectbox(key=session.K_CONCEPTS).set_value(offered).run()
     assert_healthy(at)
     assert not at.error, [e.value for e in at.error]
     found = load_concepts(concepts_dir)
@@ -84,22 +117,52 @@ def test_the_tab_shows_the_images_features_and_removes_one(concepts_dir):
     assert f"After removing feature #{feature}" in shown and f"1. {after[0].label} ({after[0].prob:.1%})" in shown
 
 
-def test_concepts_of_another_model_or_no_file_are_said_in_one_line(concepts_dir, tmp_path):
-    at = run_view()
-    at.text_input(key=session.K_CONCEPTS).set_value(str(tmp_path / "nothing")).run()
+def test_a_class_server_takes_no_path(monkeypatch, single_user):
+    """Weights uploads off (the class settings) on loopback, or any address but loopback: names only."""
+    from streamlit import config
+
+    monkeypatch.setenv("VIT_LENS_WEIGHTS_UPLOADS", "off")
+    assert TYPED not in run_view().selectbox(key=session.K_CONCEPTS).options
+    monkeypatch.delenv("VIT_LENS_WEIGHTS_UPLOADS")
+    config.set_option("server.address", "0.0.0.0")
+    assert TYPED not in run_view().selectbox(key=session.K_CONCEPTS).options
+
+
+def typed(at: AppTest, path: str) -> AppTest:
+    at.selectbox(key=session.K_CONCEPTS).set_value(TYPED).run()
+    at.text_input(key=f"{session.K_CONCEPTS}_path").set_value(path).run()
     assert_healthy(at)
-    assert len(at.error) == 1 and "nothing" in at.error[0].value
+    return at
+
+
+def test_a_single_user_types_a_path_and_hostile_ones_are_refused_in_one_sentence(concepts_dir, tmp_path, single_user,
+                                                                                  monkeypatch):
+    import os
+
+    at = typed(run_view(), str(concepts_dir))
+    assert not at.error and at.metric, [e.value for e in at.error]
+    os.mkfifo(tmp_path / "concepts.safetensors")
+    monkeypatch.chdir(tmp_path.parent)
+    for path, said in ((tmp_path.name, "concepts.safetensors is not a regular file."),  # relative: the server's folder
+                       (str(tmp_path / "nothing"), "no such file or directory"),
+                       ("/" + "x" * 5000, "not a path this machine can have"),
+                       ("/dev", "no such file")):
+        at = typed(run_view(), path)
+        assert len(at.error) == 1 and said in at.error[0].value, (path, [e.value for e in at.error])
+        assert "Error" not in at.error[0].value and "\n" not in at.error[0].value
+
+
+def test_concepts_of_another_model_are_said_in_one_line(concepts_dir, tmp_path, single_user):
     other = load_concepts(concepts_dir)
     from vit_core.concepts import Concepts, concepts_bytes
 
     renamed = Concepts(other.sae, other.normalisation, "vit_tiny_patch16_224", "", other.layer)
     (tmp_path / "concepts.safetensors").write_bytes(concepts_bytes(renamed))
-    at.text_input(key=session.K_CONCEPTS).set_value(str(tmp_path)).run()
-    assert_healthy(at)
+    at = typed(run_view(), str(tmp_path))
     assert "vit_tiny_patch16_224" in at.warning[0].value
 
 
-def test_concepts_learned_elsewhere_still_show_their_maps(concepts_dir, tmp_path):
+def test_concepts_learned_elsewhere_still_show_their_maps(concepts_dir, tmp_path, monkeypatch):
     """A concepts folder copied from another machine: its FOLDER is not here, so the crops can't be shown (said in
     a caption); the maps and the removal still work."""
     import json
@@ -110,8 +173,25 @@ def test_concepts_learned_elsewhere_still_show_their_maps(concepts_dir, tmp_path
     shutil.copy(concepts_dir / "concepts.safetensors", moved)
     summary = json.loads((concepts_dir / "concepts.json").read_text())
     (moved / "concepts.json").write_text(json.dumps({**summary, "folder": "/nowhere/shapes"}))
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(moved))
     at = run_view()
-    at.text_input(key=session.K_CONCEPTS).set_value(str(moved)).run()
+    at.selectbox(key=session.K_CONCEPTS).set_value("moved").run()
     assert_healthy(at)
     assert not at.error
     assert any("/nowhere/shapes" in c.value and "not on this server" in c.value for c in at.caption)
+
+
+def test_damaged_concepts_show_one_sentence_not_an_exception(concepts_dir, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(concepts_dir, bad, ignore=shutil.ignore_patterns("tokens"))
+    summary = json.loads((concepts_dir / "concepts.json").read_text())
+    summary["features"][0]["top"] = [{"file": "x.png", "row": 99, "col": 0, "activation": 1.0}]
+    (bad / "concepts.json").write_text(json.dumps(summary))
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(bad))
+    at = run_view()
+    at.selectbox(key=session.K_CONCEPTS).set_value("bad").run()
+    assert_healthy(at)
+    assert len(at.error) == 1 and "grid" in at.error[0].value and not at.exception

@@ -1,5 +1,5 @@
 """The Many images page's Concepts section on the Shapes ViT: concepts learned by `vit-lens concepts` from a few drawn
-images (a small autoencoder), given by path; Find over a drawn Shapes set shows the set's strongest features (its
+images (a small autoencoder), offered by the server by name; Find over a drawn Shapes set shows the set's strongest features (its
 error checked against vit_core.concepts), and removing one shows the share of top-1s unchanged over the set."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dashboard.models import build_named_model
 from support.dataset_folder import shapes_concepts
 from vit_core import TEACHING_MODEL
 from vit_core.concepts import load_concepts, removal_agreement, set_concepts, set_logits_with_concept_removed, set_tokens
+from vit_core.concepts.folders import BUNDLED_NAME
 from vit_core.loading import teaching_model_available
 
 PAGE = "page_scripts/many_images.py"  # relative to dashboard/app.py
@@ -29,12 +30,13 @@ def concepts_dir(tmp_path_factory) -> Path:
 
 def test_the_section_finds_a_shapes_sets_concepts_and_removes_one(concepts_dir, monkeypatch):
     monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(concepts_dir))  # a teacher's folder, offered by name
     at = run_app(default_timeout=180)
     at.switch_page(PAGE).run()
     assert_healthy(at)
-    assert any("vit-lens concepts FOLDER" in m.value for m in at.markdown)  # no folder yet: how to make one
+    assert at.selectbox(key=session.K_MANY_CONCEPTS).value == BUNDLED_NAME  # the Shapes ViT's own, out of the box
     at.number_input(key=session.K_MANY_COUNT).set_value(COUNT).run()
-    at.text_input(key=session.K_MANY_CONCEPTS).set_value(str(concepts_dir)).run()
+    at.selectbox(key=session.K_MANY_CONCEPTS).set_value(concepts_dir.name).run()
     assert_healthy(at)
     at.button(key=session.K_MANY_CONCEPTS_FIND).click().run()
     assert_healthy(at)

@@ -79,6 +79,8 @@ def test_wheel_holds_both_packages_the_bundled_model_the_settings_and_the_comman
     assert {"vit_core/__main__.py", "vit_core/teaching/__init__.py", "dashboard/app.py", "dashboard/cli.py"} <= modules
     assert modules <= names  # every module of both packages, subpackages included
     assert {f"vit_core/assets/shapes_vit/{name}" for name in ASSETS} <= names
+    bundled = REPO / "vit_core" / "assets" / "shapes_concepts"  # the Concepts tab's concepts and their drawings
+    assert {p.relative_to(REPO).as_posix() for p in bundled.rglob("*") if p.is_file()} <= names
     assert settings == (REPO / SETTINGS).read_bytes()  # the one copy of the server settings
     assert "vit-lens = dashboard.cli:main" in scripts
     assert not any(n.startswith(tuple(f"{folder}/" for folder in (*NOT_SHIPPED, "scripts"))) for n in names)

@@ -29,6 +29,7 @@ from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
 from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
 from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, image_crop, patch_crop, top_crops
+from .folders import load_concepts
 from .image import SHOWN_FEATURES, ImageConcepts, image_concepts
 from .learn import (
     MEMORY_BUDGET,
@@ -49,7 +50,6 @@ from .sae import (
     TopKSAE,
     TrainingSettings,
     concepts_bytes,
-    load_concepts,
     read_summary,
     topk_codes,
     train_sae,

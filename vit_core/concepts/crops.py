@@ -46,10 +46,13 @@ def patch_crop(crop: np.ndarray, patch_size: tuple[int, int], row: int, col: int
     return np.asarray(im)
 
 
-def top_crops(loaded: LoadedModel, folder: str | Path, top: Sequence[dict[str, Any]], count: int,
+def top_crops(loaded: LoadedModel, folder: str | Path | None, top: Sequence[dict[str, Any]], count: int,
               cache: dict[str, np.ndarray | None] | None = None) -> list[tuple[np.ndarray, float]]:
-    """The first `count` of a feature's top activations ({file, row, col, activation}) as (crop, activation); files
-    that are gone or unreadable are left out. `cache`: file -> model crop, shared between features."""
+    """The first `count` of a feature's top activations ({file, row, col, activation}) as (crop, activation) from the
+    images under `folder`; files that are gone, unreadable or outside `folder` (folders.image_path) are left out.
+    `cache`: file -> model crop, shared between features."""
+    from .folders import image_path
+
     cache = {} if cache is None else cache
     crops = []
     for entry in top:
@@ -57,8 +60,9 @@ def top_crops(loaded: LoadedModel, folder: str | Path, top: Sequence[dict[str, A
             break
         name = entry["file"]
         if name not in cache:
+            path = image_path(Path(folder) if folder else None, name)
             try:
-                cache[name] = model_crop(loaded, Path(folder) / name)
+                cache[name] = model_crop(loaded, path) if path is not None else None
             except (ImageError, OSError):
                 cache[name] = None
         if cache[name] is not None:

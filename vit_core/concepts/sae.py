@@ -266,40 +266,6 @@ def concepts_bytes(concepts: Concepts) -> bytes:
     return save(tensors, metadata=metadata)
 
 
-def load_concepts(path: str | Path) -> Concepts:
-    """A concepts.safetensors (or the folder that holds it), checked: its format, and every tensor of the shape its
-    width D and feature count F give. Raises ConceptsError."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "concepts.safetensors"
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except (OSError, SafetensorError, ValueError) as e:
-        raise ConceptsError(f"{path} can't be read as a concepts file ({e}).") from None
-    if metadata.get("format") != FORMAT:
-        raise ConceptsError(f"{path} is not a ViT Lens concepts file (its format is {metadata.get('format')!r}).")
-    try:
-        num_features, d_model = tensors["W_enc"].shape
-        expected = {"W_enc": (num_features, d_model), "b_enc": (num_features,), "W_dec": (d_model, num_features),
-                    "b_pre": (d_model,), "norm_mean": (d_model,), "norm_scale": ()}
-        wrong = [key for key, shape in expected.items() if tuple(tensors[key].shape) != shape]
-        layer, k = int(metadata["layer"]), int(metadata["k"])
-        model, weights = metadata["model"], metadata.get("weights", "")
-    except (KeyError, ValueError) as e:
-        raise ConceptsError(f"{path} lacks part of a concepts file ({e}).") from None
-    if wrong:
-        raise ConceptsError(f"{path} is damaged: {', '.join(wrong)} of the wrong shape.")
-    sae = TopKSAE(d_model, num_features, k)
-    sae.load_state_dict({"W_enc": tensors["W_enc"].float(), "b_enc": tensors["b_enc"].float(),
-                         "decoder": tensors["W_dec"].float().T.contiguous(), "b_pre": tensors["b_pre"].float()})
-    normalisation = Normalisation(tensors["norm_mean"].float().numpy(), float(tensors["norm_scale"]))
-    return Concepts(sae.eval(), normalisation, model, weights, layer)
-
-
 def read_summary(folder: str | Path) -> dict:
     """concepts.json beside a concepts.safetensors (or in the folder); {} where there is none."""
     folder = Path(folder)

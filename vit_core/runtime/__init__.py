@@ -17,6 +17,24 @@ from .. import settings
 _logger = logging.getLogger(__name__)
 
 
+def memory_limit_bytes() -> int | None:
+    """The container's memory limit (cgroup v2 or v1) or the machine's memory, whichever is smaller; None where
+    neither can be read."""
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            limits.append(int(text))
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    return min(limits) if limits else None
+
+
 def one_blas_thread() -> None:
     """Ask numpy's OpenBLAS for one thread, unless the environment says otherwise; only has an effect before numpy is
     imported, so entry points call it first. On a small machine its threads spin against torch's (the filter PCA
