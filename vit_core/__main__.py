@@ -353,6 +353,10 @@ def _refused_before_loading(args: argparse.Namespace) -> bool:
     if why:
         _fail(f"--out {args.out}: {why}")
         refused = True
+    if getattr(args, "random_init", False) and args.model == arguments.TEACHING_MODEL:  # as --weights is: never ignored
+        _fail(f"--random-init: {args.model} comes with its own weights and has no random init; for a random ViT, name "
+              "a timm architecture (e.g. --model vit_tiny_patch16_224 --random-init).")
+        refused = True
     return refused
 
 

@@ -179,6 +179,34 @@ def test_a_weights_file_with_the_teaching_model_is_refused_not_ignored(image, tm
     _one_line(errors, TEACHING_MODEL, "takes no weights file")
 
 
+@pytest.mark.parametrize("command", ["analyze", "dataset", "concepts", "export-web"])
+def test_random_init_with_the_teaching_model_is_refused_not_ignored(command, image, tmp_path, capsys):
+    """Issue 53: --random-init gave the bundled weights without a word (and a rerun reused the pretrained run's parts).
+    The Shapes ViT has no random init: refused as --weights is, before anything loads."""
+    inputs = {"analyze": [image], "dataset": [image.parent], "concepts": [image.parent, "--layer", "1"],
+              "export-web": []}[command]
+    status, lines, errors = _run(capsys, command, *inputs, "--model", TEACHING_MODEL, "--random-init", "--out",
+                                 tmp_path / "out")
+    assert status == 2 and lines == []
+    _one_line(errors, "--random-init", "comes with its own weights", "vit_tiny_patch16_224")
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"hello, these are not weights\n", "it looks like text"),
+    (b"", "it is empty"),
+    (b"PK\x03\x04" + b"\0" * 100, "a zip archive without torch.save's records, or damaged"),
+])
+def test_a_pth_that_is_no_checkpoint_says_what_it_is_not(content, said, tmp_path):
+    from vit_core.errors import WeightsError
+    from vit_core.loading.weights import read_state_dict
+
+    path = tmp_path / "model.pth"
+    path.write_bytes(content)
+    with pytest.raises(WeightsError) as caught:
+        read_state_dict(path)
+    assert str(caught.value) == f"model.pth is not a PyTorch checkpoint ({said})."
+
+
 @pytest.mark.parametrize("name", ["hf-hub:../../etc/passwd", "hf-hub:", "hf-hub:a/b/c", "hf-hub:owner/na..me"])
 def test_a_hub_name_that_is_no_repository_id_is_one_line(name, image, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

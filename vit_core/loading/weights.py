@@ -86,13 +86,36 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                 f"{path.name} was refused: it contains Python objects, not only tensors, and loading it "
                 "could run code. ViT Lens loads weights safely (weights_only); convert it to safetensors."
             ) from e
-        raise WeightsError(f"{path.name} could not be read as a PyTorch checkpoint: {e}") from e
+        raise WeightsError(f"{path.name} is not a PyTorch checkpoint ({_what_it_looks_like(path)}).") from e
     for key in ("state_dict", "model", "model_state_dict", "module"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise WeightsError(f"{path.name} holds no state dict of tensors.")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _what_it_looks_like(path: Path) -> str:
+    """What a file that torch.load refused seems to be, from its first bytes: text, an archive torch can't read, a
+    pickle it can't read, or something else."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        return f"it can't be read: {e.strerror or e}"
+    if not head:
+        return "it is empty"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive without torch.save's records, or damaged"
+    if head[:1] == b"\x80":
+        return "a pickle that is damaged or cut short"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = head[:e.start].decode("utf-8") if e.start > len(head) - 4 else ""
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
+        return "it looks like text"
+    return "neither the zip archive torch.save writes nor a pickle"
 
 
 def head_classes(state: dict[str, torch.Tensor]) -> int | None:
