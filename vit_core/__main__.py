@@ -976,6 +976,12 @@ def export_web(args: argparse.Namespace) -> int:
             return EXIT_FAILURES
     if _refused_before_loading(args):
         return EXIT_FAILURES
+    from .web.target import WEB_ROOT, target_refused  # the standard library only: said before torch is imported
+
+    why = target_refused(args.out, WEB_ROOT)
+    if why:
+        _fail(f"--out {args.out}: {why}")
+        return EXIT_FAILURES
     opened = _load(args)
     if opened is None:
         return EXIT_FAILURES

@@ -71,3 +71,77 @@ def test_a_model_too_big_for_a_browser_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "330 MB, above the 100 MB" in err, err
     assert not (tmp_path / "index.html").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Where it writes (issue 53: `--out ~` deleted ~/src, `--out web` the page's own sources; a full disk left no lesson)
+
+
+def test_a_folder_export_web_did_not_write_is_refused_and_kept(tmp_path, capsys):
+    from vit_core.web.target import target_refused
+
+    mine = tmp_path / "home"
+    (mine / "src").mkdir(parents=True)
+    (mine / "src" / "thesis.tex").write_text("years of work")
+    (mine / "index.html").write_text("my page")
+    assert main(["export-web", "--out", str(mine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a folder that export-web did not write" in err[0], err
+    assert (mine / "src" / "thesis.tex").read_text() == "years of work" and (mine / "index.html").read_text() == "my page"
+    for inside in (site.WEB_ROOT, site.WEB_ROOT / "src", site.WEB_ROOT / "new"):
+        assert "inside the checkout's web/" in target_refused(inside, site.WEB_ROOT)
+        assert main(["export-web", "--out", str(inside)]) == 2
+        assert "inside the checkout's web/" in capsys.readouterr().err
+    assert not (site.WEB_ROOT / "new").exists()
+    (tmp_path / "file").write_text("x")
+    assert "a file" in target_refused(tmp_path / "file", site.WEB_ROOT)
+    (tmp_path / "link").symlink_to(mine)
+    assert "symbolic link" in target_refused(tmp_path / "link", site.WEB_ROOT)
+    assert target_refused(tmp_path / "new", site.WEB_ROOT) is None
+    (tmp_path / "empty").mkdir()
+    assert target_refused(tmp_path / "empty", site.WEB_ROOT) is None
+
+
+def digests(folder):
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@needs_ort
+def test_a_re_export_replaces_a_previous_lesson_whole(shapes_site, tmp_path):
+    import shutil
+
+    from vit_core.web.target import MARKER
+
+    assert (shapes_site / MARKER).is_file()
+    lesson = tmp_path / "lesson"
+    shutil.copytree(shapes_site, lesson)
+    (lesson / "stale.js").write_text("from an older export")
+    assert main(["export-web", "--out", str(lesson)]) == 0
+    assert not (lesson / "stale.js").exists() and digests(lesson) == digests(shapes_site)  # same bits, nothing left over
+    assert [p.name for p in tmp_path.iterdir()] == ["lesson"]  # no staging or old folder left beside it
+
+
+@needs_ort
+@pytest.mark.parametrize("fail_in", ["png", "check_graphs"])
+def test_a_failure_mid_write_leaves_the_old_lesson_whole(shapes_site, tmp_path, monkeypatch, capsys, fail_in):
+    """A disk that fills while the examples are written (after the graphs, the page and ONNX Runtime Web), or a graph
+    that doesn't check: the old lesson is byte for byte as it was, and no half-written folder is left."""
+    import errno
+    import shutil
+
+    lesson = tmp_path / "lesson"
+    shutil.copytree(shapes_site, lesson)
+    before = digests(lesson)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(site, fail_in, full)
+    assert main(["export-web", "--out", str(lesson)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0], err
+    assert digests(lesson) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["lesson"]

@@ -10,6 +10,7 @@
                                            components, the position embeddings' similarity (float32, base64)
     DIR/examples/*.png                     the examples
     DIR/ort/                               ONNX Runtime Web's own files from its npm package, its licence beside them
+    DIR/.vit-lens-lesson                   written last: the mark that lets a later export replace this folder
 
 Nothing in the folder refers to another origin: served from anywhere, it fetches only its own files.
 """
@@ -34,10 +35,10 @@ from ..loading.model import LoadedModel, patch_embed_weight, pos_embed_rows
 from ..teaching.data import CLASS_NAMES, sample_image
 from ..teaching.model import TEACHING_MODEL
 from .graph import INPUT_NAMES, OUTPUT_NAMES, WebExportError, onnx_graph, shared_weights
+from .target import WEB_ROOT, target_refused, written_then_swapped
 
 _logger = logging.getLogger(__name__)
 
-WEB_ROOT = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/: the page, and npm's node_modules
 ORT_PACKAGE = "onnxruntime-web"
 # The WASM (CPU) build only: its loader module, its worker-capable glue and its binary (about 14 MB). WebGPU and
 # WebGL builds stay out: a lesson's model is small, and one backend behaves the same on every student's machine.
@@ -159,17 +160,26 @@ def png(image: Image.Image) -> bytes:
 
 
 def write_site(loaded: LoadedModel, out: str | Path, web_root: Path = WEB_ROOT) -> dict[str, int]:
-    """Write the static lesson for `loaded` into `out` (created; files already there are replaced). Returns each
-    written file's size in bytes, by its path relative to `out`. Raises WebExportError (one sentence) for a model the
-    graph can't carry or a checkout without the page's files or ONNX Runtime Web."""
-    dist = ort_dist(web_root)
+    """Write the static lesson for `loaded` into `out`: a new folder, an empty one, or one a previous export wrote
+    (vit_core.web.target: written beside it and swapped in whole, the old lesson kept on any failure). Returns each
+    written file's size in bytes, by its path relative to `out`. Raises WebExportError (one sentence) for a folder it
+    may not replace, a model the graph can't carry, or a checkout without the page's files or ONNX Runtime Web."""
     out = Path(out)
+    why = target_refused(out, web_root)
+    if why:
+        raise WebExportError(f"{out}: {why}")
+    dist = ort_dist(web_root)
     examples = example_images(loaded)
     graphs = graph_files(loaded)  # before anything is written: a model the graph can't carry is refused first
-    (out / "examples").mkdir(parents=True, exist_ok=True)
-    (out / "ort").mkdir(exist_ok=True)
-    if (out / "src").exists():
-        shutil.rmtree(out / "src")
+    written_then_swapped(out, lambda folder: _write_files(loaded, folder, web_root, dist, examples, graphs))
+    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _write_files(loaded: LoadedModel, out: Path, web_root: Path, dist: Path, examples: dict[str, Image.Image],
+                 graphs: dict[str, bytes]) -> None:
+    """Every file of the site into the new folder `out`."""
+    (out / "examples").mkdir()
+    (out / "ort").mkdir()
     shutil.copytree(web_root / "src", out / "src")
     for name in PAGE_FILES:
         shutil.copyfile(web_root / name, out / name)
@@ -183,4 +193,3 @@ def write_site(loaded: LoadedModel, out: str | Path, web_root: Path = WEB_ROOT) 
         (out / "examples" / name).write_bytes(png(image))
     (out / "model.json").write_text(json.dumps(model_description(loaded, [f"examples/{n}" for n in examples])))
     (out / "figures.json").write_text(json.dumps(weight_figures(loaded)))
-    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
