@@ -821,11 +821,15 @@ def concepts(args: argparse.Namespace) -> int:
     return _with_model(args, _concepts_run)
 
 
+UNREADABLE_FOLDER = "A folder that can't be read"  # vit_core.images.listing's reason for one
+
+
 def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
     """`concepts` once the model is loaded: the shards not collected yet collected (each kept when done), and when
     every shard is there the autoencoder trained and its files written."""
     from .concepts import TokenStore, TrainingSettings, concepts_files
     from .concepts.collect import check_layer, manifest_of
+    from .concepts.learn import features_refused
     from .dataset import DatasetError, plan_run
 
     store = TokenStore(args.out)
@@ -834,6 +838,9 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         features = args.features or 8 * loaded.geometry.embed_dim
         if args.k > features:
             raise DatasetError(f"--k {args.k}: at most --features ({features}) features can be active.")
+        too_many = features_refused(features, loaded.geometry.embed_dim, TrainingSettings(features, args.k).batch_tokens)
+        if too_many:  # before anything is collected: F x D bounded by the machine's memory
+            raise DatasetError(too_many)
         found = store.manifest()
         plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=args.shard[1] if args.shard else args.shards,
                         resumed_shards=(found or {}).get("shards"))
@@ -843,6 +850,9 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
         return EXIT_FAILURES
+    for name, reason in plan.not_images:  # a folder whose files can't be listed is said, as an unreadable image is
+        if reason.startswith(UNREADABLE_FOLDER):
+            _fail(f"{name}: {reason}")
     asked = [plan.shards[args.shard[0] - 1]] if args.shard else list(plan.shards)
     todo = [shard for shard in asked if shard.number not in store.done(plan.shards)]
     if len(todo) < len(asked):

@@ -221,7 +221,8 @@ def collected(shapes, folder: Path, out: Path, num_shards: int, batch_size: int)
     store = TokenStore(out)
     store.open(manifest_of(shapes, plan, LAYER, None))
     collect_shards(shapes, plan, LAYER, store, list(plan.shards), batch_size=batch_size)
-    chunks = store.chunks(plan.shards, mmap=False)
+    chunks = store.chunks(plan.shards, mmap=False, num_patches=shapes.geometry.num_patches,
+                          d_model=shapes.geometry.embed_dim)
     return np.concatenate([c.tokens for c in chunks]), np.concatenate([c.images for c in chunks])
 
 

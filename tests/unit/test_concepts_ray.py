@@ -31,7 +31,7 @@ def local_ray():
 
 
 def tokens_of(store: TokenStore, plan) -> tuple[np.ndarray, np.ndarray]:
-    chunks = store.chunks(plan.shards, mmap=False)
+    chunks = store.chunks(plan.shards, mmap=False, num_patches=144, d_model=256)  # the Shapes ViT's
     return np.concatenate([c.tokens for c in chunks]), np.concatenate([c.images for c in chunks])
 
 

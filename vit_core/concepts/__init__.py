@@ -97,7 +97,8 @@ def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer:
     clock = Stopwatch()
     if collect_seconds is not None:  # this run's collection, for concepts.json's "seconds"
         clock.seconds["collect"] = collect_seconds
-    tokens = clock.time("load", lambda: tokens_of(store, plan, loaded.geometry.num_patches, memory_budget))
+    tokens = clock.time("load", lambda: tokens_of(store, plan, loaded.geometry.num_patches, memory_budget,
+                                                  loaded.geometry.embed_dim))
     concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget,
                                                             stage("training")))
     held = clock.time("held_out", lambda: held_out_metrics(concepts, tokens))

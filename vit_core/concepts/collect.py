@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .. import bounded_json
 from ..dataset.analyze import consecutive_batches
 from ..dataset.listing import Shard, files_digest
 from ..dataset.reductions import forward_images, image_loader
@@ -45,6 +46,7 @@ DONE = "done.json"
 FORMAT = "vit-lens concept tokens 1"
 CHUNK_BYTES = 256 * 2 ** 20  # the largest chunk file: a shard's tokens held in memory before they are written
 HELD_OUT_SHARE = 0.1
+MAX_JSON_BYTES = 2**20  # manifest.json (the run's inputs); done.json has 4 KB more per image for its failures
 
 Progress = Callable[[int, int], None]  # (images done, images in all)
 
@@ -110,12 +112,23 @@ class TokenStore:
         self.path = Path(out) / TOKENS
 
     def manifest(self) -> dict[str, Any] | None:
+        """The manifest there (None if none), checked: an object whose shards and num_images are counts, no more
+        shards than images. Raises ConceptsError in one sentence."""
+        path = self.path / MANIFEST
         try:
-            return json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+            if path.stat().st_size > MAX_JSON_BYTES:
+                raise ValueError(f"{path.stat().st_size:,} bytes")
+            found = bounded_json.loads(path.read_text(encoding="utf-8"), 4)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise ConceptsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.path} to start again.") from None
+            raise ConceptsError(f"{path} can't be read ({e}); remove {self.path} to start again.") from None
+        images = found.get("num_images") if isinstance(found, dict) else None
+        shards = found.get("shards") if isinstance(found, dict) else None
+        if not (_is_count(images) and _is_count(shards) and 1 <= shards <= max(1, images)):
+            raise ConceptsError(f"{path} is damaged (its shards and num_images must be counts, at most one shard per "
+                                f"image); remove {self.path} to start again.")
+        return found
 
     def open(self, manifest: dict[str, Any]) -> None:
         """Write the manifest, or check the one there names the same run. Raises ConceptsError with what differs."""
@@ -139,26 +152,75 @@ class TokenStore:
     def writer(self, shard: Shard, chunk_bytes: int = CHUNK_BYTES) -> ShardWriter:
         return ShardWriter(self.shard_path(shard), chunk_bytes)
 
-    def chunks(self, all_shards: Sequence[Shard], mmap: bool) -> list[TokenChunk]:
-        """Every shard's chunks in shard order (each shard must be done), in memory or mapped from disk."""
+    def finished(self, shard: Shard) -> dict[str, Any]:
+        """The shard's done.json, checked: an object with its chunk count (at most one per image) and its failures
+        ([file, reason] pairs, at most one per image). Raises ConceptsError in one sentence."""
+        path = self.shard_path(shard) / DONE
+        damaged = f"; remove {path.parent} to collect that shard again."
+        try:
+            if path.stat().st_size > MAX_JSON_BYTES + 4096 * shard.size:
+                raise ValueError(f"{path.stat().st_size:,} bytes")
+            done = bounded_json.loads(path.read_text(encoding="utf-8"), 4)
+        except (OSError, ValueError) as e:
+            raise ConceptsError(f"{path.parent} is not a finished shard ({e}){damaged}") from None
+        failures = done.get("failures") if isinstance(done, dict) else None
+        if not (isinstance(done, dict) and _is_count(done.get("chunks")) and done["chunks"] <= shard.size
+                and isinstance(failures, list) and len(failures) <= shard.size
+                and all(isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f) for f in failures)):
+            raise ConceptsError(f"{path} is damaged (it must name its chunks and its failed files){damaged}")
+        return done
+
+    def chunks(self, all_shards: Sequence[Shard], mmap: bool, num_patches: int, d_model: int) -> list[TokenChunk]:
+        """Every shard's chunks in shard order (each shard must be done), in memory or mapped from disk, each checked
+        as `dataset` checks its parts: .npy files read with allow_pickle=False, float32 (n N, D) tokens of n images,
+        int64 image indices inside the shard, each image once, the images and the failures adding up to the shard's
+        size. Raises ConceptsError in one sentence."""
         chunks = []
         for shard in all_shards:
-            folder = self.shard_path(shard)
-            try:
-                done = json.loads((folder / DONE).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise ConceptsError(f"{folder} is not a finished shard ({e}); run that shard again.") from None
+            folder, done = self.shard_path(shard), self.finished(shard)
+            seen: set[int] = set()
             for i in range(done["chunks"]):
-                tokens = np.load(folder / f"tokens-{i:05d}.npy", mmap_mode="r" if mmap else None)
-                chunks.append(TokenChunk(tokens, np.load(folder / f"images-{i:05d}.npy")))
+                images = _npy(folder / f"images-{i:05d}.npy", np.int64, 1, 128 + 8 * shard.size, mmap=False)
+                inside = images.size == 0 or (shard.start <= int(images.min()) and int(images.max()) < shard.stop)
+                if not inside or len(set(images.tolist()) | seen) != len(seen) + len(images):
+                    raise ConceptsError(f"{folder / f'images-{i:05d}.npy'} is damaged (image indices outside shard "
+                                        f"{shard.number} or repeated); remove {folder} to collect that shard again.")
+                seen |= set(images.tolist())
+                path = folder / f"tokens-{i:05d}.npy"
+                tokens = _npy(path, np.float32, 2, None, mmap=True)
+                if tokens.shape != (len(images) * num_patches, d_model):
+                    raise ConceptsError(f"{path} is damaged (it holds {tokens.shape} tokens where {len(images)} images "
+                                        f"of {num_patches} patches of width {d_model} make "
+                                        f"{(len(images) * num_patches, d_model)}); remove {folder} to collect that "
+                                        "shard again.")
+                chunks.append(TokenChunk(tokens if mmap else np.array(tokens), images))
+            if len(seen) + len(done["failures"]) != shard.size:
+                raise ConceptsError(f"{folder} is damaged ({len(seen)} images and {len(done['failures'])} failures, "
+                                    f"where the shard has {shard.size}); remove it to collect that shard again.")
         return chunks
 
     def failures(self, all_shards: Sequence[Shard]) -> list[tuple[str, str]]:
-        failed = []
-        for shard in all_shards:
-            done = json.loads((self.shard_path(shard) / DONE).read_text(encoding="utf-8"))
-            failed += [tuple(pair) for pair in done["failures"]]
-        return failed
+        return [tuple(pair) for shard in all_shards for pair in self.finished(shard)["failures"]]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _npy(path: Path, dtype: type, ndim: int, max_bytes: int | None, mmap: bool) -> np.ndarray:
+    """A .npy file of `dtype` and `ndim` dimensions, never unpickled, refused in one sentence otherwise: mapped (its
+    header checked against the file's size by numpy, nothing read), or read whole when it has at most `max_bytes`."""
+    try:
+        if max_bytes is not None and path.stat().st_size > max_bytes:
+            raise ValueError(f"{path.stat().st_size:,} bytes, more than it may have")
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise ConceptsError(f"{path} can't be read as tokens ({str(e)[:200]}); remove {path.parent} to collect that "
+                            "shard again.") from None
+    if array.dtype != dtype or array.ndim != ndim:
+        raise ConceptsError(f"{path} is damaged (it holds {array.dtype} of {array.ndim} dimensions, not "
+                            f"{np.dtype(dtype)} of {ndim}); remove {path.parent} to collect that shard again.")
+    return array
 
 
 @dataclass(frozen=True)

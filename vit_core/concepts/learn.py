@@ -28,6 +28,33 @@ MEMORY_BUDGET = 4 * 2 ** 30  # bytes of training tokens held in memory; beyond, 
 ENCODE_TOKENS = 4096  # tokens encoded at a time when the features are measured: (4096, F) float32 codes
 
 
+def training_bytes(num_features: int, d_model: int, batch_tokens: int) -> int:
+    """About the most memory training and measuring F features of width D takes: the encoder and decoder (F, D) with
+    their gradients and Adam's two moments (8 F D floats), a minibatch's pre-activations, their gradient and AuxK's
+    masked copy (3 B F), and the codes of ENCODE_TOKENS tokens with their top-k (2 x 4096 F); float32."""
+    return 4 * num_features * (8 * d_model + 3 * batch_tokens + 2 * ENCODE_TOKENS)
+
+
+def most_features(d_model: int, batch_tokens: int, memory: int | None = None) -> int:
+    """The most features `concepts` trains here: as many as half the machine's memory (the container's limit) holds
+    (`training_bytes`), and no more than the app opens (folders.max_features)."""
+    from ..runtime import memory_limit_bytes
+    from .folders import max_features
+
+    memory = memory or memory_limit_bytes() or 4 * 2**30
+    return max(1, min(max_features(d_model, memory), memory // 2 // training_bytes(1, d_model, batch_tokens)))
+
+
+def features_refused(num_features: int, d_model: int, batch_tokens: int, memory: int | None = None) -> str | None:
+    """Why F features of width D can't be trained here (one sentence), or None."""
+    bound = most_features(d_model, batch_tokens, memory)
+    if num_features <= bound:
+        return None
+    return (f"--features {num_features:,}: this machine trains at most {bound:,} features of width {d_model} "
+            f"({training_bytes(num_features, d_model, batch_tokens) / 2**30:,.1f} GB asked for; the bound is half its "
+            "memory, and 64 x the width).")
+
+
 @dataclass(frozen=True)
 class Tokens:
     """A collection's tokens, chunk by chunk, with each row's image and the hold-out."""
@@ -45,15 +72,41 @@ class Tokens:
         return sum(len(self.rows(chunk, held)) for chunk in self.chunks)
 
 
-def tokens_of(store: TokenStore, plan: RunPlan, num_patches: int, memory_budget: int = MEMORY_BUDGET) -> Tokens:
-    """The tokens of every shard of `plan` (all done), in memory when they fit in `memory_budget` bytes, else mapped."""
+def tokens_of(store: TokenStore, plan: RunPlan, num_patches: int, memory_budget: int = MEMORY_BUDGET,
+              d_model: int | None = None) -> Tokens:
+    """The tokens of every shard of `plan` (all done, checked: TokenStore.chunks), in memory when they fit in
+    `memory_budget` bytes, else mapped. Refused (ConceptsError) when fewer than 2 images could be read, or when a
+    token is not finite (a NaN or an infinity: the model's weights or an input broke it)."""
     total = 0
     for shard in plan.shards:
         total += sum(p.stat().st_size for p in store.shard_path(shard).glob("tokens-*.npy"))
-    chunks = store.chunks(plan.shards, mmap=total > memory_budget)
-    if not chunks:
+    width = d_model if d_model is not None else _stored_width(store, plan)
+    chunks = store.chunks(plan.shards, mmap=total > memory_budget, num_patches=num_patches, d_model=width)
+    readable = sum(len(c.images) for c in chunks)
+    if readable == 0:
         raise ConceptsError("None of the images could be read: there are no tokens to learn concepts from.")
+    if readable < 2:
+        raise ConceptsError(f"Only {readable} of {len(plan.names)} images could be read: learning concepts needs at "
+                            "least 2 (one is held out).")
+    broken = sum(int((~np.isfinite(np.asarray(c.tokens))).any(axis=1).reshape(-1, num_patches).any(axis=1).sum())
+                 for c in chunks)
+    if broken:
+        raise ConceptsError(f"The tokens of {broken} of {readable} images are not finite (NaN or infinity): the "
+                            "model's weights or those images break its forward, so no concepts can be learned.")
     return Tokens(chunks, num_patches, held_out(plan.names))
+
+
+def _stored_width(store: TokenStore, plan: RunPlan) -> int:
+    """D as the first chunk's header declares it (callers that know the model pass it instead)."""
+    for shard in plan.shards:
+        for path in sorted(store.shard_path(shard).glob("tokens-*.npy")):
+            try:
+                shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+            except (OSError, ValueError, EOFError):
+                continue
+            if len(shape) == 2:
+                return int(shape[1])
+    return 0
 
 
 def training_batches(tokens: Tokens, normalisation: Normalisation, batch_tokens: int, memory_budget: int

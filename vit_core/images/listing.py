@@ -23,7 +23,8 @@ _UNREADABLE_PHOTOS = {"heic": "HEIC", "heif": "HEIF", "avif": "AVIF", "dng": "DN
 def _visible_entries(folder: Path) -> list[tuple[Path, str | None]]:
     """Every visible entry under `folder` (recursively; hidden files and folders, ".name", left out), sorted by path,
     each with None where it is a file that can be read, else why it can't: a broken link, a FIFO or a folder named
-    like an image would otherwise vanish from the listing without a word. Plain folders are walked, not listed."""
+    like an image would otherwise vanish from the listing without a word. Plain folders are walked, not listed, except
+    one that can't be read (its files would vanish as silently)."""
     entries = []
     for path in sorted(folder.rglob("*")):
         if any(part.startswith(".") for part in path.relative_to(folder).parts):
@@ -42,9 +43,22 @@ def _visible_entries(folder: Path) -> list[tuple[Path, str | None]]:
             if is_image_path(path) or path.is_symlink():  # a link to a folder is not followed
                 what = "A link to a folder" if path.is_symlink() else "A folder"
                 entries.append((path, f"{what}, not an image file; ViT Lens reads regular files only."))
+            else:
+                why = _unlistable(path)
+                if why:
+                    entries.append((path, why))
         else:
             entries.append((path, "Not a regular file (a FIFO, socket or device); ViT Lens reads regular files only."))
     return entries
+
+
+def _unlistable(folder: Path) -> str | None:
+    """Why the files in `folder` can't be listed (one sentence), or None: rglob leaves such a folder out silently."""
+    try:
+        with os.scandir(folder):
+            return None
+    except OSError as e:
+        return f"A folder that can't be read ({e.strerror or e}); the files in it are left out."
 
 
 def _visible_files(folder: Path) -> list[Path]:
