@@ -41,7 +41,7 @@ from dashboard.image_choice import ImageChoice, check_file_size, preview_copy
 from dashboard.models import FailureMemory, ModelRequest, build_model
 from dashboard.server import process
 from dashboard.server.byte_budget import ByteBudgetCache, default_capture_budget, one_each
-from vit_core import analyses, concepts, explain, export, serving
+from vit_core import analyses, concepts, explain, export, lenses, serving
 from vit_core.concepts.folders import ConceptsFolder, check_for_model, open_folder
 from vit_core.images import DRAFT_MIN_SIDE
 from vit_core.loading.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
@@ -510,3 +510,35 @@ def feature_crops(request: ModelRequest, loaded: LoadedModel, concepts_key: str,
     entries = opened.summary.get("features", [])
     top = entries[feature].get("top", []) if feature < len(entries) else []
     return _feature_crops(request.key, concepts_key, feature, count, loaded, opened.images, tuple(top))
+
+
+# ----------------------------------------------------------------------------------------------
+# Lenses (vit_core.lenses): the built-in ones and those the server was started with, never a page's
+
+
+@st.cache_resource(show_spinner=False)
+def page_lenses(sources: tuple[str, ...]) -> tuple[tuple[lenses.Lens, ...], str | None]:
+    """The lenses of `sources` (imported once per server) and None, or () and the sentence saying why they can't be
+    loaded (the tab shows it)."""
+    try:
+        return tuple(lenses.lenses_of(list(sources))), None
+    except lenses.LensError as e:
+        return (), str(e)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _lens_result(model_key: str, image_sha: str, lens_name: str, _loaded: LoadedModel, _image: Image.Image,
+                 _lens: lenses.Lens) -> tuple[dict[str, np.ndarray], str | None]:
+    try:
+        cap = vit_core.run_with_capture(_loaded, _image, sites=_lens.sites)  # its own pass: the shared one records no extras
+        return lenses.arrays_of(_lens, cap), None
+    except vit_core.ViTLensError as e:
+        return {}, str(e)
+
+
+def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, one: lenses.Lens
+                ) -> tuple[dict[str, np.ndarray], str | None]:
+    """One lens's arrays (`<lens>.<key>`) on this image, per (model, image, lens), and None; or {} and the sentence of
+    its failure. One generic cache for every lens: a lens is found by its name, its sites say what the pass records."""
+    return _lens_result(request.key, image.sha, f"{one.source}:{one.name}", loaded,
+                        full_image(image, loaded.decode_min_side), one)

@@ -107,6 +107,9 @@ HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "off",
 STATIC_LESSON = Setting("VIT_LENS_STATIC_LESSON", "text", "",
                         "The address of the class's static lesson (`vit-lens export-web`), which the Lesson page "
                         "links to; empty: the page names the command.", "server")
+LENSES = Setting("VIT_LENS_LENSES", "text", "",
+                 "Lens files or modules (vit_core.lenses), separated by the path separator (: or ;), their "
+                 "lenses offered in the Lenses tab; read at start only, never from a page.", "server")
 
 CONCEPTS = Setting("VIT_LENS_CONCEPTS", "text", "",
                    "Concept folders (`vit-lens concepts` DIRs, separated by `:`, `;` on Windows) that the Concepts tabs "
@@ -114,7 +117,7 @@ CONCEPTS = Setting("VIT_LENS_CONCEPTS", "text", "",
 
 ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
                             TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES, STATIC_LESSON,
-                            CONCEPTS)
+                            CONCEPTS, LENSES)
 
 
 def check_all(env: Mapping[str, str] | None = None) -> None:

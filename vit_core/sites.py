@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .errors import ViTLensError
-from .hooks import register
+
+if TYPE_CHECKING:  # the names and their checks import no torch: a lens file and `--help` load at once
+    import torch
 
 MODEL_SITES = ("embed", "norm", "pre_logits", "logits")
 BLOCK_SITES = ("in", "out", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.out", "mlp.hidden")
@@ -112,6 +112,8 @@ def _where(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, Callable
 def sites_recorded(model: torch.nn.Module, names: Iterable[str], keep: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
     """Inside the block, a forward hands `keep(name, tensor (B, ...))` each canonical site of `names` (none of them a
     default one: `recorded_sites`). Hooks removed on exit, also when the forward raises."""
+    from .hooks import register
+
     with contextlib.ExitStack() as stack:
         for name in names:
             module, of = _where(model, name)

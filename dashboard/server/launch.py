@@ -44,6 +44,7 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     if folders:  # added to the setting's own, as absolute paths: the server's working folder is the one they meant
         given = [entry for entry in settings.CONCEPTS.text().split(os.pathsep) if entry]
         os.environ[settings.CONCEPTS.name] = os.pathsep.join([*given, *(os.path.abspath(f) for f in folders)])
+    argv = lenses_checked(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return device, argv
 
@@ -84,6 +85,31 @@ def restart_with_huge_pages(argv: list[str]) -> None:
 
 
 DEVICE_OPTION = "--device"
+
+
+LENS_OPTION = "--lens"
+
+
+def lenses_checked(argv: list[str]) -> list[str]:
+    """The arguments without `--lens X` (each added to $VIT_LENS_LENSES, which the pages read), after every lens file
+    of that setting is imported once: one that can't be, or declares no lens, stops the start in one line (exit 1)."""
+    from vit_core.lenses import LensError, configured, lenses_of  # no torch: the lens names and their checks are light
+
+    given, rest, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == LENS_OPTION and i + 1 < len(argv):  # a file as an absolute path: the folder the user meant
+            given.append(os.path.abspath(argv[i + 1]) if argv[i + 1].endswith(".py") else argv[i + 1])
+            i += 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    if given:
+        os.environ[settings.LENSES.name] = os.pathsep.join([*configured(), *given])
+    try:
+        lenses_of(configured())
+    except LensError as e:
+        raise SystemExit(f"vit-lens dashboard: {e}") from None
+    return rest
 
 
 def split_device_option(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -11,14 +11,15 @@ session's own state are `dashboard.session`'s.
 `VIEWS` maps each tab's label to its view function, in the order of the tabs (the label is the `?view=` value): the
 lesson's eight stages numbered in the order the paper tells them (`1 Pipeline` ... `8 Why?`), then the research tools
 (`RESEARCH_VIEWS`, set apart on the page by views.header.PAGE_CSS). `RENAMED` maps the labels of older links
-(`?view=Attention`) to today's (`5 Attention`): the page opens those tabs as before.
+(`?view=Attention`) to today's (`5 Attention`): the page opens those tabs as before. The Lenses tab shows the built-in
+lenses and those of the server's lens files (`views.lenses`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from dashboard.views import attention, concepts, embeddings, interventions, lens, pipeline, prediction, registers, why
+from dashboard.views import attention, concepts, embeddings, interventions, lens, lenses, pipeline, prediction, registers, why
 from dashboard.views.context import ViewContext
 
 LESSON_VIEWS: dict[str, Callable[[ViewContext], None]] = {
@@ -36,6 +37,8 @@ RESEARCH_VIEWS: dict[str, Callable[[ViewContext], None]] = {
     "Logit lens": lens.logit_lens_view,
     "Registers & norms": registers.registers_view,
     "Concepts": concepts.concepts_view,
+    "Lenses": lenses.lenses_view,
 }
 RENAMED = {name: f"{i} {name}" for i, name in enumerate(LESSON_VIEWS, start=1)}  # old ?view= label -> tab label
 VIEWS: dict[str, Callable[[ViewContext], None]] = {RENAMED[name]: view for name, view in LESSON_VIEWS.items()} | RESEARCH_VIEWS
+

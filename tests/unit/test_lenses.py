@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -184,3 +185,16 @@ def test_the_readmes_lens_file_runs_as_it_says(tmp_path, capsys):
     assert arrays["neuron.map"].shape == (12, 12) and arrays["qk.scores"].shape == (4, 8, 145, 145)
     np.testing.assert_allclose(arrays["qk.scores"], arrays["attention_logits.scores"], rtol=1e-5, atol=1e-5)
     assert analyses.softmax(arrays["qk.scores"]) == pytest.approx(arrays["pattern"], abs=1e-5)  # numpy and torch round apart
+
+
+def test_the_dashboards_lens_option_sets_the_setting_and_a_bad_file_stops_the_start(tmp_path, monkeypatch, lens_file):
+    from dashboard.server.launch import lenses_checked
+
+    monkeypatch.setenv("VIT_LENS_LENSES", "")  # recorded, so the value lenses_checked sets is undone after the test
+    rest = lenses_checked(["--server.port", "8599", "--lens", str(lens_file), "--lens", "attention_logits"])
+    assert rest == ["--server.port", "8599"]
+    assert os.environ["VIT_LENS_LENSES"] == os.pathsep.join([str(lens_file), "attention_logits"])
+    bad = tmp_path / "half.py"
+    bad.write_text("from vit_core.lenses import lens\n@lens('a b')\ndef f(cap):\n    return {}\n")
+    with pytest.raises(SystemExit, match=r"^vit-lens dashboard: lens name 'a b': use letters, digits, _ and -"):
+        lenses_checked(["--lens", str(bad)])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -137,6 +138,14 @@ def lenses_of(given: Sequence[str]) -> list[Lens]:
                 raise LensError(f"--lens {one}: a lens named {found.name!r} came already from {lenses[found.name].source}.")
             lenses[found.name] = found
     return list(lenses.values())
+
+
+def configured() -> list[str]:
+    """The lens files and modules of $VIT_LENS_LENSES (`vit-lens dashboard --lens`), in order: what a server's pages
+    may load, and nothing else."""
+    from .. import settings
+
+    return [one.strip() for one in settings.LENSES.text().split(os.pathsep) if one.strip()]
 
 
 def sites_of(lenses: Iterable[Lens]) -> list[str]:

@@ -1,0 +1,110 @@
+"""The Lenses tab (vit_core.lenses): the built-in attention logits and each lens of the files the server was started
+with (`vit-lens dashboard --lens FILE.py`, $VIT_LENS_LENSES), picked by name: one tab, not one per lens, so that the
+tab row still fits a projector's 1280 px however many lenses a server has. Each array is drawn by its shape: a (gh, gw) or (N,)
+map over the crop, an (L, H) heatmap of blocks and heads, an (L, H, T, T) matrix with layer, head and query controls
+(one query's row over the image), (C,) bars with the class labels, anything else a table; every array downloadable.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import streamlit as st
+
+from dashboard import caches
+from dashboard.figures.base import display_scale, enlarge, map_png, overlay
+from dashboard.views.context import ViewContext, shape
+from vit_core import lenses
+from vit_core.lenses.attention_logits import query_row
+
+BUILT_IN = ("attention_logits",)
+TOP_CLASSES = 10  # a (C,) array's bars: its largest values
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _controls(key: str, array: np.ndarray) -> tuple[int, int, int]:
+    """Layer, head and query sliders for an (L, H, T, T) array, keyed by the array's name."""
+    layers, heads, tokens = array.shape[0], array.shape[1], array.shape[2]
+    cols = st.columns(3)
+    layer = cols[0].slider("layer", 0, layers - 1, layers - 1, key=f"lens_{key}_layer")
+    head = cols[1].slider("head", 0, heads - 1, 0, key=f"lens_{key}_head")
+    query = cols[2].slider("query token (0: the first prefix token)", 0, tokens - 1, 0, key=f"lens_{key}_query")
+    return layer, head, query
+
+
+@st.fragment
+def _matrix_panel(ctx: ViewContext, key: str, array: np.ndarray, key_norms: np.ndarray | None) -> None:
+    """(L, H, T, T): the chosen query's row over the image's patches; with the keys' norms (L, H, T), beside it the
+    part the key norms alone explain (analyses.md, "Attention logits")."""
+    g = ctx.loaded.geometry
+    layer, head, query = _controls(key, array)
+    if key_norms is None:
+        row = array[layer, head, query, g.num_prefix_tokens:].reshape(g.grid)  # (N,) -> (gh, gw)
+        st.image(map_png(row, f"{key}: block {layer}, head {head}, query {query}"))
+        return
+    row, fitted, r2 = query_row(array[layer, head], key_norms[layer, head], query, g.num_prefix_tokens, g.grid)
+    lo, hi = float(min(row.min(), fitted.min())), float(max(row.max(), fitted.max()))
+    left, right = st.columns(2)
+    left.image(map_png(row, f"logits of query {query}", vmin=lo, vmax=hi))
+    right.image(map_png(fitted, "the part the key norms explain", vmin=lo, vmax=hi))
+    st.caption(f"block {layer}, head {head}, query {query}: the key norms alone explain R² = {r2:.2f} of this row's "
+               "variance over the patches (a + b·‖k‖, least squares); the softmax of the whole row is the Attention "
+               "tab's pattern.")
+
+
+def _array_panel(ctx: ViewContext, key: str, array: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+    """One array, drawn by its shape, and its download."""
+    g = ctx.loaded.geometry
+    layers, heads, tokens, patches = g.num_layers, g.num_heads, g.num_tokens, g.grid[0] * g.grid[1]
+    st.markdown(f"**`{key}`** `{shape(array.shape, batch=False)}` {array.dtype}")
+    if array.shape == tuple(g.grid) or array.shape == (patches,):
+        amap = array.reshape(g.grid).astype(np.float32)
+        left, right = st.columns(2)
+        s = display_scale(max(ctx.cap.input_image.shape[:2]), 256)  # a 96 px crop shows about as large as the map
+        left.image(overlay(enlarge(ctx.cap.input_image, s), amap, (g.patch_size[0] * s, g.patch_size[1] * s)),
+                   caption="over the crop")
+        right.image(map_png(amap, key))
+    elif array.shape == (layers, heads):
+        st.image(map_png(array.astype(np.float32), f"{key}: rows = blocks, columns = heads"))
+    elif array.shape == (layers, heads, tokens, tokens):
+        norms = arrays.get(key.rsplit(".", 1)[0] + ".key_norms") if key.endswith(".scores") else None
+        _matrix_panel(ctx, key, array, norms if norms is not None and norms.shape == (layers, heads, tokens) else None)
+    elif array.ndim == 1 and g.num_classes and array.shape == (g.num_classes,):
+        top = np.argsort(-array, kind="stable")[:TOP_CLASSES]
+        st.bar_chart({"class": [ctx.loaded.label(int(c)) for c in top], key: array[top]}, x="class", y=key,
+                     horizontal=True)
+    else:
+        st.dataframe(array.reshape(1, -1) if array.ndim < 2 else array.reshape(-1, array.shape[-1])[:1000])
+    st.download_button(f"{key}.npy", _npy(array), file_name=f"{ctx.stem}_{key}.npy", key=f"lens_download_{key}")
+
+
+def lens_view(ctx: ViewContext, one: lenses.Lens) -> None:
+    arrays, failure = caches.lens_result(ctx.request, ctx.loaded, ctx.image, one)
+    if failure:
+        st.error(failure)
+        return
+    where = f"the built-in lens `{one.name}`" if one.name in BUILT_IN else f"lens `{one.name}` from `{one.source}`"
+    st.caption(f"{where}; sites: {', '.join(f'`{s}`' for s in one.sites) or 'the default capture'}. "
+               "Each array is drawn by its shape (docs/spec/interface.md, \"Your own lens\").")
+    for key, array in arrays.items():
+        _array_panel(ctx, key, array, arrays)
+
+
+def lenses_view(ctx: ViewContext) -> None:
+    """The Lenses tab: a lens picked by name (the built-in attention logits first, then each lens of the server's lens
+    files), drawn by its arrays' shapes; or the sentence saying why the server's lens files can't be loaded."""
+    found, failure = caches.page_lenses((*BUILT_IN, *lenses.configured()))
+    if failure:
+        st.error(failure)
+        return
+    names = [one.name for one in found]
+    chosen = st.pills("lens", names, default=names[0], key="lens_choice",
+                      help="a lens is one function of the capture (vit_core.lenses); the server's own lens files add "
+                           "theirs (vit-lens dashboard --lens FILE.py)") or names[0]
+    lens_view(ctx, found[names.index(chosen)])
