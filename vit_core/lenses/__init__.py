@@ -55,7 +55,7 @@ class Lens:
     sha256: str = ""  # of that file (a module: of its file), recorded beside the results
 
 
-_registry: dict[str, Lens] = {}  # every lens declared in this process, by name
+_registry: dict[tuple[str, str], Lens] = {}  # every lens declared in this process, by (its module, its name)
 
 
 def lens(name: str, sites: Iterable[str] = (), *, spec: str = "") -> Callable[[Callable], Callable]:
@@ -68,7 +68,9 @@ def lens(name: str, sites: Iterable[str] = (), *, spec: str = "") -> Callable[[C
         site_names(site, _ANY_DEPTH)
 
     def declare(compute: Callable) -> Callable:
-        _registry[name] = Lens(name, sites, compute, spec=spec, source=getattr(compute, "__module__", ""))
+        module = getattr(compute, "__module__", "")
+        _registry.pop((module, name), None)  # a module imported again declares its lenses again, in its order
+        _registry[(module, name)] = Lens(name, sites, compute, spec=spec, source=module)
         return compute
 
     return declare
@@ -107,7 +109,7 @@ def load_lenses(given: str) -> list[Lens]:
     try:
         if given in BUILTIN:
             module = importlib.import_module(BUILTIN[given])
-            return [_registry[given]]
+            return [_registry[(BUILTIN[given], given)]]
         if given.endswith(".py") or path.exists():
             if not path.is_file():
                 raise LensError(f"--lens {given}: no such file.")
