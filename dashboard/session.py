@@ -47,6 +47,7 @@ K_FUSION, K_ROLLOUT_LAYER, K_POS_PATCH, K_POS_RES = "fusion", "rollout_layer", "
 K_FILTER_START, K_MAD_RENORM, K_MAD_BATCH, K_TOPK = "filter_start", "mad_renorm", "mad_batch", "topk"
 K_TARGET, K_METHODS, K_STEPS, K_LENS_LAYER = "target", "methods", "steps", "lens_layer"
 K_TESTS = "tests"
+K_WHY_LEFT, K_WHY_RIGHT = "why_left", "why_right"  # the Why? tab's pair of maps
 K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 K_NORM_LAYER = "norm_layer"
 K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts tab: the concepts path, the feature removed

@@ -130,7 +130,9 @@ def _explanations(ctx: ViewContext) -> None:
     if judged is not None:
         _trust_table(ctx, judged, target, steps, objects, tests, methods)
     with maps_area:
-        _method_columns(ctx, relevance, judged, methods, objects)
+        _pair(ctx, relevance, judged, methods, objects)
+        with st.expander(f"All {len(methods) + (objects is not None)} maps side by side, with what each computes"):
+            _method_columns(ctx, relevance, judged, methods, objects)
     st.divider()
     _sanity(ctx, target, methods)
 
@@ -139,6 +141,71 @@ def _rule(relevance: explain.Relevance, method: str) -> str:
     """The LRP rule `method`'s map was made with (part of its figure's cache key); "" for the other methods."""
     choice = relevance.gamma_choice.get(method)
     return choice.name if choice is not None else explain.EPSILON_ONLY.name if method in explain.LRP_METHODS else ""
+
+
+OBJECT = "object"  # the pair's name of the object's patches (the ground truth), beside the methods' names
+PAIRED_FIRST = "chefer"  # the right map at first, beside the object (or the first method): the lesson's step 9 map
+PAIR_COLUMNS = [2, 2, 1]  # two maps of about 370 px at 1280 x 720, whole in the first screen; their pickers beside
+
+
+def pair_defaults(names: list[str]) -> tuple[str, str]:
+    """The two maps shown at first: the object where the app knows it (else the first method), and Chefer's map (the
+    lesson's step 9 map) or the next one."""
+    right = PAIRED_FIRST if PAIRED_FIRST in names[1:] else names[min(1, len(names) - 1)]
+    return names[0], right
+
+
+def _pair(ctx: ViewContext, relevance: explain.Relevance, judged: explain.Judgement | None, methods: list[str],
+          objects: np.ndarray | None) -> None:
+    """Two maps, large enough for a room (a projector, a phone), chosen beside them; the others one click away in
+    the expander of all the maps below (their descriptions there too)."""
+    names = ([OBJECT] if objects is not None else []) + methods
+    titles = {OBJECT: "Object (ground truth)"} | {m: _method_title(m) for m in methods}
+    first_left, first_right = pair_defaults(names)
+    columns = st.columns(PAIR_COLUMNS, gap="medium")
+    with columns[2]:
+        left = st.selectbox("Left map", names, index=names.index(first_left), key=session.K_WHY_LEFT,
+                            format_func=titles.get)
+        right = st.selectbox("Right map", names, index=names.index(first_right), key=session.K_WHY_RIGHT,
+                             format_func=titles.get)
+        st.caption("Every map, with what each computes: **All maps** below.")
+    for name, column in zip((left, right), columns[:2], strict=True):
+        with column:
+            if name == OBJECT:
+                _object_map(ctx, objects, "why_pair_object", width="stretch")
+            else:
+                _method_map(ctx, relevance, judged, name, f"why_pair_{name}", width="stretch", rule_caption=False)
+
+
+def _object_map(ctx: ViewContext, objects: np.ndarray, key: str, width: int | str = "content") -> None:
+    g = ctx.loaded.geometry
+    known = session.known_object(ctx.image.sha)
+    digest = caches.object_digest(objects)
+    show_picture(cached_figure(_object_overlay, ctx, digest, "jpeg"), key, f"{ctx.stem}_object",
+                 png=partial(_object_overlay, ctx, digest, "png"), title="Object (ground truth)", width=width)
+    st.caption(f"{int(objects.sum())} of {g.num_patches} patches: {md(known.source)}, through the model's "
+               "resize and crop; a patch is the object's when half its pixels are.")
+
+
+def _method_map(ctx: ViewContext, relevance: explain.Relevance, judged: explain.Judgement | None, method: str,
+                key: str, width: int | str = "content", rule_caption: bool = True) -> None:
+    """A method's map over the crop (or why it has none), its name, how many tests it passed, and (`rule_caption`)
+    the LRP rule its map was made with."""
+    target = relevance.target
+    if method not in relevance.maps:
+        st.info(relevance.unsupported.get(method, "Not computed for this model."))
+        st.markdown(f"**{_method_title(method)}**")
+        return
+    choice, rule = relevance.gamma_choice.get(method), _rule(relevance, method)
+    show_picture(cached_figure(_relevance_overlay, ctx, target, method, rule, "jpeg"), key,
+                 f"{ctx.stem}_{method}_class{target}", png=partial(_relevance_overlay, ctx, target, method, rule, "png"),
+                 title=_method_title(method), width=width)
+    if judged is not None and method in judged.methods:
+        labels = [judged.results[t].verdict(method).label for t in judged.results]
+        st.markdown(f"beats random on **{labels.count(BEATS)} of {len(labels)}** tests")
+    if rule_caption and method in explain.LRP_METHODS:
+        st.caption(f"rule chosen on this image: **{md(choice.name)}**" if choice is not None else
+                   "rule: epsilon everywhere; judging the maps chooses the rule that scores best here")
 
 
 def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: explain.Judgement | None,
@@ -150,29 +217,10 @@ def _method_columns(ctx: ViewContext, relevance: explain.Relevance, judged: expl
     columns = st.columns(len(methods) + (objects is not None))
     if objects is not None:
         with columns[0]:
-            known = session.known_object(ctx.image.sha)
-            digest = caches.object_digest(objects)
-            show_picture(cached_figure(_object_overlay, ctx, digest, "jpeg"), "why_object", f"{ctx.stem}_object",
-                         png=partial(_object_overlay, ctx, digest, "png"), title="Object (ground truth)")
-            st.caption(f"{int(objects.sum())} of {g.num_patches} patches: {md(known.source)}, through the model's "
-                       "resize and crop; a patch is the object's when half its pixels are.")
+            _object_map(ctx, objects, "why_object")
     for method, col in zip(methods, columns[objects is not None:], strict=True):
         with col:
-            if method in relevance.maps:
-                choice, rule = relevance.gamma_choice.get(method), _rule(relevance, method)
-                show_picture(cached_figure(_relevance_overlay, ctx, target, method, rule, "jpeg"), f"why_{method}",
-                             f"{ctx.stem}_{method}_class{target}",
-                             png=partial(_relevance_overlay, ctx, target, method, rule, "png"),
-                             title=_method_title(method))
-                if judged is not None and method in judged.methods:
-                    labels = [judged.results[t].verdict(method).label for t in judged.results]
-                    st.markdown(f"beats random on **{labels.count(BEATS)} of {len(labels)}** tests")
-                if method in explain.LRP_METHODS:
-                    st.caption(f"rule chosen on this image: **{md(choice.name)}**" if choice is not None else
-                               "rule: epsilon everywhere; judging the maps chooses the rule that scores best here")
-            else:
-                st.info(relevance.unsupported.get(method, "Not computed for this model."))
-                st.markdown(f"**{_method_title(method)}**")
+            _method_map(ctx, relevance, judged, method, f"why_{method}")
             st.caption(text.METHOD_TEXTS.get(method, ""))
     st.caption(f"maps `{shape(g.grid, batch=False)}` over the {g.num_patches} patches, for class "
                f"**{md(ctx.loaded.label(target))}** ({target}); each min-max scaled for display, exported unscaled.")

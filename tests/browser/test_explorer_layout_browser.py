@@ -1,7 +1,8 @@
 """The explorer where a class sees it, in a real browser on the bundled Shapes ViT (offline): a projector's 1280 x 720
 with the sidebar open, and a phone's 390 x 844. Everything is measured from the page as rendered:
 
-- the Why? tab's maps start on one line (a method's name wrapping above its map pushed that map down);
+- the Why? tab shows a pair of maps large, on one line, in the first screen, and every map one click away; on a phone
+  the tab is a few screens, not seven maps with their captions;
 - the Interventions tab's controls come before the prediction's change they make, both in the first screen;
 - the Model picker's labels fit its box (a cut label read "works offlir");
 - a refused upload is said in the main area, in the first screen and above the figures, with the image still shown
@@ -52,17 +53,31 @@ def boxes(page, selector: str) -> list[dict]:
     return page.evaluate(BOXES_JS, selector)
 
 
-def test_the_why_tabs_maps_start_on_one_line_at_1280(browser, server):
+def test_the_why_tabs_pair_of_maps_is_large_and_in_the_first_screen_at_1280(browser, server):
+    """Two maps (the shape's patches, from its generator's mask, and Chefer's), each at least 300 px wide (about 120 px
+    when all seven stood side by side), on one line, whole in the first 720 px; the others behind "All maps"."""
     with page_at(browser, PROJECTOR) as page:
         open_view(page, server, RENAMED["Why?"])
-        maps = [b for b in boxes(page, '[data-testid=stImage] img') if b["top"] < PROJECTOR[1]]
+        maps = boxes(page, '[data-testid=stImage] img:not([data-testid=stExpander] img)')
         page.screenshot(path=str(ARTIFACTS / "explorer_1280x720_why.png"))
-    assert len(maps) == 1 + len(explain.METHODS), maps  # the shape's patches (its generator's mask), then each map
+        expander = page.locator('[role="tabpanel"]:visible [data-testid=stExpander] summary', has_text="All")
+        expander.click()
+        page.wait_for_timeout(500)
+        every = [b for b in boxes(page, '[data-testid=stExpander] [data-testid=stImage] img') if b["width"] > 0]
+    assert len(maps) == 2, maps
     tops = [m["top"] for m in maps]
     assert max(tops) - min(tops) <= ALIGNED_PX, tops
-    assert all(m["bottom"] <= PROJECTOR[1] for m in maps), maps
-    lefts = [m["left"] for m in maps]
-    assert lefts == sorted(lefts)  # one row, left to right
+    assert all(m["bottom"] <= PROJECTOR[1] and m["width"] >= 300 for m in maps), maps
+    assert maps[0]["left"] < maps[1]["left"]
+    assert len(every) == 1 + len(explain.METHODS), every  # unfolded: the object and every method's map
+
+
+def test_on_a_phone_the_why_tab_is_a_few_screens(browser, server):
+    with page_at(browser, PHONE) as page:
+        open_view(page, server, RENAMED["Why?"])
+        height = page.evaluate("document.querySelector('[data-testid=stMain]').scrollHeight")
+        page.screenshot(path=str(ARTIFACTS / "explorer_390x844_why.png"))
+    assert height <= 4 * PHONE[1], height  # 5,600 px with the seven maps and their captions in one column
 
 
 def test_the_interventions_controls_come_before_their_result_in_the_first_screen(browser, server):

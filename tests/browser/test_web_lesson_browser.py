@@ -189,6 +189,7 @@ def test_a_drawn_star_is_predicted_as_the_library_predicts_it(lesson, shapes):
     page, _, _ = lesson
     page.click("#draw")
     canvas = page.locator("#drawing")
+    canvas.scroll_into_view_if_needed()  # (under the text on steps 9 and 10, where the figures take the width)
     box = canvas.bounding_box()
     before = ready_count(page)
     points = star_strokes(box)
@@ -375,3 +376,142 @@ def test_the_pages_resize_and_crop_are_timms_for_imagenet_configs(lesson, config
         ours = np.frombuffer(base64.b64decode(crop), np.uint8)
         assert ours.shape == expected.shape, (image.size, ours.shape, expected.shape)
         assert np.array_equal(ours, expected), (image.size, np.abs(ours.astype(int) - expected).max())
+
+
+@pytest.fixture
+def fresh(browser, site_url):
+    """A page of its own at a size (its `open(size, step)`): the layout tests change what the module's page shows."""
+    pages = []
+
+    def open_at(size: tuple[int, int], step: int):
+        page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+        pages.append(page)
+        page.goto(site_url + f"?step={step}")
+        page.wait_for_selector("body[data-ready]", state="attached", timeout=60_000)
+        return page
+
+    yield open_at
+    for page in pages:
+        page.close()
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+def test_on_a_phone_each_steps_title_and_question_come_first(fresh):
+    """390 x 844: the step's title, text and question before its figure and the image inputs (step 9's title was
+    about 1,400 px down)."""
+    for step in (1, 5, 9):
+        page = fresh((390, 844), step)
+        title, question, figure, inputs = (box(page, s) for s in ("#title", "#question", "#figure", "#inputs"))
+        assert title["y"] < 300, (step, title)
+        assert title["y"] < question["y"] < figure["y"] < inputs["y"], step
+
+
+def test_at_a_projector_the_drawing_canvas_is_whole_in_the_first_screen(fresh):
+    page = fresh((1280, 720), 1)
+    page.click("#draw")
+    canvas = box(page, "#drawing")
+    assert canvas["y"] + canvas["height"] <= 720, canvas
+    assert page.locator("#photo").count() == 1 and page.locator("#camera").count() == 1  # still there, shown as buttons
+
+
+def test_the_patch_grid_shows_on_a_white_drawing(fresh):
+    """Step 1's grid on an all-white image: its lines are darker than the image (a white line on white vanished)."""
+    page = fresh((1280, 720), 1)
+    page.click("#draw")
+    before = ready_count(page)
+    canvas = box(page, "#drawing")
+    page.mouse.move(canvas["x"] + 5, canvas["y"] + 5)  # one dot in a corner: the image stays white where the grid is
+    page.mouse.down()
+    page.mouse.move(canvas["x"] + 6, canvas["y"] + 6)
+    page.mouse.up()
+    wait_next_prediction(page, before)
+    line, cell = page.evaluate("""() => {
+        const c = document.querySelector("#figure canvas"), ctx = c.getContext("2d"), g = vitLens.app.g;
+        const x = Math.round(c.width / g.grid[1] * 2), y = Math.round(c.height / g.grid[0] * 3.5);  // away from the frame
+        const px = (x, y) => Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3));
+        return [px(x, y), px(x + Math.round(c.width / g.grid[1] / 2), y)];
+    }""")
+    assert min(cell) >= 250, cell  # the white image inside a patch
+    assert max(line) <= 200, line  # the grid's line on it
+
+
+def test_step_5_opens_at_the_dashboards_layer_with_the_image_under_each_tile(fresh):
+    """Step 5 opens at the last layer, as the dashboard's lesson does, so the Notice numbers agree; each tile of its
+    grid is drawn over the image (a constant map over a half-black, half-white image shows both halves)."""
+    page = fresh((1280, 720), 5)
+    layers = page.evaluate("vitLens.app.g.L")
+    assert page.input_value("#layer") == str(layers - 1)
+    assert f"In layer {layers - 1}," in page.inner_text("#notice")
+    left, right = page.evaluate("""() => {
+        const g = vitLens.app.g, [h, w] = g.imgSize, crop = new Uint8ClampedArray(h * w * 3);
+        for (let i = 0; i < h * w; i++) if (i % w >= w / 2) crop.fill(255, i * 3, i * 3 + 3);
+        const c = vitLens.figures.mapGrid([new Float32Array(g.N)], 1, g.grid, 1, 100, null, -1, { crop, size: g.imgSize });
+        const px = (x) => Array.from(c.getContext("2d").getImageData(x, 50, 1, 1).data.slice(0, 3));
+        return [px(20), px(80)];
+    }""")
+    assert sum(right) - sum(left) > 60, (left, right)  # a map alone (no image under) is one colour here
+
+
+def test_steps_9_and_10_show_their_figures_large_in_the_first_screen(fresh):
+    """At 1280 x 720 each of the two figures is at least 320 px wide (about 220 px before), whole on the first screen."""
+    for step, selector in ((9, "#figure svg[aria-label='deletion test']"), (10, "#figure svg[aria-label='logit lens']")):
+        page = fresh((1280, 720), step)
+        page.wait_for_selector(selector, timeout=60_000)
+        for figure in page.locator("#figure canvas, #figure svg").all():
+            b = figure.bounding_box()
+            assert b["width"] >= 320 and b["y"] + b["height"] <= 720, (step, b)
+
+
+@pytest.mark.parametrize("picture, sentence", [("gradient", "none of them (<code>other</code>, 92%)"),
+                                               ("swirl", "it is unsure here: its best guess, circle, has only 44%")])
+def test_a_photo_outside_the_models_world_is_explained_as_the_dashboard_explains_it(fresh, shapes, tmp_path, picture,
+                                                                                    sentence):
+    from dashboard.views.header import outside_its_world
+
+    y, x = np.mgrid[0:120, 0:160]
+    pixels = {"gradient": np.stack([x * 1.5, y * 2, 255 - x], -1),
+              "swirl": np.stack([x * 1.2 + y * 0.5, (x * y) % 255, y * 2], -1)}[picture]
+    path = tmp_path / f"{picture}.png"
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+    top = A.top_k(run_with_capture(shapes, Image.open(path)).logits, shapes.labels, 1)[0]
+    theirs = outside_its_world("vit-lens/shapes-vit", shapes.labels, top)
+    assert theirs is not None  # the dashboard explains this one: so must the page
+    page = fresh((1280, 720), 8)
+    before = ready_count(page)
+    page.set_input_files("#photo", str(path))
+    wait_next_prediction(page, before)
+    ours = page.inner_html("#outside")
+    assert sentence in ours and plain(ours.replace("<code>", "`").replace("</code>", "`")) == plain(theirs)
+    assert plain(theirs).replace("`", "") in plain(page.inner_text("#notice"))  # step 8's Notice says it too, as the dashboard's
+
+
+def png_of_size(path, width: int, height: int) -> None:
+    """A drawn PNG of that many pixels, small on disk: 1 bit a pixel, a square in the middle (deflate of rows alike)."""
+    image = Image.new("1", (width, height), 1)
+    ImageDraw.Draw(image).rectangle((width // 3, height // 3, 2 * width // 3, 2 * height // 3), fill=0)
+    image.save(path, optimize=False)
+
+
+def test_a_huge_png_is_refused_from_its_header_and_a_large_one_decoded_scaled(fresh, tmp_path):
+    """20000 x 20000 (400 MP, a small file): one sentence, from the header alone, and the previous image stays; a
+    5000 x 4000 one (20 MP, over the page's 16 MP) is decoded at about 4 MP and predicted."""
+    huge, large = tmp_path / "huge.png", tmp_path / "large.png"
+    png_of_size(huge, 20000, 20000)
+    png_of_size(large, 5000, 4000)
+    assert huge.stat().st_size < 2_000_000
+    page = fresh((1280, 720), 1)
+    shown = page.evaluate("vitLens.app.image.name")
+    page.set_input_files("#photo", str(huge))
+    page.wait_for_function("document.getElementById('prediction').textContent.includes('huge.png')", timeout=30_000)
+    assert page.inner_text("#prediction").strip() == (
+        "huge.png: The image is 20000 x 20000 pixels (400 MP); the limit is 50 MP. Downscale it first.")
+    assert page.evaluate("vitLens.app.image.name") == shown
+    before = ready_count(page)
+    page.set_input_files("#photo", str(large))
+    wait_next_prediction(page, before)
+    width, height = page.evaluate("vitLens.app.image.size")
+    assert width < 5000 and abs(width / height - 5000 / 4000) < 0.01 and 2e6 <= width * height <= 4e6, (width, height)
+    assert re.fullmatch(r"Prediction: \w+ \(\d+\.\d%\)", page.inner_text("#prediction").strip())

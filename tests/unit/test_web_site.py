@@ -31,6 +31,16 @@ def test_the_lesson_text_is_the_streamlit_lessons():
                                        for q in CONCEPT_CHECK]
 
 
+def test_the_lesson_says_what_the_dashboard_says_of_an_image_outside_the_teaching_models_world():
+    from dashboard import text
+    from dashboard.views.header import UNSURE_BELOW
+    from vit_core import TEACHING_MODEL
+
+    outside = json.loads((REPO / "web" / "lesson.json").read_text())["outside"]
+    assert outside == {"model": TEACHING_MODEL, "other_class": text.OTHER_CLASS, "unsure_below": UNSURE_BELOW,
+                       "other": text.OUTSIDE_SHAPES_OTHER, "unsure": text.OUTSIDE_SHAPES_UNSURE}
+
+
 def test_the_page_refers_to_no_other_origin():
     """Every file of the page: no absolute URL that a browser would fetch (the lesson works offline once loaded)."""
     sources = [REPO / "web" / "index.html", REPO / "web" / "style.css", *sorted((REPO / "web" / "src").glob("*.js"))]

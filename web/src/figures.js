@@ -50,10 +50,12 @@ export function imageFigure(crop, [h, w], grid, size, { map = null, lines = fals
     ctx.fillStyle = "rgba(128,128,128,0.85)";
     for (const k of greyed) ctx.fillRect((k % gw) * cw, Math.floor(k / gw) * ch, cw, ch);
   }
-  if (lines) {
-    ctx.strokeStyle = "rgba(255,255,255,0.7)"; ctx.lineWidth = 1;
-    for (let i = 1; i < gw; i++) { ctx.beginPath(); ctx.moveTo(i * cw, 0); ctx.lineTo(i * cw, c.height); ctx.stroke(); }
-    for (let i = 1; i < gh; i++) { ctx.beginPath(); ctx.moveTo(0, i * ch); ctx.lineTo(c.width, i * ch); ctx.stroke(); }
+  if (lines) { // a light line on a dark one: the grid shows on a white drawing and on a dark photo alike
+    for (const [stroke, width] of [["rgba(0,0,0,0.55)", 3], ["rgba(255,255,255,0.9)", 1]]) {
+      ctx.strokeStyle = stroke; ctx.lineWidth = width;
+      for (let i = 1; i < gw; i++) { ctx.beginPath(); ctx.moveTo(i * cw, 0); ctx.lineTo(i * cw, c.height); ctx.stroke(); }
+      for (let i = 1; i < gh; i++) { ctx.beginPath(); ctx.moveTo(0, i * ch); ctx.lineTo(c.width, i * ch); ctx.stroke(); }
+    }
   }
   for (const [k, stroke] of Object.entries(frames)) {
     ctx.strokeStyle = stroke; ctx.lineWidth = 3;
@@ -90,19 +92,22 @@ export function tileGrid(data, count, [ph, pw], columns, tile, captions) {
   return c;
 }
 
-/** Maps (count, gh, gw) side by side, each min-max scaled, with captions and an optional frame on one. */
-export function mapGrid(maps, count, grid, columns, tile, captions, framed = -1) {
+/** Maps (count, gh, gw) side by side, each min-max scaled, with captions and an optional frame on one; given
+ * `under` ({crop (H, W, 3), size [H, W]}), each map is drawn over the image, as imageFigure draws one map. */
+export function mapGrid(maps, count, grid, columns, tile, captions, framed = -1, under = null) {
   const [gh, gw] = grid, captionH = captions ? FONT + 6 : 0, gap = captions ? 8 : 2;
   const rows = Math.ceil(count / columns);
   const c = canvas(columns * (tile + gap), rows * (tile + gap + captionH), "a grid of maps"), ctx = c.getContext("2d");
   if (captions) c.dataset.text = "1";
   ctx.font = `${FONT}px sans-serif`; ctx.textAlign = "center";
+  const picture = under ? imageFigure(under.crop, under.size, grid, tile) : null;
   for (let i = 0; i < count; i++) {
     const t = scaled(maps.subarray ? maps.subarray(i * gh * gw, (i + 1) * gh * gw) : maps[i]);
     const x0 = (i % columns) * (tile + gap), y0 = Math.floor(i / columns) * (tile + gap + captionH);
+    if (picture) ctx.drawImage(picture, x0, y0, tile, tile);
     for (let k = 0; k < gh * gw; k++) {
       const [r, g, b] = colour(t[k]);
-      ctx.fillStyle = `rgb(${r},${g},${b})`;
+      ctx.fillStyle = picture ? `rgba(${r},${g},${b},0.72)` : `rgb(${r},${g},${b})`;
       ctx.fillRect(x0 + ((k % gw) * tile) / gw, y0 + (Math.floor(k / gw) * tile) / gh, Math.ceil(tile / gw), Math.ceil(tile / gh));
     }
     if (i === framed) { ctx.strokeStyle = "#0af"; ctx.lineWidth = 3; ctx.strokeRect(x0 + 1.5, y0 + 1.5, tile - 3, tile - 3); }

@@ -146,14 +146,15 @@ export function howFar(g, distances, uniform, images) {
 
 export const SHIFT_YES = "Yes, it rises", SHIFT_NO = "No, it stays the same";
 
-export function prediction(g, preds) {
+/** outside: the teaching model's sentence on an image outside its world (the app's outside()), HTML, or null. */
+export function prediction(g, preds, outside = null) {
   const top = preds[0];
   const runner = preds.length > 1 ? `; the runner-up, <b>${escape(preds[1].label)}</b>, gets ${pct(preds[1].prob)}` : "";
   const gap = preds.length > 1 ? top.logit - preds[1].logit : 0;
   return {
     body: `After the last block, the ${g.hasClassToken ? "class token" : "pooled token"} goes through a final norm and one `
       + `linear layer, the <b>head</b>: ${g.C} scores (logits), one per class. Softmax turns them into probabilities that sum to 1.`,
-    notice: `The model says <b>${escape(top.label)}</b> with <b>${pct(top.prob)}</b>${runner}.`,
+    notice: `The model says <b>${escape(top.label)}</b> with <b>${pct(top.prob)}</b>${runner}.${outside ? ` ${outside}` : ""}`,
     tryThis: `Press <b>Draw</b> in ${INPUTS} and change your shape a little at a time: how far can you go before the answer changes?`,
     question: { prompt: `If every logit rose by 5, would ${escape(top.label)}'s probability change?`, options: [SHIFT_YES, SHIFT_NO], answer: 1 },
     reveal: preds.length > 1

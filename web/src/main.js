@@ -3,7 +3,8 @@
 // benchmark (tests/browser/test_web_lesson_browser.py, tools/benchmarks/web_lesson.py).
 
 import * as A from "./analyses.js";
-import { decodeBlob, drawingCanvas } from "./inputs.js";
+import * as F from "./figures.js";
+import { decodeBlob, drawingCanvas, ImageRefusal } from "./inputs.js";
 import { Model } from "./model.js";
 import { modelCrop, normalised } from "./preprocess.js";
 import { conceptCheck, predictThenReveal } from "./quiz.js";
@@ -33,7 +34,7 @@ class App {
     const step = Number(new URLSearchParams(location.search).get("step"));
     this.s = {
       step: Number.isInteger(step) && step >= 0 && step <= CHECK_AGAIN ? step : CHECK_FIRST,
-      layer: 0, head: 0, query: 0, rolloutLayer: this.g.L - 1, method: "rollout", filterView: "pca",
+      layer: this.g.L - 1, head: 0, query: 0, rolloutLayer: this.g.L - 1, // the last layer first, as the dashboard method: "rollout", filterView: "pca",
       dropped: new Set(), silenced: new Set(), picks: {}, revealed: {}, before: [], after: [],
     };
     this.image = null;
@@ -63,9 +64,24 @@ class App {
     this.s.dropped.clear(); this.s.silenced.clear();
     this.seen.set(name === "your drawing" ? `drawing-${this.seen.size}` : name, A.meanAttentionDistance(result.attention, this.g));
     $("prediction").textContent = `Prediction: ${A.predictionText(preds[0].label, preds[0].prob)}`;
+    $("outside").innerHTML = this.outside() ?? "";
     this.render();
     this.timings.push({ what: name, ms: performance.now() - started });
     document.body.dataset.ready = String(this.timings.length);
+  }
+
+  /** The teaching model's sentence when the image is outside what it knows (its `other` class wins, or no class is
+   * likely), as the dashboard says it (lesson.json's "outside"), or null. */
+  outside() {
+    const o = this.site.lesson.outside, top = this.image.preds[0];
+    if (!o || this.site.info.name !== o.model) return null;
+    const shapes = this.site.info.labels.filter((label) => label !== o.other_class);
+    const fill = (template, values) => lessonText.escape(template).replace(/`([^`]+)`/g, "<code>$1</code>")
+      .replace(/\{(\w+)(:\.0%)?\}/g, (_, key, percent) => (percent ? `${Math.round(100 * values[key])}%` : lessonText.escape(values[key])));
+    const known = { count: shapes.length, shapes: shapes.join(", "), label: top.label, prob: top.prob };
+    if (top.label === o.other_class) return fill(o.other, known);
+    if (top.prob < o.unsure_below) return fill(o.unsure, known);
+    return null;
   }
 
   /** The map of a why method (N,), or null while it is computed (occlusion runs N + 1 forwards). */
@@ -135,6 +151,7 @@ class App {
     $("next").disabled = s.step === CHECK_AGAIN;
     if (s.step === CHECK_FIRST || s.step === CHECK_AGAIN) return this.renderCheck();
     document.body.dataset.view = "step";
+    document.body.dataset.step = String(s.step);
     const view = STEP_VIEWS[s.step - 1](this);
     $("title").textContent = `${s.step}. ${lesson.steps[s.step - 1]}`;
     $("figure").replaceChildren(view.figure);
@@ -155,6 +172,7 @@ class App {
   renderCheck() {
     const s = this.s, first = s.step === CHECK_FIRST;
     document.body.dataset.view = "check";
+    document.body.dataset.step = String(s.step);
     $("title").textContent = first ? "Before you start: what do you think?" : "The concept check again";
     $("body").textContent = first ? "Five questions on how a Vision Transformer sees. Answer them now; at the end you will meet them again."
       : "The same five questions: see what changed since the start.";
@@ -173,7 +191,7 @@ async function boot() {
   const site = { info, lesson, figures: Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, decoded(v)])) };
   const model = await Model.load(info);
   const app = new App(site, model);
-  window.vitLens = { app, analyses: A, model, why: { deletionTest, occlusion }, preprocess: { modelCrop, normalised }, methods: METHODS,
+  window.vitLens = { app, analyses: A, figures: F, model, why: { deletionTest, occlusion }, preprocess: { modelCrop, normalised }, methods: METHODS,
     lesson: lessonText };
   $("model-name").textContent = `${info.name} (${info.weights})`;
   $("back").addEventListener("click", () => app.go(app.s.step - 1));
@@ -210,8 +228,10 @@ async function boot() {
     const t = performance.now();
     try {
       await app.setImage(file.name, await decodeBlob(file), t);
-    } catch {
-      $("prediction").innerHTML = `${lessonText.escape(file.name)} can't be read as an image: try a PNG or JPEG.`;
+    } catch (error) {
+      $("prediction").innerHTML = error instanceof ImageRefusal ? `${lessonText.escape(file.name)}: ${lessonText.escape(error.message)}`
+        : `${lessonText.escape(file.name)} can't be read as an image: try a PNG or JPEG.`;
+      $("outside").textContent = "";
     }
   };
   $("photo").addEventListener("change", photo);

@@ -7,6 +7,7 @@ import * as F from "./figures.js";
 import * as L from "./lesson.js";
 
 const FIG = 460; // px: the main figure's side at 1280 x 720
+const PAIR = 340; // px: each of steps 9 and 10's two figures, side by side in their wider stage (style.css)
 
 function select(label, options, value, onChange, id) {
   const wrap = document.createElement("label");
@@ -116,7 +117,8 @@ export function allHeads(app) {
   const maps = [...Array(g.H).keys()].map((h) => A.attentionRow(image.result.attention, g, s.layer, h, s.query).map);
   const mean = A.attentionRow(image.result.attention, g, s.layer, null, s.query).map;
   const columns = Math.ceil(Math.sqrt(g.H + 1)), tile = Math.floor(FIG / columns) - 10;
-  const fig = F.mapGrid([...maps, mean], g.H + 1, g.grid, columns, tile, [...maps.map((_, h) => `head ${h}`), "mean"]);
+  const fig = F.mapGrid([...maps, mean], g.H + 1, g.grid, columns, tile, [...maps.map((_, h) => `head ${h}`), "mean"], -1,
+    { crop: image.crop, size: g.imgSize });
   const controls = [select("Layer", layerOptions(g), s.layer, (v) => { s.layer = Number(v); app.render(); }, "layer"),
     select("Query", queryOptions(g), s.query, (v) => { s.query = Number(v); app.render(); }, "query")];
   return { figure: box(fig), controls, text: L.allHeads(g, s.layer, s.query, maps) };
@@ -158,7 +160,7 @@ export function prediction(app) {
   const { g, image } = app;
   const preds = image.preds.slice(0, 5);
   const fig = F.bars(preds.map((p) => ({ text: A.predictionText(p.label, p.prob), value: p.prob })), { width: FIG, label: "the prediction" });
-  return { figure: box(fig), controls: [caption(`Top ${preds.length} of ${g.C} classes; the bars are probabilities.`)], text: L.prediction(g, preds) };
+  return { figure: box(fig), controls: [caption(`Top ${preds.length} of ${g.C} classes; the bars are probabilities.`)], text: L.prediction(g, preds, app.outside()) };
 }
 
 export const METHODS = { rollout: "Rollout", raw: "Raw attention", occlusion: "Patch occlusion" };
@@ -171,7 +173,7 @@ export function why(app) {
   const relevance = app.relevance(method);
   const controls = [select("Method", Object.entries(METHODS), method, (v) => { s.method = v; app.render(); }, "method")];
   if (!relevance) return { figure: caption("Computing the map..."), controls, text: L.why(g, target.label, METHODS[method], new Float64Array(g.N), null) };
-  const map = F.imageFigure(image.crop, g.imgSize, g.grid, 220, { map: relevance, label: `${METHODS[method]} map` });
+  const map = F.imageFigure(image.crop, g.imgSize, g.grid, PAIR, { map: relevance, label: `${METHODS[method]} map` });
   const test = app.deletion(method);
   let curve = caption("Running the deletion test...");
   if (test) {
@@ -179,7 +181,7 @@ export function why(app) {
     curve = F.chart([
       { points: test.randomMean.map((v, k) => [x(k), v]), band: test.randomSpread, colour: "#777", label: "random" },
       { points: test.curve.map((v, k) => [x(k), v]), colour: "#e4572e", label: METHODS[method] },
-    ], { width: 250, height: 240, xLabel: "share deleted", yLabel: `p(${target.label})`, yMax: 1, label: "deletion test",
+    ], { width: PAIR, height: PAIR - 20, xLabel: "share deleted", yLabel: `p(${target.label})`, yMax: 1, label: "deletion test",
       xTicks: [[0, "0"], [0.5, "0.5"], [0.9, "0.9"]] });
   }
   const verdict = test ? caption(`Deletion test: ${test.verdict.label} (AUC ${test.auc.toFixed(3)}, random ${test.verdict.randomMean.toFixed(3)} ± ${test.verdict.randomStd.toFixed(3)}).`) : null;
@@ -191,7 +193,7 @@ export function further(app) {
   const { g, s, image } = app;
   const after = app.intervened();
   const shown = after || image;
-  const fig = F.imageFigure(image.crop, g.imgSize, g.grid, 220, { greyed: s.dropped, lines: true, label: "click patches to drop them" });
+  const fig = F.imageFigure(image.crop, g.imgSize, g.grid, PAIR, { greyed: s.dropped, lines: true, label: "click patches to drop them" });
   fig.addEventListener("click", (e) => { const k = F.patchAt(e, fig, g.grid);
     if (s.dropped.has(k)) s.dropped.delete(k);
     else if (s.dropped.size < g.N - 1) s.dropped.add(k); // one patch stays: a sequence of the class token alone says little
@@ -199,12 +201,12 @@ export function further(app) {
   });
   const tops = A.lensTops(shown.result.lens, g.L + 1, g.C);
   const rows = [["after", "top class"], ...tops.map((t, r) => [r === 0 ? "emb" : `${r - 1}`, A.predictionText(app.label(t.index), t.prob)])];
-  let side = F.table(rows, [100, 150], { label: "logit lens" });
+  let side = F.table(rows, [110, 230], { label: "logit lens" });
   if (s.furtherView === "norms") { // the image's own tokens (no intervention): their norms after the chosen block
     const row = s.normsRow ?? g.L, norms = image.result.norms.subarray(row * g.T, (row + 1) * g.T);
     const high = A.highNormPatches(norms, g);
     const frames = Object.fromEntries(high.flatMap((h, k) => (h ? [[k, "#e4572e"]] : [])));
-    side = F.imageFigure(image.crop, g.imgSize, g.grid, 220, { map: norms.slice(g.P, g.P + g.N), frames, label: "token norms" });
+    side = F.imageFigure(image.crop, g.imgSize, g.grid, PAIR, { map: norms.slice(g.P, g.P + g.N), frames, label: "token norms" });
   }
   const heads = document.createElement("div");
   heads.className = "heads";
