@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from vit_core.runtime import one_blas_thread  # a light module: no torch, no numpy
+from vit_core.runtime import no_triton_without_a_gpu, one_blas_thread  # a light module: no torch, no numpy
 
 DASHBOARD = "dashboard"
 
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     whole_process = argv is None  # the `vit-lens` command itself, not a caller inside another program
     argv = sys.argv[1:] if argv is None else argv
     one_blas_thread()  # before numpy is imported
+    no_triton_without_a_gpu()  # before torch is
     if argv[:1] == [DASHBOARD]:
         # Streamlit's own option parser takes everything after `dashboard` (argparse would refuse
         # `--server.port`). Imported here: `vit-lens analyze` need not load Streamlit.

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
-from PIL import Image
+from vit_core.runtime import no_triton_without_a_gpu
 
-from tools.hostile.images import encoded  # noqa: F401 - the tests' `from conftest import encoded`
+no_triton_without_a_gpu()  # as the entry points do, before torch is imported: no triton teardown noise on a CPU machine
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from tools.hostile.images import encoded  # noqa: E402, F401 - the tests' `from conftest import encoded`
 
 REPO = Path(__file__).resolve().parent.parent  # vit_core and dashboard are imported as installed (pip install -e .)
 

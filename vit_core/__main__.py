@@ -47,9 +47,10 @@ a subcommand added here (`build_parser` and `COMMANDS`) appears there too.
 
 from __future__ import annotations
 
-from .runtime import one_blas_thread
+from .runtime import no_triton_without_a_gpu, one_blas_thread
 
 one_blas_thread()  # before numpy is imported, which the imports below do
+no_triton_without_a_gpu()  # before torch is
 
 import argparse
 import contextlib
@@ -137,8 +138,8 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     dataset.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     workers = default_workers()  # read once: the default and its help
     dataset.add_argument("--workers", type=_not_negative, metavar="W",
-                         help=f"processes that decode images, 0: in this one (default {workers}: the CPUs this "
-                              "process may use, less one, at most 8); with --engine ray, Ray's decoding workers "
+                         help=f"processes that decode images, 0: in this one (default: one fewer than the CPUs this "
+                              f"process may use, at most 8; {workers} here); with --engine ray, Ray's decoding workers "
                               "(default: the cluster's CPUs the model workers leave)")
     dataset.add_argument("--explain", action="store_true",
                          help="add each image's deletion / insertion AUC of every relevance method and a random "
@@ -191,8 +192,9 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                           "CPU, 64 on a GPU)")
     concepts.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     concepts.add_argument("--workers", type=_not_negative, metavar="W",
-                          help=f"processes that decode images, 0: in this one (default {workers}); with --engine ray, "
-                               "Ray's decoding workers")
+                          help=f"processes that decode images, 0: in this one (default: one fewer than the CPUs "
+                               f"this process may use, at most 8; {workers} here); with --engine ray, Ray's decoding "
+                               "workers")
     concepts.add_argument("--memory-gb", type=_not_negative_float, default=CONCEPTS_MEMORY_GB, metavar="G",
                           help="training tokens held in memory up to G GiB; beyond, they are read from DIR/tokens one "
                                f"chunk at a time (default {CONCEPTS_MEMORY_GB:g})")

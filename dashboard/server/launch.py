@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from vit_core import settings  # a leaf module: no torch, no numpy
-from vit_core.runtime import one_blas_thread  # light too
+from vit_core.runtime import no_triton_without_a_gpu, one_blas_thread  # light too
 
 SERVER_MODULE = "dashboard.serve"  # what a restart runs again: `python -m dashboard.serve ARGV`
 
@@ -31,6 +31,7 @@ def prepare_launch(argv: list[str], whole_process: bool) -> tuple[str | None, li
     Each `--concepts DIR` is added to $VIT_LENS_CONCEPTS (the concept folders the server offers).
     Returns (the device option's value, None if not given; the other arguments, for `streamlit run`)."""
     one_blas_thread()
+    no_triton_without_a_gpu()
     try:
         settings.check_all()
     except settings.SettingError as e:

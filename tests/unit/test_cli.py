@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import drawn_image
+from conftest import REPO, drawn_image
 from vit_core import ImageError, analyses, load_model, loading, run_with_capture
 from vit_core.images import MAX_FILE_BYTES
 
@@ -512,7 +512,8 @@ def _fake_venv_repository(root: Path) -> Path:
     (root / "tools").mkdir()
     for name in ("setup", "dashboard"):
         (root / "tools" / name).write_text((tools / name).read_text())
-    (root / "pyproject.toml").write_text((tools.parent / "pyproject.toml").read_text())
+    for name in ("pyproject.toml", "requirements.txt"):
+        (root / name).write_text((tools.parent / name).read_text())
     (root / ".venv" / "bin").mkdir(parents=True)
     for name in ("python", "vit-lens"):
         (root / ".venv" / "bin" / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{root}/calls"\n')
@@ -524,8 +525,8 @@ def _fake_venv_repository(root: Path) -> Path:
 def test_tools_dashboard_installs_only_when_no_set_up_of_this_pyproject_is_done(tmp_path, stamp, installs):
     """tools/test's set-up (the test extra, which includes the runtime) is enough for tools/dashboard."""
     root = _fake_venv_repository(tmp_path)
-    digest = subprocess.run(["sha256sum", "pyproject.toml"], cwd=root, capture_output=True, text=True,
-                            check=True).stdout[:12]
+    digest = subprocess.run("cat pyproject.toml requirements.txt | sha256sum", shell=True, cwd=root,
+                            capture_output=True, text=True, check=True).stdout[:12]
     if stamp:
         (root / ".venv" / f".installed-{digest}-{stamp}").touch()
     result = subprocess.run(["bash", "tools/dashboard", "--server.port", "8502"], cwd=root, capture_output=True,
@@ -533,7 +534,41 @@ def test_tools_dashboard_installs_only_when_no_set_up_of_this_pyproject_is_done(
     assert result.returncode == 0, result.stderr
     calls = (root / "calls").read_text().splitlines()
     assert calls[-1] == "vit-lens dashboard --server.port 8502"
-    assert any("pip install --quiet -e ." in call for call in calls) == installs, calls
+    assert any("pip install --quiet -c .venv/constraints.txt -e ." in call for call in calls) == installs, calls
+
+
+def test_the_set_up_installs_requirements_txts_pins():
+    """requirements.txt is the truth for versions: tools/setup installs under its pins (constraints), so the .venv it
+    made has every pinned package that is installed at its pin (the set-up had installed newer ones: 8 differed)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    setup = (REPO / "tools" / "setup").read_text()
+    assert "grep -v '^-e ' requirements.txt > .venv/constraints.txt" in setup
+    assert 'pip install --quiet -c .venv/constraints.txt -e "' in setup
+    stamps = list((Path(sys.prefix)).glob(".installed-*"))
+    if Path(sys.prefix) != REPO / ".venv" or not stamps:
+        pytest.skip("not the .venv tools/setup made")
+    digest = subprocess.run("cat pyproject.toml requirements.txt | sha256sum", shell=True, cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout[:12]
+    if not any(stamp.name.startswith(f".installed-{digest}-") for stamp in stamps):
+        pytest.skip("the .venv was set up for another pyproject.toml or requirements.txt: bash tools/setup")
+    differ = []
+    for raw in (REPO / "requirements.txt").read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        pin = Requirement(line)
+        if pin.marker is not None and not pin.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            installed = metadata.version(pin.name)
+        except metadata.PackageNotFoundError:  # an extra's package that this set-up didn't ask for
+            continue
+        if not pin.specifier.contains(installed, prereleases=True):
+            differ.append(f"{pin.name} {installed}, pinned {pin.specifier}")
+    assert differ == [], differ
 
 
 @pytest.mark.live  # starts the real dashboard server
@@ -686,3 +721,102 @@ def test_a_mistyped_target_or_model_gets_the_closest_names_after_loading_too(tin
         resolve_target(tiny, logits, name[:-1] + "x")
     with pytest.raises(ModelError, match=r"Did you mean vit-lens/shapes-vit\?$"):
         _check_name("shapes-vit")
+
+
+def test_no_triton_is_imported_on_a_machine_without_a_gpu(tmp_path):
+    """triton compiles GPU kernels only, yet `import timm` imported it (through torchvision and torch._dynamo), and
+    its bindings printed about forty "nanobind: leaked ..." lines at every exit: the entry points stop the import
+    where no GPU driver is there. Here the driver files looked for are made absent by naming paths that aren't."""
+    script = f"""
+import sys
+from vit_core.runtime import no_triton_without_a_gpu
+assert no_triton_without_a_gpu(({str(tmp_path / "no-driver")!r},))
+import vit_core
+from PIL import Image
+loaded = vit_core.load_model("vit-lens/shapes-vit")
+vit_core.run_with_capture(loaded, Image.new("RGB", (64, 64)))
+print(",".join(sorted(name for name, module in sys.modules.items() if name.startswith("triton") and module)))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "" and "nanobind" not in result.stderr, (result.stdout, result.stderr)
+    from vit_core.runtime import no_triton_without_a_gpu
+
+    assert not no_triton_without_a_gpu((str(tmp_path),))  # a driver there (any path that exists): triton stays
+
+
+def test_the_command_imports_no_triton_on_this_cpu_machine(tmp_path):
+    from vit_core.runtime import GPU_DRIVER_FILES
+
+    if any(Path(path).exists() for path in GPU_DRIVER_FILES):
+        pytest.skip("a GPU driver is there: triton may be needed")
+    drawn_image(0).save(tmp_path / "a.png")
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "vit_core", "analyze", "a.png", "--model",
+                             "vit-lens/shapes-vit", "--out", "out"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    assert "triton._C.libtriton" not in loaded and "triton.language" not in loaded
+
+
+def readme_command_lines() -> list[tuple[int, str]]:
+    """(line number, command) of every line of README.md's code blocks (fenced or indented) that runs `vit-lens`,
+    its comment left out."""
+    import re
+
+    found, fenced = [], False
+    for number, line in enumerate((REPO / "README.md").read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        command = line.split(" #", 1)[0].strip()
+        if (fenced or line.startswith("    ")) and re.match(r"(\.venv/bin/)?vit-lens\s", command):
+            found.append((number, command))
+    return found
+
+
+def test_every_vit_lens_line_of_the_readme_runs_as_written_after_its_set_up():
+    """The set-up puts `vit-lens` in .venv/bin, not on the PATH (`vit-lens: command not found`): the README activates
+    .venv before its first bare `vit-lens`, the command is the one pyproject installs there, and every line parses
+    with the command's own parser (optional [...] parts left out)."""
+    import re
+    import shlex
+
+    import tomllib
+
+    from vit_core import __main__ as core_cli
+
+    lines = readme_command_lines()
+    assert len(lines) >= 10, lines
+    text = (REPO / "README.md").read_text().splitlines()
+    activated = next(number for number, line in enumerate(text, 1) if line.startswith("source .venv/bin/activate"))
+    bare = [number for number, command in lines if command.startswith("vit-lens ")]
+    assert activated < min(bare), f"README line {min(bare)} runs vit-lens before the README activates .venv"
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["vit-lens"] == "dashboard.cli:main"
+    if (Path(sys.prefix) / "bin" / "activate").is_file():  # a virtual environment: the command is in its bin/
+        assert (Path(sys.prefix) / "bin" / "vit-lens").is_file()
+    parser, commands = core_cli.build_parser(prog="vit-lens")
+    commands.add_parser("dashboard", add_help=False)
+    for number, command in lines:
+        while re.search(r"\[[^\[\]]*\]", command):
+            command = re.sub(r"\[[^\[\]]*\]", "", command)  # the optional parts, innermost first
+        argv = shlex.split(command)[1:]
+        if argv[:1] == ["dashboard"]:
+            continue  # Streamlit's options: dashboard.cli hands them to `streamlit run`
+        try:
+            parser.parse_args(argv)
+        except SystemExit as e:  # --help exits 0; a line the parser refuses exits 2
+            assert e.code == 0, f"README line {number}: {command}"
+
+
+def test_the_workers_help_gives_the_rule_and_its_value_here(capsys):
+    """"default 1: the CPUs ... less one, at most 8" read as a contradiction on 2 CPUs: the rule, then the value."""
+    from vit_core import __main__ as core_cli
+
+    for command in ("dataset", "concepts"):
+        with pytest.raises(SystemExit):
+            core_cli.main([command, "--help"])
+        said = " ".join(capsys.readouterr().out.split())
+        assert (f"(default: one fewer than the CPUs this process may use, at most 8; {core_cli.default_workers()} "
+                "here)") in said, said

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -40,6 +41,22 @@ def one_blas_thread() -> None:
     imported, so entry points call it first. On a small machine its threads spin against torch's (the filter PCA
     took several times longer with 2 BLAS threads than with 1 on 2 cores: docs/performance.md, "One BLAS thread")."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+# Where a GPU driver shows itself without importing torch: NVIDIA's and AMD's (ROCm) device files.
+GPU_DRIVER_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def no_triton_without_a_gpu(driver_files: tuple[str, ...] = GPU_DRIVER_FILES) -> bool:
+    """On a machine without a GPU driver, stop triton from being imported (returns whether it did), so entry points
+    call it before torch is imported. triton compiles GPU kernels only, yet `import timm` imports it (timm -> torchvision
+    .ops -> torch._dynamo -> triton, when installed, as the registry's torch installs it on Linux); its nanobind
+    bindings then print some forty "nanobind: leaked ..." lines when the interpreter ends. A None in sys.modules makes
+    `import triton` raise ImportError, which torch reads as triton absent (torch.utils._triton.has_triton_package)."""
+    if "triton" in sys.modules or any(os.path.exists(path) for path in driver_files):
+        return False
+    sys.modules["triton"] = None  # type: ignore[assignment]
+    return True
 
 
 def cpu_quota() -> int:
