@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from . import arguments, settings
 from .errors import ViTLensError
+from .lenses import BUILTIN as BUILTIN_LENSES  # the lens names and their checks import no torch
 from .runtime import configure_threads, cpu_quota
 
 # Nothing that imports torch, timm or numpy at module level: `--help` and a mistyped option answer at once
@@ -124,8 +125,8 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                               f"{', '.join(FAITHFULNESS_TESTS)} (default: {','.join(EXPORT_TESTS)})")
     analyze.add_argument("--lens", action="append", default=[], metavar="FILE.py|MODULE|NAME",
                          help="run the lenses a Python file or module declares (@lens from vit_core.lenses), or a "
-                              "built-in lens by name (attention_logits), on each image: their arrays go into the .npz "
-                              "as <lens>.<key>; repeatable")
+                              f"built-in lens by name ({', '.join(BUILTIN_LENSES)}), on each image: their arrays go "
+                              "into the .npz as <lens>.<key>; repeatable")
 
     dataset = commands.add_parser("dataset", help="analyse every image under a folder; write dataset.npz, dataset.json "
                                   "and mean_attention_distance.png")

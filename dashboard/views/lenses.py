@@ -18,7 +18,7 @@ from dashboard.views.context import ViewContext, shape
 from vit_core import lenses
 from vit_core.lenses.attention_logits import query_row
 
-BUILT_IN = ("attention_logits",)
+BUILT_IN = tuple(lenses.BUILTIN)  # the built-in lenses, offered first
 TOP_CLASSES = 10  # a (C,) array's bars: its largest values
 
 
