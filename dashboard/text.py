@@ -190,7 +190,8 @@ CONCEPTS = (
     "features fire; beside each, the patches of the folder where it fires most. **Remove this concept** subtracts "
     "the feature's share $s\\,z_f d_f$ from every patch token after block L and runs the rest of the model: if "
     "the prediction moves, the model uses what the feature carries. Make concepts with "
-    "`vit-lens concepts FOLDER --model M --layer L --out DIR`, then give DIR here."
+    "`vit-lens concepts FOLDER --model M --layer L --out DIR`, then start the dashboard with "
+    "`vit-lens dashboard --concepts DIR` to choose them here by name (the Shapes ViT's own concepts come with it)."
 )
 
 MANY_CONCEPTS = (
@@ -199,7 +200,8 @@ MANY_CONCEPTS = (
     "patch tokens; each is shown with the patches of this set where it fires most beside those of the folder it "
     "was learned from. **Remove this concept** subtracts the feature's share $s\\,z_f d_f$ from every patch token "
     "after block L of every image and says how many top-1s stay and the mean KL divergence of the class "
-    "probabilities. Make concepts with `vit-lens concepts FOLDER --model M --layer L --out DIR`, then give DIR here."
+    "probabilities. Make concepts with `vit-lens concepts FOLDER --model M --layer L --out DIR`, then start the "
+    "dashboard with `vit-lens dashboard --concepts DIR` to choose them here by name."
 )
 
 LOGIT_LENS = (

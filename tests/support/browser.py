@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
 NO_CHROMIUM = "chromium is not installed (apt-get install -y chromium)"
-NEEDS_A_FOLDER = ("Concepts",)  # tabs with nothing to look at until given a concepts folder (tests/app/test_concepts_tab.py)
+# Tabs with nothing to look at until concepts made for the model are chosen (the Shapes ViT's ship with the package;
+# tests/app/test_concepts_tab.py)
+NEEDS_A_FOLDER = ("Concepts",)
 
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI must run the browser tests: tools/test installs Debian's chromium, and it is missing")
