@@ -50,7 +50,7 @@ K_TESTS = "tests"
 K_WHY_LEFT, K_WHY_RIGHT = "why_left", "why_right"  # the Why? tab's pair of maps
 K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 K_NORM_LAYER = "norm_layer"
-K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts tab: the concepts path, the feature removed
+K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts tab: the concepts chosen, the feature removed
 # The Many images page.
 K_MANY_SOURCE, K_MANY_COUNT, K_MANY_SEED = "many_source", "many_count", "many_seed"
 K_MANY_FILES, K_MANY_RUN, K_MANY_EXPLAIN = "many_files", "many_run", "many_explain"
