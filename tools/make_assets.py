@@ -6,7 +6,9 @@ Starts the dashboard as `tools/dashboard` does (through the load test's `start_s
 with the bundled Shapes ViT, offline
 (VIT_LENS_MODEL=vit-lens/shapes-vit, HF_HUB_OFFLINE=1: nothing is downloaded), drives it with Playwright
 and Debian's chromium (`apt-get install -y chromium`; Playwright's own browser download is not used), and
-saves one PNG per shot at 1280 x 800, quantised to a 256-colour palette so that each stays small.
+saves one PNG per shot at 1280 x 800, quantised to a 256-colour palette so that each stays small. Beside them,
+`labels.json`: the tab labels and the lesson's step bar as the app showed them in the shots; a test
+(tests/unit/test_assets.py) fails when the app's labels drift from the pictures', so they are made again.
 Waits as Streamlit's own e2e suite does: the app's script has finished (`data-test-script-state`), it is
 connected, and no skeleton (a placeholder for something still loading) is left.
 """
@@ -14,6 +16,7 @@ connected, and no skeleton (a placeholder for something still loading) is left.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -62,6 +65,13 @@ def settle(page) -> None:
     page.wait_for_timeout(800)  # images and plotly figures finish drawing
 
 
+LABELS = "labels.json"  # beside the PNGs: what the shots showed (tests/unit/test_assets.py)
+LABELS_JS = """() => ({
+  tabs: [...document.querySelectorAll('[role=tab]')].map(t => t.innerText.trim()),
+  pages: [...document.querySelectorAll('[data-testid=stSidebarNavLink]')].map(a => a.innerText.trim().split('\\n').pop()),
+})"""
+
+
 def check_no_exception(page, shot: Shot) -> None:
     blocks = page.locator('[data-testid="stException"]')
     if blocks.count():
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+                labels = {}
                 try:
                     for shot in SHOTS:
                         page = browser.new_page(viewport=VIEWPORT)
@@ -104,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                             page.get_by_role("button", name=shot.run_button).click()
                             settle(page)
                         check_no_exception(page, shot)
+                        if shot.file == "attention.png":  # the One image page: its tabs and the sidebar's pages
+                            labels = page.evaluate(LABELS_JS)
                         if shot.top:
                             page.locator(shot.top).first.evaluate(  # below Streamlit's header bar
                                 "e => { e.style.scrollMarginTop = '70px'; e.scrollIntoView({block: 'start'}); }")
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                         page.close()
                 finally:
                     browser.close()
+            (args.out / LABELS).write_text(json.dumps(labels, indent=1) + "\n")
         finally:
             stop_server(proc)
             if args.keep_server_log:
