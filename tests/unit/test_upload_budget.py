@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from starlette.exceptions import HTTPException
 from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
@@ -22,10 +20,28 @@ def _limits(**changes) -> uploads.UploadLimits:
     return uploads.UploadLimits(**{**base, **changes})
 
 
+class Clock:
+    """The manager's time.monotonic, moved on by the test (`pass_`): ages compared with the grace are the test's own,
+    not what a busy machine's scheduler lets pass between two lines."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def pass_(self, seconds: float) -> None:
+        self.now += seconds
+
+
+clock = Clock()
+
+
 @pytest.fixture
 def manager(monkeypatch):
     monkeypatch.setattr(streamlit_internals, "_upload_limits", _limits())
     monkeypatch.setattr(streamlit_internals, "UNCLAIMED_GRACE_S", 0.2)
+    monkeypatch.setattr(streamlit_internals, "time", clock)
     return streamlit_internals._make_bounded(MemoryUploadedFileManager("/_stcore/upload_file"))
 
 
@@ -64,14 +80,14 @@ def test_session_and_total_budgets_refuse_what_would_go_over(manager):
 def test_files_no_uploader_claimed_go_after_the_next_full_run_that_began_after_them(manager):
     manager.add_file("s", _file("kept", "a.png", 1))
     manager.add_file("s", _file("junk", "b.png", 1))
-    time.sleep(0.25)  # older than the grace
+    clock.pass_(0.25)  # older than the grace
     manager.add_file("s", _file("fresh", "c.png", 1))  # PUT just before the run: its claim may be the next rerun's
     manager.run_started("s")
     assert [f.file_id for f in manager.get_files("s", ["kept"])] == ["kept"]  # the uploader's widget claims it
     manager.add_file("s", _file("late", "d.png", 1))  # PUT while the run is under way: this run can't claim it
     manager.run_finished("s", completed=True)
     assert manager.unclaimed("s") == ["fresh", "late"]  # "junk" went at once
-    time.sleep(0.25)
+    clock.pass_(0.25)
     manager.run_started("s")
     manager.run_finished("s", completed=True)  # the next full run didn't claim them either
     assert manager.unclaimed("s") == []
@@ -83,12 +99,12 @@ def test_a_claim_made_before_the_run_lasts_for_every_later_run(manager):
     `run_started`) begins, and later runs reuse that value without reading again: the file must stay through all of
     them (the first version of this budget dropped a student's photo at the first tab click)."""
     manager.add_file("s", _file("photo", "photo.png", 1))
-    time.sleep(0.25)
+    clock.pass_(0.25)
     manager.get_files("s", ["photo"])  # the callbacks' read, before the run
     for _ in range(3):  # the run, then two tab clicks: no uploader reads again
         manager.run_started("s")
         manager.run_finished("s", completed=True)
-        time.sleep(0.05)
+        clock.pass_(0.05)
     assert manager.held_bytes("s") == 1 * MB and manager.unclaimed("s") == []
 
 
@@ -96,7 +112,7 @@ def test_a_run_that_stopped_early_drops_nothing_and_a_disconnect_only_the_unclai
     manager.add_file("s", _file("a", "a.png", 1))
     manager.add_file("s", _file("held", "h.png", 1))
     manager.get_files("s", ["held"])
-    time.sleep(0.25)
+    clock.pass_(0.25)
     manager.run_started("s")
     manager.run_finished("s", completed=False)  # a rerun asked for mid-run: not every uploader was drawn
     assert manager.held_bytes("s") == 2 * MB
