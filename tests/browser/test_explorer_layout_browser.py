@@ -77,7 +77,9 @@ def test_on_a_phone_the_why_tab_is_a_few_screens(browser, server):
         open_view(page, server, RENAMED["Why?"])
         height = page.evaluate("document.querySelector('[data-testid=stMain]').scrollHeight")
         page.screenshot(path=str(ARTIFACTS / "explorer_390x844_why.png"))
-    assert height <= 4 * PHONE[1], height  # 5,600 px with the seven maps and their captions in one column
+    # 5,597 px at be82362 with the seven maps and their captions in one column; 3,365 px with the pair (the judge's
+    # button, the tests' choice and the sanity checks follow the maps either way)
+    assert height <= 4.5 * PHONE[1], height
 
 
 def test_the_interventions_controls_come_before_their_result_in_the_first_screen(browser, server):
