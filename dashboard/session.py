@@ -16,6 +16,7 @@ Many images page's latest result. What a session keeps is capped (the distance h
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -201,7 +202,8 @@ def linked_head(value: str) -> int | None:
     value = value.strip()
     if value == "mean":
         return -1
-    return int(value) if value.lstrip("-").isdigit() and int(value) >= -1 else None
+    # ASCII digits only: str.isdigit takes "²", which int() refuses
+    return int(value) if re.fullmatch(r"-?[0-9]{1,4}", value) and int(value) >= -1 else None
 
 
 def link_labels(params: dict[str, str], renamed: dict[str, str], head_label: Callable[[int], str],
@@ -216,7 +218,7 @@ def link_labels(params: dict[str, str], renamed: dict[str, str], head_label: Cal
     if head is not None and head < num_heads:
         out[K_HEAD] = head_label(head)
     query = params.get(K_QUERY, "").strip()
-    if query.isdigit() and int(query) < num_tokens:
+    if re.fullmatch(r"[0-9]{1,6}", query) and int(query) < num_tokens:
         out[K_QUERY] = token_name(int(query))
     return out
 

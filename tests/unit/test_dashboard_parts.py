@@ -533,6 +533,7 @@ def test_pages_name_the_servers_base_before_streamlits_scripts(base, expected):
     ({"view": "5 Attention", "head": "head 2", "query": "patch 4"}, {}),  # already in labels: nothing to rewrite
     ({"head": "-1"}, {"head": "mean of all heads"}), ({"head": "mean"}, {"head": "mean of all heads"}),
     ({"head": "12"}, {}), ({"head": "-2"}, {}), ({"head": "two"}, {}), ({"query": "197"}, {}),  # left to the widget
+    ({"head": "²"}, {}), ({"query": "٣"}, {}), ({"head": "9" * 400}, {}), ({"query": "1e3"}, {}),  # odd links: ignored
 ])
 def test_a_links_other_forms_are_rewritten_to_the_widgets_labels(link, expected):
     from dashboard import session
