@@ -44,6 +44,7 @@ from vit_core.loading import TEACHING_MODEL, teaching_model_available
 from vit_core.loading.labels import MAX_LABEL_FILE_BYTES
 from vit_core.loading.model import LoadedModel
 from vit_core.runtime.devices import resolve_device
+from vit_core.serving import shared_model
 
 TEST_TINY = "test-tiny"
 UPLOAD_WEIGHTS = "upload"  # the model choice "your own weights file"
@@ -238,26 +239,28 @@ def pinned_startup_model(name: str, random_init: bool) -> LoadedModel:
     key = (name, random_init)
     with _pinned_lock:  # built once even when every session asks at the same moment
         if key not in _pinned:
-            loaded = build_named_model(name, random_init)
+            loaded = shared_model(build_named_model(name, random_init))
             _pinned.clear()
             _pinned[key] = loaded
         return _pinned[key]
 
 
 def build_model(name: str, weights_path: str, labels_path: str, random_init: bool) -> LoadedModel:
-    """The model of a request (see `ModelRequest.load_args`). Raises vit_core errors with a message for the user."""
+    """The model of a request (see `ModelRequest.load_args`), as the server shares it among sessions
+    (vit_core.serving.shared_model: explanation jobs let new images' forwards in first). Raises vit_core errors with
+    a message for the user."""
     if name == settings.MODEL.text() and not (weights_path or labels_path) and random_init == random_init_forced():
         return pinned_startup_model(name, random_init)  # (a session's random weights of it are not pinned)
     if not (weights_path or labels_path):
-        return build_named_model(name, random_init)
+        return shared_model(build_named_model(name, random_init))
     kwargs: dict[str, Any] = {"labels": labels_path} if labels_path else {}
     kwargs["device"] = server_device()
     if name == TEST_TINY:  # its architecture, as build_named_model makes it
         name, kwargs["depth"] = "vit_tiny_patch16_224", 2
     # A file is never dropped without a word: the teaching model refuses one in a sentence (vit_core.load_model).
     if weights_path:
-        return vit_core.load_model(name, weights=weights_path, **kwargs)
-    return vit_core.load_model(name, pretrained=not random_init, **kwargs)
+        return shared_model(vit_core.load_model(name, weights=weights_path, **kwargs))
+    return shared_model(vit_core.load_model(name, pretrained=not random_init, **kwargs))
 
 
 def fallback_request() -> tuple[ModelRequest, str]:

@@ -1,8 +1,9 @@
 """Explanation jobs of the sessions (the Why? tab's Judge and sanity checks, a Many images run): one per session, below
 the class's new images, stopped when the session goes. No Streamlit here: sessions are named by their id.
 
-Inside `session_job` the work is `vit_core.runtime.background` work: it takes the shared model in slices and lets a
-new image's forward in first, its lanes and the script thread that runs it sit below the forward lanes, and it ends
+Inside `session_job` the work is `vit_core.serving.background` work: it takes the shared model in slices and lets a
+new image's forward in first, the script thread that runs it (and so the lanes that thread starts) sits below the
+forward lanes, and it ends
 with WorkStopped at its next slice once it is stopped: when the same session starts another job (a second click, a
 rerun that left the old run going on) or when the session's browser disconnects (`stop_session_job`, called by
 streamlit_internals' disconnect hook).
@@ -14,7 +15,7 @@ import contextlib
 import threading
 from typing import Iterator
 
-from vit_core.runtime.background import background_work, lower_this_threads_priority
+from vit_core.serving import background_work, lower_this_threads_priority
 
 # Below the forward lanes (vit_core.serving.FORWARD_LANE_NICENESS = 10), with the downloads: nobody's next picture
 # waits for a judge.
@@ -35,10 +36,12 @@ def session_job(session_id: str | None) -> Iterator[None]:
             if previous is not None:
                 previous.set()
             _jobs[session_id] = stop
-    if threading.current_thread() is not threading.main_thread():  # whose priority every thread it starts inherits
+    # The job's lanes inherit this thread's priority (explain.forwards_on_lanes); never the main thread's, which
+    # every thread it starts would inherit.
+    if threading.current_thread() is not threading.main_thread():
         lower_this_threads_priority(EXPLANATION_NICENESS)
     try:
-        with background_work(stop, EXPLANATION_NICENESS):
+        with background_work(stop):
             yield
     finally:
         if session_id is not None:

@@ -167,7 +167,7 @@ new_image_turn = NewImageTurn()  # one for the process: the turn is shared by ev
 def explanation_job() -> Iterator[None]:
     """Around explanation work a student asked for (Judge, the sanity checks, a Many images run): the session's one
     job, below the class's new images, stopped by a newer job of the session or its disconnect (dashboard.server.jobs).
-    Raises vit_core's WorkStopped (a ViTLensError) out of the block when stopped."""
+    Raises vit_core.serving.WorkStopped (a ViTLensError) out of the block when stopped."""
     from dashboard.server import streamlit_internals  # imports Streamlit: this module stays free of it until now
 
     with jobs.session_job(streamlit_internals.current_session_id()):

@@ -23,7 +23,7 @@ from dashboard.views.context import ModelSource, cached_figure
 from vit_core import dataset, explain
 from vit_core.errors import ViTLensError
 from vit_core.loading.model import LoadedModel
-from vit_core.runtime.background import WorkStopped
+from vit_core.serving import WorkStopped
 
 T = TypeVar("T")
 _logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from dashboard.server import process
 from dashboard.views.context import ViewContext, cached_figure, no_head, shape, show_picture, target_ui
 from vit_core import explain
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
-from vit_core.runtime.background import WorkStopped
+from vit_core.serving import WorkStopped
 
 STEP_CHOICES = (5, 10, 20)  # S: points per deletion / insertion curve (the spec's default: 10)
 VERDICT_MARKS = {BEATS: "✓", TIED: "≈", WORSE: "✗"}

@@ -23,7 +23,8 @@ from vit_core.concepts import (
     set_tokens,
 )
 from vit_core.concepts.learn import learned_concepts
-from vit_core.runtime.background import WorkStopped, background_work
+from vit_core.explain import between_batches
+from vit_core.serving import WorkStopped, background_work
 
 IMAGES = 3
 
@@ -101,7 +102,34 @@ def test_removal_over_the_set_equals_the_tabs_removal_image_by_image(shapes, pic
     assert again_plain is plain and again.tobytes() == removed.tobytes()
 
 
+def test_the_between_batches_hook_runs_before_each_image_and_may_end_the_run(shapes, pictures, trained):  # noqa: F811
+    """The library's one hook for a caller sharing the model: called before each image's forward, and a raise from it
+    ends the set there."""
+
+    class Ended(Exception):
+        pass
+
+    calls: list[int] = []
+
+    def second_ends() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise Ended
+
+    with between_batches(lambda: calls.append(len(calls))):
+        set_tokens(shapes, pictures, LAYER)
+    assert len(calls) == len(pictures)
+    for run in (lambda: set_tokens(shapes, pictures, LAYER),
+                lambda: set_logits_with_concept_removed(shapes, pictures, trained, 0)):
+        calls.clear()
+        with between_batches(second_ends), pytest.raises(Ended):
+            run()
+        assert len(calls) == 2
+    assert recording_hooks_on(shapes.model) == 0 and not shapes.lock.locked()
+
+
 def test_a_stopped_job_stops_before_its_next_image(shapes, pictures, trained):  # noqa: F811
+    """The server's explanation job (vit_core.serving.background_work) through that hook."""
     stop = threading.Event()
     stop.set()
     with background_work(stop), pytest.raises(WorkStopped):

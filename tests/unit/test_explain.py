@@ -5,6 +5,7 @@ no-class-token branches; hook, flag and gradient hygiene; threads."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import types
 
@@ -559,6 +560,55 @@ def test_forwards_on_lanes_run_in_order_on_one_thread_each(tiny):
     assert not tiny.lock.locked() and torch.get_num_threads() == 2
     one = types.SimpleNamespace(device=torch.device("cuda"))
     assert explain.forward_lanes(one, 10) == 1  # a GPU runs one batch at a time
+
+
+class CountingLock:
+    """threading.Lock, counting its acquires."""
+
+    def __init__(self) -> None:
+        self._lock, self.acquires = threading.Lock(), 0
+
+    def acquire(self) -> bool:
+        self._lock.acquire()
+        self.acquires += 1
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def test_forwards_on_lanes_take_the_lock_once_or_a_slice_at_a_time_with_a_between_batches_hook(tiny):
+    """Without a hook (a notebook) the lock is taken once for the run; with `between_batches` (a server sharing the
+    model) it is taken for one slice of `lanes` items at a time, the hook called before each slice with the lock free,
+    and a raise from the hook ends the run with the lock free. The results are the same."""
+    counted = dataclasses.replace(tiny, lock=CountingLock())
+    lanes = explain.forward_lanes(counted, 5)
+    assert lanes == 2  # tests/conftest.py: 2 torch threads
+    done: list[int] = []
+    assert explain.forwards_on_lanes(counted, lambda i: i * i, list(range(5))) == [i * i for i in range(5)]
+    assert counted.lock.acquires == 1
+    calls: list[tuple[int, bool]] = []
+    with explain.between_batches(lambda: calls.append((len(done), counted.lock.locked()))):
+        results = explain.forwards_on_lanes(counted, lambda i: i * i, list(range(5)), lambda i, r: done.append(i))
+    assert results == [i * i for i in range(5)] and done == list(range(5))
+    assert calls == [(0, False), (2, False), (4, False)] and counted.lock.acquires == 1 + 3
+
+    def ends_at_the_second_slice() -> None:
+        if counted.lock.acquires == 1 + 3 + 1:
+            raise KeyboardInterrupt("stopped")
+
+    done.clear()
+    with explain.between_batches(ends_at_the_second_slice), pytest.raises(KeyboardInterrupt):
+        explain.forwards_on_lanes(counted, lambda i: i, list(range(5)), lambda i, r: done.append(i))
+    assert done == [0, 1] and not counted.lock.locked()
 
 
 def test_forwards_on_lanes_stop_when_done_raises(tiny):

@@ -18,9 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..explain.passes import model_input
+from ..explain.passes import batch_boundary, model_input
 from ..loading.model import LoadedModel
-from ..runtime.background import check_stopped
 from .collect import check_layer, patch_tokens
 from .sae import Concepts, ConceptsError
 from .splice import concept_removed, spliced_logits
@@ -48,13 +47,13 @@ class SetConcepts:
 def set_tokens(loaded: LoadedModel, images: Sequence[Image.Image], layer: int,
                progress: Progress | None = None) -> np.ndarray:
     """The patch tokens after block `layer` of each image: float32 (n, N, D), forwards of blocks 0..layer only (one
-    image's forward as `collect` runs it: the same bits as `vit-lens concepts` collects). Stops between images when
-    its background work is told to (WorkStopped)."""
+    image's forward as `collect` runs it: the same bits as `vit-lens concepts` collects). Calls the `between_batches`
+    hook (explain.passes) before each image."""
     check_layer(loaded, layer)
     g = loaded.geometry
     tokens = np.empty((len(images), g.num_patches, g.embed_dim), dtype=np.float32)  # (n, N, D)
     for i, image in enumerate(images):
-        check_stopped()
+        batch_boundary()
         tokens[i] = patch_tokens(loaded, model_input(loaded, image), layer)[0]  # (1, N, D) -> (N, D)
         if progress:
             progress(i + 1, len(images))
@@ -110,14 +109,14 @@ def set_logits_with_concept_removed(loaded: LoadedModel, images: Sequence[Image.
     """Each image's logits from the plain model and with feature `feature`'s share of the reconstruction subtracted at
     the concepts' layer (as `logits_with_concept_removed`, one image per forward): float32 (n, C) twice. `plain`: the
     plain logits (n, C) of an earlier call on the same images, returned as they are (one forward per image instead of
-    two). Stops between images when its background work is told to (WorkStopped)."""
+    two). Calls the `between_batches` hook (explain.passes) before each image."""
     if not 0 <= feature < concepts.sae.num_features:
         raise ConceptsError(f"There is no feature {feature}: these concepts have {concepts.sae.num_features}.")
     assert plain is None or len(plain) == len(images)
     replace = concept_removed(concepts, feature)
     plains, removed = [], []
     for i, image in enumerate(images):
-        check_stopped()
+        batch_boundary()
         x = model_input(loaded, image)  # (1, 3, H, W)
         if plain is None:
             plains.append(spliced_logits(loaded, x, concepts.layer, None)[0])  # (C,)

@@ -11,7 +11,8 @@ Definitions: docs/spec/analyses.md, "Why this prediction". One module per family
 - `evaluation`: which map to trust on an image: every test beside its random baseline in one table (`judge`), SRG and
   SaCo, and over a folder (`folder_judgement`); `localisation`: the metrics against an object mask (`object_patches`);
   `sanity`: Adebayo et al.'s randomisation checks (`sanity_checks`); `ranks`: Spearman and Kendall;
-- `passes`: what they share (the target class, the model input, a locked float32 pass of the shared model).
+- `passes`: what they share (the target class, the model input, a locked float32 pass of the shared model, and
+  `between_batches`, the one hook a caller sharing the model has into long runs of forwards).
 
 Pure definitions on numpy arrays sit beside the entry points that run the model; every name below is
 reachable as `vit_core.explain.NAME`.
@@ -79,6 +80,7 @@ from .lrp import (
 from .passes import (
     InterventionError,
     TargetError,
+    between_batches,
     eval_mode,
     forward_lanes,
     forwards_on_lanes,
@@ -131,7 +133,7 @@ from .sanity import Sanity, cascading_randomisation, class_randomisation, method
 __all__ = [
     "Ablation", "DEFAULT_STEPS", "Faithfulness", "InterventionError", "METHODS", "MethodCurves",
     "RANDOM", "RANDOM_ORDERS", "Relevance", "TargetError", "auc", "chefer_map", "class_token_row", "deletion_counts",
-    "deletion_x", "embedded_tokens", "eval_mode", "faithfulness", "faithfulness_of",
+    "between_batches", "deletion_x", "embedded_tokens", "eval_mode", "faithfulness", "faithfulness_of",
     "gradcam_map", "head_logits", "heads_ablated", "insertion_counts", "insertion_x", "keep_tokens", "logit_lens",
     "forward_lanes", "forwards_on_lanes", "mask_patches", "model_input", "model_pass", "parameters_frozen",
     "patch_logit_lens", "patch_order",

@@ -2,12 +2,14 @@
 
 Each entry point of `vit_core.explain` takes `loaded.lock` around every forward (a capture on another thread
 registers hooks on the same modules, which a concurrent forward would fire), runs in eval mode and in ViT
-Lens's float32 (`devices.full_float32`), and hands the model inputs made on its device.
+Lens's float32 (`devices.full_float32`), and hands the model inputs made on its device. A caller that shares the
+model among many users (the class server) reaches the long runs of forwards through one hook, `between_batches`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -20,7 +22,6 @@ from ..capture import Capture, preprocess
 from ..errors import ViTLensError
 from ..loading.model import LoadedModel
 from ..runtime import torch_threads
-from ..runtime.background import check_stopped, current_background, lower_this_threads_priority
 from ..runtime.devices import full_float32, on_model_device
 
 Item, Result = TypeVar("Item"), TypeVar("Result")
@@ -37,6 +38,36 @@ class TargetError(ViTLensError, ValueError):
 class InterventionError(ViTLensError, ValueError):
     """An intervention the model can't run: a patch or head it does not have, an unknown ablation, or
     every patch dropped from a model that pools its patch tokens (no class token)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The one hook for a caller that shares the model
+
+
+_between_batches: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "vit_lens_between_batches", default=None)
+
+
+@contextlib.contextmanager
+def between_batches(hook: Callable[[], None]) -> Iterator[None]:
+    """Inside the block, this context's long runs of forwards (`forwards_on_lanes`: the judge, the sanity checks; a
+    concept set's images) call `hook()` before each batch, with the model's lock not held, and `forwards_on_lanes`
+    takes the lock one batch (one item per lane) at a time instead of once for the run. A caller sharing the model
+    lets other forwards in there, or ends the run by raising from the hook. Outside any such block nothing is
+    called. What a forward computes never depends on it: the batches are the same either way."""
+    token = _between_batches.set(hook)
+    try:
+        yield
+    finally:
+        _between_batches.reset(token)
+
+
+def batch_boundary() -> None:
+    """Called by a long run of forwards between two of them, without the model's lock: this context's
+    `between_batches` hook, if any."""
+    hook = _between_batches.get()
+    if hook is not None:
+        hook()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,14 +152,13 @@ def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], it
     forwards on lanes"). If `done` raises (a rerun interrupting the page), the forwards not yet started are
     dropped.
 
-    In the foreground the lock is held once for all items. As background work (`runtime.background`) it is taken
-    for one slice of `lanes` items at a time, so that a new image's forward waiting for the model gets it after
-    that slice; the lanes then run below the process's priority, and the work stops between two slices once it is
-    told to (WorkStopped)."""
+    Without a `between_batches` hook the lock is held once for all items. With one it is taken for one slice of
+    `lanes` items at a time, the hook called before each slice (its caller may let other forwards in there, or end
+    the run by raising). A lane thread is started by the calling thread and inherits its priority (Linux)."""
     results: list[Result] = []
     lanes = forward_lanes(loaded, len(items))
-    work = current_background()
-    per_hold = max(1, len(items) if work is None else lanes)
+    hook = _between_batches.get()
+    per_hold = max(1, len(items) if hook is None else lanes)
     # One torch thread per forward on a CPU, however many lanes run: some kernels split a sum by thread count
     # (torch's attention for a single query row does), so the count would decide the last bits.
     threads = 1 if loaded.device.type == "cpu" else None
@@ -137,12 +167,11 @@ def forwards_on_lanes(loaded: LoadedModel, forward: Callable[[Item], Result], it
         with torch_threads(threads), torch.inference_mode(), full_float32(loaded.device):
             return forward(item)
 
-    pool = None if lanes == 1 else ThreadPoolExecutor(
-        lanes, thread_name_prefix="vit-lens-lane", initializer=lower_this_threads_priority,
-        initargs=(work.niceness if work is not None else 0,))
+    pool = None if lanes == 1 else ThreadPoolExecutor(lanes, thread_name_prefix="vit-lens-lane")
     try:
         for first in range(0, len(items), per_hold):
-            check_stopped()
+            if hook is not None:
+                hook()
             with model_pass(loaded):
                 if pool is None:
                     with torch_threads(threads):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -20,7 +21,6 @@ from PIL import Image
 
 from ..capture import Capture
 from ..loading.model import LoadedModel
-from ..runtime.background import ModelLock
 from .ranks import spearman
 from .relevance import relevance_maps
 
@@ -65,7 +65,7 @@ def private_copy(loaded: LoadedModel) -> LoadedModel:
     its own lock."""
     with loaded.lock:
         model = copy.deepcopy(loaded.model)
-    return dataclasses.replace(loaded, model=model, lock=ModelLock())  # (its background work still stops when told)
+    return dataclasses.replace(loaded, model=model, lock=threading.Lock())  # nobody else runs it
 
 
 def _correlations(reference: Mapping[str, np.ndarray], maps: Mapping[str, np.ndarray]) -> dict[str, float]:

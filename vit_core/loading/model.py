@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import timm.data
@@ -19,7 +20,6 @@ from torchvision import transforms as T
 
 from ..errors import ImageError
 from ..images import DRAFT_MIN_SIDE, MAX_PIXELS
-from ..runtime.background import ModelLock
 from ..runtime.devices import describe_device, to_host
 
 
@@ -67,6 +67,16 @@ class Geometry:
         return f"patch {k} (row {k // self.grid[1]}, col {k % self.grid[1]})"
 
 
+class ModelLock(Protocol):
+    """What `LoadedModel.lock` is: threading.Lock's methods (not re-entrant)."""
+
+    def acquire(self) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A timm ViT in eval mode with everything needed to run and explain it."""
@@ -77,9 +87,9 @@ class LoadedModel:
     geometry: Geometry
     data_config: dict[str, Any]  # timm's resolved preprocessing: input_size, interpolation, crop_pct, mean, std
     labels: tuple[str, ...] | None  # class names in head order, or None (indices are shown)
-    # Forwards on a shared model are serialised: capture flips module flags and registers hooks. Background work
-    # (runtime.background: a judge, a set) lets a waiting foreground forward in first.
-    lock: ModelLock = field(default_factory=ModelLock, repr=False, compare=False)
+    # Forwards on a shared model are serialised: capture flips module flags and registers hooks. A plain lock; a
+    # server sharing the model among many users may put one of its own here (vit_core.serving.shared_model).
+    lock: ModelLock = field(default_factory=threading.Lock, repr=False, compare=False)
     # timm's eval transform for `data_config`, built once here and split where the crop becomes a tensor:
     crop_transform: GuardedCrop = field(init=False, repr=False, compare=False)  # PIL RGB -> PIL crop (H, W)
     tensor_transform: T.Compose = field(init=False, repr=False, compare=False)  # PIL crop -> float32 (3, H, W), normalised

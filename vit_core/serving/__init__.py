@@ -10,10 +10,13 @@ downloads with `npz_bytes`, which copies without the GIL.
 - `traced`: the capture forward as a TorchScript trace that runs without the GIL, on low-priority lanes;
 - `capture`: `serve_capture`, the two together (a light model's pass on the calling thread: `light_pass`);
 - `npz`: the `.npz` export copied without the GIL;
+- `background`: explanation work below the class's new images (`shared_model`'s foreground-first lock,
+  `background_work`, which reaches the library's long runs of forwards through its `between_batches` hook);
 - `priority`: lowering a thread below the pages' threads;
 - `config`: the start-up settings.
 """
 
+from .background import WorkStopped, background_work, shared_model
 from .capture import light_pass, serve_capture
 from .config import (
     MAX_PARALLEL_PASSES,
@@ -32,5 +35,5 @@ __all__ = [
     "FORWARD_LANE_NICENESS", "MAX_PARALLEL_PASSES", "SERVER_SWITCH_INTERVAL", "TRACED_SERVER_SWITCH_INTERVAL",
     "configure_parallel_passes", "configure_switch_interval", "configure_traced_forward", "light_pass",
     "lower_this_threads_priority", "npz_bytes", "parallel_passes", "serve_capture", "set_parallel_passes",
-    "set_traced_forward", "traced_forward_enabled",
+    "set_traced_forward", "traced_forward_enabled", "WorkStopped", "background_work", "shared_model",
 ]

@@ -1,12 +1,13 @@
 """Work nobody is waiting for, below the forwards somebody is: the shared model's lock, and the background context.
 
 On a class server one student's Judge (hundreds of perturbed forwards) or Many images run holds the shared model for
-minutes, while the others' new images each need one forward. `ModelLock`, the lock every forward of a LoadedModel
-takes, lets a waiting foreground forward in before any waiting background work, and background work (the code inside
-`background_work`) takes the lock in slices (`vit_core.explain.passes.forwards_on_lanes`: a few forwards, then the lock
-is taken again), and only after a moment without foreground holders (FOREGROUND_GRACE_S), so a new image waits for
-one slice at most, not for the whole job. Background work also stops at its next slice once its `stop` event is set
-(`WorkStopped`): a newer job of the same session, or the session's end.
+minutes, while the others' new images each need one forward. `ForegroundFirstLock`, which `shared_model` puts on the
+server's LoadedModel in place of the library's plain lock, lets a waiting foreground forward in before any waiting
+background work; background work (the code inside `background_work`) takes the lock in slices (the library's
+`between_batches` hook, vit_core.explain.passes: a few forwards, then the lock is taken again), and only after a
+moment without foreground holders (FOREGROUND_GRACE_S), so a new image waits for one slice at most, not for the whole
+job. Background work also stops at its next slice once its `stop` event is set (`WorkStopped`): a newer job of the
+same session, or the session's end.
 
 Only the order of who holds the lock changes, never what a forward computes: results are the same bits in the
 background as in the foreground.
@@ -16,15 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import ViTLensError
+from ..explain.passes import between_batches
+from ..loading.model import LoadedModel
 
 # How often a waiting background holder looks at its stop event (seconds): it is set from another thread, with no
 # notify on the lock's condition.
@@ -43,30 +45,26 @@ class WorkStopped(ViTLensError):
 
 @dataclass
 class Background:
-    """The background work running in this context: `stop` ends it at its next slice; `niceness` is how far below
-    the process its worker threads run (`lower_this_threads_priority`)."""
+    """The background work running in this context: `stop` ends it at its next slice."""
 
     stop: threading.Event = field(default_factory=threading.Event)
-    niceness: int = 0
 
 
 _background: contextvars.ContextVar[Background | None] = contextvars.ContextVar("vit_lens_background", default=None)
 
 
 @contextlib.contextmanager
-def background_work(stop: threading.Event | None = None, niceness: int = 0) -> Iterator[Background]:
-    """Inside the block this context's forwards of any LoadedModel are background work (see above)."""
-    work = Background(stop if stop is not None else threading.Event(), niceness)
+def background_work(stop: threading.Event | None = None) -> Iterator[Background]:
+    """Inside the block this context's forwards of a `shared_model` are background work (see above): its acquires
+    of the ForegroundFirstLock are background ones, and the library's long runs of forwards take it a slice at a
+    time, checking `stop` before each (`check_stopped` as their `between_batches` hook)."""
+    work = Background(stop if stop is not None else threading.Event())
     token = _background.set(work)
     try:
-        yield work
+        with between_batches(check_stopped):
+            yield work
     finally:
         _background.reset(token)
-
-
-def current_background() -> Background | None:
-    """The background work this context runs in, or None (foreground)."""
-    return _background.get()
 
 
 def check_stopped() -> None:
@@ -76,26 +74,11 @@ def check_stopped() -> None:
         raise WorkStopped(STOPPED)
 
 
-def lower_this_threads_priority(by: int) -> None:
-    """Give the calling thread a nice value `by` above the process's own (at most 19) unless its own is that high
-    already, so that it gets a core only after the threads at the process's priority. Linux only: there each thread
-    has a nice value of its own (its thread id names it to setpriority, the process id names the main thread);
-    elsewhere that call would lower the whole process, so nothing is done. Counted from the process, not from the
-    thread: a thread inherits the nice value of the thread that starts it (a pool's worker, started by whichever
-    thread submitted work first, maybe one lowered already), and lowering it twice must not push it further down."""
-    if sys.platform == "linux":
-        tid = threading.get_native_id()
-        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + by)
-        if os.getpriority(os.PRIO_PROCESS, tid) < target:
-            os.setpriority(os.PRIO_PROCESS, tid, target)
-
-
-class ModelLock:
+class ForegroundFirstLock:
     """A lock of one shared model (not re-entrant) with two classes of holders: a foreground acquire waits only for
     the holder; a background acquire (inside `background_work`) also waits while any foreground acquire is waiting
     and until FOREGROUND_GRACE_S after the last foreground release, and gives up with WorkStopped once its stop event
-    is set. Among foreground waiters there is no order, as with
-    threading.Lock."""
+    is set. Among foreground waiters there is no order, as with threading.Lock."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -128,7 +111,7 @@ class ModelLock:
     def release(self) -> None:
         with self._cond:
             if not self._held:
-                raise RuntimeError("release of an unlocked ModelLock")
+                raise RuntimeError("release of an unlocked ForegroundFirstLock")
             if not self._held_by_background:
                 self._foreground_left = time.monotonic()
             self._held = False
@@ -146,3 +129,9 @@ class ModelLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def shared_model(loaded: LoadedModel) -> LoadedModel:
+    """`loaded` as a server shares it among its users: the same model, its lock a ForegroundFirstLock. Made once per
+    model (each call makes a new lock)."""
+    return dataclasses.replace(loaded, lock=ForegroundFirstLock())

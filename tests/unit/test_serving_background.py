@@ -1,10 +1,13 @@
-"""Background work below the foreground (vit_core.runtime.background): a waiting foreground forward gets the shared
+"""Background work below the foreground (vit_core.serving.background): a waiting foreground forward gets the shared
 model before waiting background work and between two of its slices, background work stops when told to, and it
-computes the same bits as the foreground. The class-wide effect (one student judging, the others' new images):
-tools/loadtest --attacker --attack judge."""
+computes the same bits as the foreground; a notebook's model and passes carry none of it. The class-wide effect (one
+student judging, the others' new images): tools/loadtest --attacker --attack judge."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,14 +15,21 @@ import pytest
 import torch
 
 import vit_core
+from conftest import REPO
 from vit_core import explain
 from vit_core.explain.passes import forwards_on_lanes, model_input
 from vit_core.runtime import torch_threads
-from vit_core.runtime.background import ModelLock, WorkStopped, background_work
+from vit_core.serving.background import ForegroundFirstLock, WorkStopped, background_work, shared_model
+
+
+@pytest.fixture(scope="module")
+def shared(tiny):
+    """The tiny model as the class server shares it (dashboard.models.build_model: `shared_model`)."""
+    return shared_model(tiny)
 
 
 def test_a_waiting_foreground_acquire_goes_before_a_waiting_background_one():
-    lock = ModelLock()
+    lock = ForegroundFirstLock()
     order: list[str] = []
     lock.acquire()  # held by this thread
     background_in, foreground_in = threading.Event(), threading.Event()
@@ -51,10 +61,10 @@ def test_background_work_waits_for_a_quiet_moment_after_the_foreground(monkeypat
     """A class's new images come in bursts: background work takes the model only after FOREGROUND_GRACE_S without a
     foreground holder, so that a slice doesn't land between two images of a burst. Told apart by the grace's size, not
     by tight timings: with a 60 s grace, what must not wait returns long before it; with 0.3 s, what must wait does."""
-    from vit_core.runtime import background
+    from vit_core.serving import background
 
     monkeypatch.setattr(background, "FOREGROUND_GRACE_S", 60.0)
-    lock = ModelLock()
+    lock = ForegroundFirstLock()
     with background_work():
         started = time.monotonic()
         with lock:  # nobody in the foreground yet: at once
@@ -73,7 +83,7 @@ def test_background_work_waits_for_a_quiet_moment_after_the_foreground(monkeypat
 
 
 def test_background_work_that_is_told_to_stop_stops_while_waiting():
-    lock = ModelLock()
+    lock = ForegroundFirstLock()
     lock.acquire()
     stop = threading.Event()
     raised: list[BaseException] = []
@@ -97,11 +107,11 @@ def test_background_work_that_is_told_to_stop_stops_while_waiting():
     assert not lock.locked()
 
 
-def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for_all(tiny, image):
+def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for_all(shared, image):
     """20 slow forwards in the background: a foreground forward asked for during the first one gets the model
     after that slice (a few forwards), long before the 20 are done."""
-    x = model_input(tiny, image)
-    lanes = explain.forward_lanes(tiny, 20)
+    x = model_input(shared, image)
+    lanes = explain.forward_lanes(shared, 20)
     started, finished = threading.Event(), []
 
     asked = threading.Event()  # the foreground forward got the model
@@ -109,30 +119,30 @@ def test_a_foreground_forward_waits_for_one_slice_of_background_forwards_not_for
     def slow(_: int) -> float:
         started.set()
         deadline = time.monotonic() + 30
-        while not (asked.is_set() or tiny.lock.foreground_waiting()) and time.monotonic() < deadline:
+        while not (asked.is_set() or shared.lock.foreground_waiting()) and time.monotonic() < deadline:
             time.sleep(0.01)  # the first slice lasts until the foreground asks, however late a busy machine lets it
         time.sleep(0.1)
         return 0.0
 
     def background() -> None:
         with background_work():
-            forwards_on_lanes(tiny, slow, list(range(20)), done=lambda i, r: finished.append(time.monotonic()))
+            forwards_on_lanes(shared, slow, list(range(20)), done=lambda i, r: finished.append(time.monotonic()))
 
     thread = threading.Thread(target=background, daemon=True)
     thread.start()
     started.wait(5)
-    with tiny.lock:
+    with shared.lock:
         got_it = time.monotonic()
         asked.set()
         with torch.inference_mode():
-            tiny.model(x)
+            shared.model(x)
     thread.join(30)
     assert len(finished) == 20
     before = sum(t < got_it for t in finished)
     assert before <= lanes, f"the foreground forward waited for {before} background forwards (one slice is {lanes})"
 
 
-def test_stopped_background_forwards_raise_and_leave_the_model_free(tiny):
+def test_stopped_background_forwards_raise_and_leave_the_model_free(shared):
     stop = threading.Event()
     seen: list[int] = []
 
@@ -142,25 +152,27 @@ def test_stopped_background_forwards_raise_and_leave_the_model_free(tiny):
         return i
 
     with pytest.raises(WorkStopped), background_work(stop):
-        forwards_on_lanes(tiny, forward, list(range(40)), done=lambda i, r: seen.append(r))
-    assert len(seen) < 40 and not tiny.lock.locked()
+        forwards_on_lanes(shared, forward, list(range(40)), done=lambda i, r: seen.append(r))
+    assert len(seen) < 40 and not shared.lock.locked()
 
 
-def test_the_judge_in_the_background_gives_the_foregrounds_bits(tiny, image):
+def test_the_judge_in_the_background_gives_the_foregrounds_bits(tiny, shared, image):
+    """The server's judge (the shared model, in slices, behind its foreground-first lock) and a notebook's (the plain
+    model, its lock held once): the same bits."""
     cap = vit_core.run_with_capture(tiny, image)
     relevance = explain.relevance_maps(tiny, cap, methods=("rollout", "raw_attention"))
     tests = ("deletion_auc", "insertion_auc", "pixel_deletion_auc")
     with torch_threads(2):
         ahead = explain.judge(tiny, cap, relevance.maps, relevance.target, steps=4, tests=tests)
         with background_work():
-            behind = explain.judge(tiny, cap, relevance.maps, relevance.target, steps=4, tests=tests)
+            behind = explain.judge(shared, cap, relevance.maps, relevance.target, steps=4, tests=tests)
     for test in ahead.results:
         for method in ahead.methods:
             assert ahead.results[test].values[method] == behind.results[test].values[method], (test, method)
         assert ahead.results[test].random_mean == behind.results[test].random_mean
 
 
-def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second(tiny):
+def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second(shared):
     """dashboard.server.jobs: one explanation job per session (a second click, or a rerun that left the first run
     going on, replaces it), and none after the session's browser went away."""
     from dashboard.server import jobs
@@ -175,7 +187,7 @@ def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second
 
         try:
             with jobs.session_job("session-a"):
-                forwards_on_lanes(tiny, forward, list(range(400)))
+                forwards_on_lanes(shared, forward, list(range(400)))
             outcomes[name] = "finished"
         except WorkStopped:
             outcomes[name] = "stopped"
@@ -190,4 +202,69 @@ def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second
     assert jobs.stop_session_job("session-a")
     second.join(10)
     assert outcomes == {"first": "stopped", "second": "stopped"}
-    assert jobs.running_jobs() == 0 and not tiny.lock.locked()
+    assert jobs.running_jobs() == 0 and not shared.lock.locked()
+
+
+def _nice_of_this_thread() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have nice values of their own on Linux only")
+def test_a_jobs_lanes_sit_below_the_forward_lanes_as_its_thread_does(shared):
+    """The library's lanes are started by the job's thread and inherit its priority: a session's job (on a script
+    thread, never the main one) runs its forwards at EXPLANATION_NICENESS below the process, as it did when the lanes
+    were lowered by the library."""
+    from dashboard.server import jobs
+
+    process = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    seen: list[int] = []
+
+    def a_script_run() -> None:
+        with torch_threads(2), jobs.session_job("session-nice"):
+            forwards_on_lanes(shared, lambda _: seen.append(_nice_of_this_thread()), list(range(6)))
+
+    thread = threading.Thread(target=a_script_run)  # lowered for good: a thread of its own, as Streamlit's runs are
+    thread.start()
+    thread.join(30)
+    assert len(seen) == 6 and set(seen) == {min(19, process + jobs.EXPLANATION_NICENESS)}
+    assert _nice_of_this_thread() == process
+
+
+def test_the_dashboards_models_are_shared_models(tiny_env):
+    """The dashboard's model cache builds each model with the server's lock; the library's own stays plain."""
+    from dashboard import models
+
+    loaded = models.build_model(models.TEST_TINY, "", "", False)
+    assert isinstance(loaded.lock, ForegroundFirstLock)
+    assert not isinstance(models.build_named_model(models.TEST_TINY).lock, ForegroundFirstLock)
+
+
+def test_a_notebooks_model_and_explanations_involve_none_of_the_serving_machinery():
+    """`load_model` and the explanation passes in a fresh interpreter: a plain threading lock, no module of
+    vit_core.serving or the dashboard loaded, no `between_batches` hook, the judge's lanes at the process's own
+    priority, and the lock taken once for a run of forwards."""
+    code = (
+        "import os, sys, threading\n"
+        "import numpy as np, torch, vit_core\n"
+        "from PIL import Image\n"
+        "from vit_core import explain\n"
+        "from vit_core.explain import passes\n"
+        "torch.set_num_threads(2)\n"
+        "loaded = vit_core.load_model('vit_tiny_patch16_224', pretrained=False, depth=2)\n"
+        "assert type(loaded.lock) is type(threading.Lock()), type(loaded.lock)\n"
+        "image = Image.fromarray(np.zeros((64, 80, 3), np.uint8))\n"
+        "cap = vit_core.run_with_capture(loaded, image)\n"
+        "rel = explain.relevance_maps(loaded, cap, methods=('rollout', 'raw_attention'))\n"
+        "explain.judge(loaded, cap, rel.maps, rel.target, steps=4, tests=('deletion_auc', 'insertion_auc'))\n"
+        "seen = set()\n"
+        "def forward(i):\n"
+        "    seen.add((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), passes._between_batches.get(),\n"
+        "              loaded.lock.locked()))\n"
+        "    return i\n"
+        "assert explain.forwards_on_lanes(loaded, forward, list(range(8))) == list(range(8))\n"
+        "assert seen == {(os.getpriority(os.PRIO_PROCESS, os.getpid()), None, True)}, seen\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('vit_core.serving', 'dashboard', 'streamlit'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
