@@ -205,6 +205,22 @@ def test_a_sessions_second_job_stops_its_first_and_a_disconnect_stops_the_second
     assert jobs.running_jobs() == 0 and not shared.lock.locked()
 
 
+def test_a_stopped_job_stops_the_sanity_checks_between_two_stages(shared, image):
+    """The cascade runs on a private copy with a plain lock of its own: the job's stop reaches it through the
+    library's hook, before the next stage."""
+    stop, calls = threading.Event(), []
+
+    def explain_maps(loaded, im, target):
+        calls.append(loaded is shared)
+        if len(calls) == 2:  # the first stage's maps
+            stop.set()
+        return {"norms": explain.token_norms(vit_core.run_with_capture(loaded, im))[1, 1:]}
+
+    with pytest.raises(WorkStopped), background_work(stop):
+        explain.cascading_randomisation(shared, image, 3, explain_maps, seed=5)
+    assert calls == [True, False] and not shared.lock.locked()
+
+
 def _nice_of_this_thread() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 

@@ -21,6 +21,7 @@ from PIL import Image
 
 from ..capture import Capture
 from ..loading.model import LoadedModel
+from .passes import batch_boundary
 from .ranks import spearman
 from .relevance import relevance_maps
 
@@ -90,14 +91,15 @@ def cascading_randomisation(loaded: LoadedModel, image: Image.Image | Capture, t
                             ) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
     """Adebayo et al.'s cascading randomisation: on a private copy, re-initialise the stages of
     `randomisation_stages` one after the other (stage i seeded seed + i, the earlier ones staying re-initialised) and
-    after each, the Spearman rank correlation of each method's map with its map on the trained model.
-    -> (stage names, method -> (stages,) float64)."""
+    after each, the Spearman rank correlation of each method's map with its map on the trained model. Calls the
+    `between_batches` hook (passes) before each stage. -> (stage names, method -> (stages,) float64)."""
     reference = explain_maps(loaded, image, target)
     shadow = private_copy(loaded)
     stages = randomisation_stages(shadow.model)
     rows: list[dict[str, float]] = []
     report = progress or (lambda fraction, message: None)
     for i, (name, modules) in enumerate(stages):
+        batch_boundary()  # each stage's maps are one batch: a caller sharing the model may end the run here
         reinitialise(modules, seed + i)
         rows.append(_correlations(reference, explain_maps(shadow, image, target)))
         report((i + 1) / len(stages), f"{name} re-initialised, {i + 1} of {len(stages)}")
