@@ -208,13 +208,12 @@ def test_a_step_link_opens_the_lesson_where_the_start_up_model_is_refused(projec
 
 
 @pytest.mark.parametrize("path", ["/lesson?step=4", "/many-images", "/?view=Attention"])
-def test_an_offline_page_asks_nothing_of_the_internet_and_its_console_is_clean(browser, server, path):
+def test_an_offline_page_asks_nothing_of_the_internet_and_its_console_is_clean(page, server, path):
     """The server started as the README starts it (dashboard.serve): every request a page makes stays on the server
     (the tab's icon ships with the app: a `:material/...:` one is fetched from a font host), and the console shows no
     error, such as the 404s of a page's path probed for the server (/lesson/_stcore/health)."""
-    from support.browser import page_at
-
-    with page_at(browser, (PROJECTOR["width"], PROJECTOR["height"])) as page:
+    page = page.context.browser.new_page(viewport=PROJECTOR)  # a fresh page in the module's browser (one Playwright)
+    try:
         requests, problems = [], []
         page.on("request", lambda r: requests.append(r.url))
         page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
@@ -224,6 +223,8 @@ def test_an_offline_page_asks_nothing_of_the_internet_and_its_console_is_clean(b
         no_exception(page)
         page.wait_for_timeout(1000)  # the favicon is asked for after the page's first run
         icon = page.evaluate("document.querySelector('link[rel~=icon]')?.href")
+    finally:
+        page.close()
     assert icon and icon.startswith(server), icon
     assert requests and all(url.startswith(server) for url in requests), [u for u in requests if not u.startswith(server)]
     assert not problems, problems
