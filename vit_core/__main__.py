@@ -2,9 +2,10 @@
 
     analyze IMAGE [IMAGE ...] --model NAME [--weights FILE | --random-init] [--labels FILE] [--out DIR]
             [--topk K] [--device DEVICE] [--explain [--target K] [--steps S] [--tests all|T,...] [--mask MASK ...]]
+            [--lens FILE.py|MODULE|NAME ...]
     dataset FOLDER --model NAME [--weights FILE | --random-init] [--labels FILE] [--out DIR] [--batch-size B]
             [--device DEVICE] [--limit N] [--workers W] [--explain [--steps S] [--tests all|T,...] [--masks DIR]]
-            [--table csv|parquet]
+            [--table csv|parquet] [--lens FILE.py|MODULE|NAME ...]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
     concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
@@ -153,6 +154,10 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                          help="with --explain: object masks, DIR/<the image's path under FOLDER, any image suffix> "
                               "(black and white, the image's size, the object white): adds the pointing game, relevance "
                               "mass and rank accuracy of every method and of a random map")
+    dataset.add_argument("--lens", action="append", default=[], metavar="FILE.py|MODULE|NAME",
+                         help="run these lenses (as analyze's --lens) on every image: the mean and std over images of "
+                              "each lens array of one shape on every image go into dataset.npz as <lens>.<key> and "
+                              "<lens>.<key>_std; repeatable")
     _add_table_argument(dataset)
     shards = dataset.add_mutually_exclusive_group()
     shards.add_argument("--shards", type=_positive, metavar="N",
@@ -635,7 +640,10 @@ def dataset(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _inputs_missing(args) or _refused_before_loading(args):
         return EXIT_FAILURES
-    if _too_few_images(args.folder, 1, NO_IMAGES) or not _engine_options_checked(args):
+    if _too_few_images(args.folder, 1, NO_IMAGES) or not _engine_options_checked(args) or not _lenses_loaded(args):
+        return EXIT_FAILURES
+    if args.lenses and args.engine == "ray":
+        _fail("--lens runs with --engine local only, for now")
         return EXIT_FAILURES
     return _with_model(args, _dataset_run)
 
@@ -682,7 +690,8 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
         if not plan.paths:
             raise DatasetError(NO_IMAGES)
         manifest = manifest_of(loaded, plan, weights_file=args.weights, labels_file=args.labels, limit=args.limit,
-                               explain=args.explain, steps=args.steps, tests=args.tests, masks=args.masks)
+                               explain=args.explain, steps=args.steps, tests=args.tests, masks=args.masks,
+                               lenses=args.lenses)
         store.open(manifest)
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
@@ -740,7 +749,8 @@ def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, st
         workers = default_workers() if args.workers is None else args.workers
         with progress_shown(sys.stderr) as progress:
             run_shards(loaded, plan, store, todo, files_sha256, batch_size=batch_size, workers=workers,
-                       explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, progress=progress)
+                       explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, progress=progress,
+                       lenses=args.lenses)
         return
     from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session, run_shards_on_ray
 
@@ -786,9 +796,9 @@ def _write_merged(args: argparse.Namespace, stores: list[PartStore], out: Output
     except (DatasetError, PartsError) as e:
         _fail(f"{what}: {e}")
         return EXIT_FAILURES
-    for name, reason in result.failures:
+    for name, reason in [*result.failures, *result.totals.lens_failures]:
         _fail(f"{name}: {reason}")
-    failures = len(result.failures)
+    failures = len(result.failures) + len(result.totals.lens_failures)
     for name, data in dataset_files(result, geometry, args.table).items():
         try:
             out.write(name, data)

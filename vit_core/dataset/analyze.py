@@ -20,11 +20,12 @@ from ..errors import ImageError, ViTLensError
 from ..export import EXPORT_TESTS
 from ..images import MAX_FILE_BYTES, UPLOAD_EXTENSIONS, load_image
 from ..images.files import read_input
+from ..lenses import Lens, LensError, arrays_of, sites_of
 from ..loading.model import LoadedModel
 from ..runtime.devices import describe_device
 from .reductions import Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
 from .result import DatasetResult, result_of
-from .totals import Totals
+from .totals import ExactMoments, Totals
 
 _logger = logging.getLogger(__name__)
 
@@ -33,6 +34,21 @@ Progress = Callable[[int, int], None]  # (files done, files in all)
 
 class DatasetError(ViTLensError, ValueError):
     """A set of images that gives nothing to analyse: no images at all, or none that could be read."""
+
+
+def lensed_values(loaded: LoadedModel, source: bytes | Path, lenses: Sequence[Lens]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Every lens's arrays (`<lens>.<key>`) on one image (decoded again here: a lens reads a capture, one image at a
+    time, with the sites its lenses ask for), and the sentences of the lenses that raised. Raises ImageError."""
+    from ..capture import run_with_capture
+
+    cap = run_with_capture(loaded, load_image(source, loaded.decode_min_side), sites=sites_of(lenses))
+    arrays, failed = {}, []
+    for one in lenses:
+        try:
+            arrays |= arrays_of(one, cap)
+        except LensError as e:
+            failed.append(str(e))
+    return arrays, failed
 
 
 def explained_values(loaded: LoadedModel, source: bytes | Path, steps: int, *, tests: Sequence[str] = EXPORT_TESTS,
@@ -108,13 +124,15 @@ def consecutive_batches(start: int, stop: int, batch_size: int) -> list[range]:
 def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Sequence[int | None] | None,
                    batches: Sequence[Sequence[int]], *, workers: int = 0, explain: bool = False,
                    steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
-                   masks: Masks | None = None, progress: Progress | None = None
+                   masks: Masks | None = None, progress: Progress | None = None, lenses: Sequence[Lens] = ()
                    ) -> Iterator[tuple[list[int], Totals]]:
     """For each batch of `batches` (indices into `sources`, in order): its indices and the totals of its images.
 
     Decoded by `workers` processes (0: in this one), one hooked forward reduced on the model's device; the logit
     lens runs when some label is known. With `explain`, `explained_values` of each image (one at a time, after its
-    batch). A file that can't be used is a failure of its totals (and of the explanation alone when only that fails).
+    batch). With `lenses`, each image's lens arrays (`lensed_values`), added to the totals' moments; a lens that raises
+    is a line of that image in `lens_failures` (its other values kept). A file that can't be used is a failure of its totals (and
+    of the explanation alone when only that fails).
     progress(done, total) counts files: a batch's failures at once, each image when its values are in."""
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = patch_distances_on(loaded.geometry, loaded.device)
@@ -148,6 +166,16 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
             report(done, total)
         totals.add_batch([sources[i][0] for i in analysed], [labels[i] for i in analysed] if logit_lens else None,
                          values, explained if explain else None)
+        for index in analysed if lenses else ():
+            try:
+                arrays, failed = lensed_values(loaded, sources[index][1], lenses)
+            except ViTLensError as e:  # the file changed since its batch, or a site this model hasn't
+                arrays, failed = {}, [f"No lens: {e}"]
+            for key, array in arrays.items():
+                one = ExactMoments()
+                one.add(np.asarray(array, dtype=np.float64)[None])  # (...) -> (1, ...): one image
+                totals.add_lensed(key, one)
+            totals.lens_failures.extend((sources[index][0], sentence) for sentence in failed)
         yield list(batch), totals
 
 

@@ -101,6 +101,9 @@ class DatasetResult:
             arrays["confusion"] = confusion_array(self.totals.confusion)
         for key, value in self.explained.items():
             arrays[key] = np.asarray(value, dtype=np.float64)
+        for key, moments in self.totals.lensed.items():  # each lens array's mean and spread over images, rounded once
+            arrays[key] = moments.mean.astype(np.float32)
+            arrays[f"{key}_std"] = moments.std().astype(np.float32)
         return arrays
 
     def summary(self) -> dict[str, Any]:
@@ -123,6 +126,9 @@ class DatasetResult:
             "num_skipped": len(self.skipped),
             "skipped": [{"file": name, "reason": reason} for name, reason in self.skipped],
             "failures": [f"{name}: {reason}" for name, reason in self.failures],
+            **({"lenses": {"means": list(self.totals.lensed), "shape_varies": sorted(self.totals.lens_varying),
+                           "failures": [f"{name}: {reason}" for name, reason in self.totals.lens_failures]}}
+               if self.totals.lensed or self.totals.lens_varying or self.totals.lens_failures else {}),
         }
 
 

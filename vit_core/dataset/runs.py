@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import ViTLensError
 from ..export import json_bytes, npz_bytes
 from ..images.files import OutputFolder
+from ..lenses import Lens
 from ..loading.model import Geometry, LoadedModel
 from ..runtime.devices import describe_device
 from .analyze import DatasetError, Masks, Progress, class_names, consecutive_batches, reduce_sources
@@ -47,7 +48,7 @@ SHARD_IMAGES = 1000  # images per shard when the count is not given: a killed CP
 INPUTS = {"format": "the parts' format", "model": "--model", "weights": "the weights", "weights_sha256": "the weights",
           "labels_sha256": "--labels", "files_sha256": "the files", "num_images": "the files", "limit": "--limit",
           "explain": "--explain", "steps": "--steps", "tests": "--tests", "masks_sha256": "--masks",
-          "shards": "--shards"}  # entry -> what it is for the user
+          "shards": "--shards", "lenses": "--lens"}  # entry -> what it is for the user
 
 
 class PartsError(ViTLensError, ValueError):
@@ -122,9 +123,10 @@ def _sha256_of_file(path: str | Path) -> str:
 
 def manifest_of(loaded: LoadedModel, plan: RunPlan, *, weights_file: str | Path | None = None,
                 labels_file: str | Path | None = None, limit: int | None = None, explain: bool = False,
-                steps: int | None = None, tests: Sequence[str] | None = None, masks: Path | None = None) -> dict[str, Any]:
-    """The manifest of a run: the inputs (INPUTS: what makes two runs' parts mixable) and what a merge needs
-    without the model (its geometry and class names)."""
+                steps: int | None = None, tests: Sequence[str] | None = None, masks: Path | None = None,
+                lenses: Sequence[Lens] = ()) -> dict[str, Any]:
+    """The manifest of a run: the inputs (INPUTS: what makes two runs' parts mixable; `lenses` by name, source and
+    the SHA-256 of their file) and what a merge needs without the model (its geometry and class names)."""
     return {
         "format": FORMAT,
         "model": loaded.name,
@@ -139,6 +141,7 @@ def manifest_of(loaded: LoadedModel, plan: RunPlan, *, weights_file: str | Path 
         "tests": list(tests) if explain and tests else None,
         "masks_sha256": _masks_digest(masks) if explain and masks else None,
         "shards": len(plan.shards),
+        "lenses": [{"name": one.name, "source": one.source, "sha256": one.sha256} for one in lenses] or None,
         "folder": str(plan.folder),
         "geometry": dataclasses.asdict(loaded.geometry),
         "class_names": list(class_names(loaded)),
@@ -200,6 +203,10 @@ def manifest_problem(manifest: Any) -> str | None:
     tests = manifest.get("tests")
     if tests is not None and not (isinstance(tests, list) and all(type(t) is str for t in tests)):
         return "tests is not a list of names"
+    lenses = manifest.get("lenses")
+    if lenses is not None and not (isinstance(lenses, list) and all(
+            isinstance(one, dict) and all(type(one.get(k)) is str for k in ("name", "source", "sha256")) for one in lenses)):
+        return "lenses is not a list of {name, source, sha256}"
     names = manifest.get("class_names")
     if not (isinstance(names, list) and all(type(n) is str for n in names)):
         return "class_names is not a list of names"
@@ -313,6 +320,18 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
         return f"lens_correct is not {layers + 1} counts of its labelled images"
     for i in range(len(arrays["explained_keys"])):
         problem = _moments_problem(arrays, f"explained{i}", ())
+        if problem:
+            return problem
+    lensed = arrays.get("lensed_keys", np.array([], dtype=str))
+    if not isinstance(lensed, np.ndarray) or lensed.dtype.kind != "U" or lensed.ndim != 1:
+        return "lensed_keys is not a list of names"
+    files, reasons = (arrays.get(key, np.array([], dtype=str)) for key in ("lens_failure_file", "lens_failure_reason"))
+    if not all(isinstance(v, np.ndarray) and v.dtype.kind == "U" and v.ndim == 1 for v in (files, reasons)) \
+            or len(files) != len(reasons):
+        return "lens_failure_file and lens_failure_reason are not one reason per file"
+    for i in range(len(lensed)):  # a lens array's shape is the lens's own: its total's, checked against the rest
+        total = arrays.get(f"lensed{i}_total")
+        problem = _moments_problem(arrays, f"lensed{i}", total.shape if isinstance(total, np.ndarray) else ())
         if problem:
             return problem
     return None
@@ -458,7 +477,8 @@ def _numbers(numbers: list[int], shown: int = 12) -> str:
 
 def run_shards(loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: Sequence[Shard], files_sha256: str, *,
                batch_size: int, workers: int = 0, explain: bool = False, steps: int | None = None,
-               tests: Sequence[str] | None = None, masks: Masks | None = None, progress: Progress | None = None) -> None:
+               tests: Sequence[str] | None = None, masks: Masks | None = None, progress: Progress | None = None,
+               lenses: Sequence[Lens] = ()) -> None:
     """Analyse the shards `todo` of `plan` in this process and write each one's part as soon as it is done.
     One DataLoader serves them all (its batches stop at the shards' edges), so worker processes start once."""
     sources, labels = plan.sources(), plan.labels
@@ -475,7 +495,7 @@ def run_shards(loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: Seque
         store.write(shard, totals, device, files_sha256)  # nothing to analyse: done at once
     kwargs = ({"steps": steps} if steps is not None else {}) | ({"tests": tests} if tests is not None else {})
     for indices, batch in reduce_sources(loaded, sources, labels, batches, workers=workers, explain=explain,
-                                         masks=masks, progress=progress, **kwargs):
+                                         masks=masks, progress=progress, lenses=lenses, **kwargs):
         number = owner[indices[0]]
         shard, totals = pending[number]
         totals.merge(batch)

@@ -174,6 +174,9 @@ class Totals:
     lens_correct: np.ndarray | None = None  # int64 (L+1,): ... whose logit-lens row's top-1 is it; None before one
     confusion: Counter[tuple[int, int]] = field(default_factory=Counter)  # (true, predicted) -> labelled images
     explained: dict[str, ExactMoments] = field(default_factory=dict)  # key -> moments over images that have it
+    lensed: dict[str, ExactMoments] = field(default_factory=dict)  # <lens>.<key> -> moments of its array over images
+    lens_varying: set[str] = field(default_factory=set)  # lens arrays whose shape differed between images: no mean
+    lens_failures: list[tuple[str, str]] = field(default_factory=list)  # (file, one sentence): a lens that raised on it
     rows: ImageRows = field(default_factory=ImageRows)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (file, one sentence): images that couldn't be used
     not_images: list[tuple[str, str]] = field(default_factory=list)  # (file, one sentence): files that aren't images
@@ -208,6 +211,17 @@ class Totals:
                     hits = (values.lens_top1[row] == label).astype(np.int64)  # (L+1,)
                     self.lens_correct = hits if self.lens_correct is None else self.lens_correct + hits
 
+    def add_lensed(self, key: str, moments: ExactMoments) -> None:
+        """The moments of lens array `key` over more images; a shape unlike the others' makes the key one with no mean."""
+        if key in self.lens_varying:
+            return
+        mine = self.lensed.setdefault(key, ExactMoments())
+        if mine.count and moments.count and mine.total.shape != moments.total.shape:
+            del self.lensed[key]
+            self.lens_varying.add(key)
+            return
+        mine.merge(moments)
+
     def merge(self, other: Totals) -> None:
         """Add another set of files: afterwards self holds the totals of both, other's rows and failures after self's."""
         for name in ("distance", "distance_renorm", "high_norm_rate"):
@@ -219,6 +233,12 @@ class Totals:
         self.confusion.update(other.confusion)
         for key, moments in other.explained.items():
             self.explained.setdefault(key, ExactMoments()).merge(moments)
+        for key in other.lens_varying:
+            self.lensed.pop(key, None)
+            self.lens_varying.add(key)
+        for key, moments in other.lensed.items():
+            self.add_lensed(key, moments)
+        self.lens_failures.extend(other.lens_failures)
         self.rows.extend(other.rows)
         self.failures.extend(other.failures)
         self.not_images.extend(other.not_images)
@@ -250,6 +270,12 @@ class Totals:
             arrays["lens_correct"] = self.lens_correct
         for i, moments in enumerate(self.explained.values()):
             arrays.update(moments.arrays(f"explained{i}"))  # numbered: a key is free text
+        if self.lensed or self.lens_varying or self.lens_failures:
+            arrays["lensed_keys"], arrays["lens_varying"] = _strings(list(self.lensed)), _strings(sorted(self.lens_varying))
+            arrays["lens_failure_file"] = _strings([f for f, _ in self.lens_failures])
+            arrays["lens_failure_reason"] = _strings([r for _, r in self.lens_failures])
+            for i, moments in enumerate(self.lensed.values()):
+                arrays.update(moments.arrays(f"lensed{i}"))
         return arrays
 
     @classmethod
@@ -271,6 +297,11 @@ class Totals:
             confusion=Counter({(int(t), int(p)): int(n) for t, p, n in np.asarray(arrays["confusion"])}),
             explained={str(key): ExactMoments.from_arrays(arrays, f"explained{i}")
                        for i, key in enumerate(arrays["explained_keys"])},
+            lensed={str(key): ExactMoments.from_arrays(arrays, f"lensed{i}")
+                    for i, key in enumerate(arrays.get("lensed_keys", ()))},
+            lens_varying={str(key) for key in arrays.get("lens_varying", ())},
+            lens_failures=list(zip(map(str, arrays.get("lens_failure_file", ())),
+                                   map(str, arrays.get("lens_failure_reason", ())), strict=True)),
             rows=rows,
             failures=list(zip(map(str, arrays["failure_file"]), map(str, arrays["failure_reason"]), strict=True)),
             not_images=list(zip(map(str, arrays["not_image_file"]), map(str, arrays["not_image_reason"]), strict=True)),
