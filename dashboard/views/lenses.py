@@ -13,19 +13,25 @@ import numpy as np
 import streamlit as st
 
 from dashboard import caches
-from dashboard.figures.base import display_scale, enlarge, map_png, overlay
+from dashboard.figures.base import display_scale, enlarge, map_png, overlay, png_bytes
 from dashboard.views.context import ViewContext, shape
 from vit_core import lenses
 from vit_core.lenses.attention_logits import query_row
 
 BUILT_IN = tuple(lenses.BUILTIN)  # the built-in lenses, offered first
 TOP_CLASSES = 10  # a (C,) array's bars: its largest values
+MATRIX_MAP_SIDE = 228  # pixels: a query's row under the lens picker and the sliders stays within a projector's 720 px
 
 
 def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
+
+
+def _image(column, png: bytes, caption: str | None = None) -> None:
+    """PNG bytes made by dashboard.figures shown as they are (re-encoding would drop their text-size record)."""
+    column.image(png, caption=caption, output_format="PNG")
 
 
 def _controls(key: str, array: np.ndarray) -> tuple[int, int, int]:
@@ -46,13 +52,14 @@ def _matrix_panel(ctx: ViewContext, key: str, array: np.ndarray, key_norms: np.n
     layer, head, query = _controls(key, array)
     if key_norms is None:
         row = array[layer, head, query, g.num_prefix_tokens:].reshape(g.grid)  # (N,) -> (gh, gw)
-        st.image(map_png(row, f"{key}: block {layer}, head {head}, query {query}"))
+        _image(st, map_png(row, f"{key}: block {layer}, head {head}, query {query}", side=MATRIX_MAP_SIDE))
         return
     row, fitted, r2 = query_row(array[layer, head], key_norms[layer, head], query, g.num_prefix_tokens, g.grid)
     lo, hi = float(min(row.min(), fitted.min())), float(max(row.max(), fitted.max()))
     left, right = st.columns(2)
-    left.image(map_png(row, f"logits of query {query}", vmin=lo, vmax=hi))
-    right.image(map_png(fitted, "the part the key norms explain", vmin=lo, vmax=hi))
+    _image(left, map_png(row, f"logits of query {query}", vmin=lo, vmax=hi, side=MATRIX_MAP_SIDE))
+    _image(right, map_png(fitted, "the part the key norms explain", vmin=lo, vmax=hi,
+                                side=MATRIX_MAP_SIDE))
     st.caption(f"block {layer}, head {head}, query {query}: the key norms alone explain R² = {r2:.2f} of this row's "
                "variance over the patches (a + b·‖k‖, least squares); the softmax of the whole row is the Attention "
                "tab's pattern.")
@@ -67,11 +74,11 @@ def _array_panel(ctx: ViewContext, key: str, array: np.ndarray, arrays: dict[str
         amap = array.reshape(g.grid).astype(np.float32)
         left, right = st.columns(2)
         s = display_scale(max(ctx.cap.input_image.shape[:2]), 256)  # a 96 px crop shows about as large as the map
-        left.image(overlay(enlarge(ctx.cap.input_image, s), amap, (g.patch_size[0] * s, g.patch_size[1] * s)),
-                   caption="over the crop")
-        right.image(map_png(amap, key))
+        _image(left, png_bytes(overlay(enlarge(ctx.cap.input_image, s), amap, (g.patch_size[0] * s, g.patch_size[1] * s))),
+               caption="over the crop")
+        _image(right, map_png(amap, key))
     elif array.shape == (layers, heads):
-        st.image(map_png(array.astype(np.float32), f"{key}: rows = blocks, columns = heads"))
+        _image(st, map_png(array.astype(np.float32), f"{key}: rows = blocks, columns = heads"))
     elif array.shape == (layers, heads, tokens, tokens):
         norms = arrays.get(key.rsplit(".", 1)[0] + ".key_norms") if key.endswith(".scores") else None
         _matrix_panel(ctx, key, array, norms if norms is not None and norms.shape == (layers, heads, tokens) else None)
