@@ -55,7 +55,7 @@ def _until(found, what: str, timeout: float):
 @pytest.mark.parametrize("kind", ["judge", "many-judge"])
 def test_the_attackers_judging_gets_its_result(server, kind):
     url, _ = server
-    page = StreamlitSession(url, timeout=240)
+    page = StreamlitSession(url, timeout=900)  # generous: beside CPU-bound work a nice +15 judge crawls
     result = SessionResult(0, client="attacker")
     try:
         page.open()
@@ -72,8 +72,9 @@ def test_the_attackers_judging_gets_its_result(server, kind):
 
 
 def test_a_judged_run_stops_at_the_server_when_its_page_closes(server):
-    """Judged by the job's own progress, not by the CPU the server got (a busy machine gives it little): the page saw
-    images done, and once it closed the server's log says the job stopped, before the 256th image."""
+    """Judged by the job's own record, not by the CPU the server got: a busy machine gives the job's nice +15 threads
+    next to nothing (beside two CPU-bound processes not one image in 300 s), so the page is closed once the run is
+    under way (its progress bar drawn), and the server's log must then say the job stopped, before the 256th image."""
     url, log_path = server
     page = StreamlitSession(url, timeout=600)
     page.open()
@@ -82,12 +83,12 @@ def test_a_judged_run_stops_at_the_server_when_its_page_closes(server):
     page.set(keys.K_MANY_EXPLAIN, True)
     running = threading.Thread(target=lambda: _ignore_errors(page.click, keys.K_MANY_RUN), daemon=True)
     running.start()
-    seen = _until(lambda: re.fullmatch(r"Analysed ([1-9]\d*) of 256 images\.\.\.", page.progress_text),
-                  "the page's progress bar counting images", 300)
+    _until(lambda: page.progress_text.startswith(("Analysing 256 images", "Analysed")), "the run's progress bar", 600)
+    seen = re.fullmatch(r"Analysed (\d+) of 256 images\.\.\.", page.progress_text)
     page.close()  # the tab closed, the run under way
     stopped = _until(lambda: re.search(r"explanation job stopped after (\d+) of (\d+) images", log_path.read_text()),
-                     "the server's log saying the job stopped", 120)
-    done_before, done_at_stop, of = int(seen[1]), int(stopped[1]), int(stopped[2])
+                     "the server's log saying the job stopped", 600)
+    done_before, done_at_stop, of = int(seen[1]) if seen else 0, int(stopped[1]), int(stopped[2])
     print(f"the page saw {done_before} of 256 images done; the job stopped after {done_at_stop} of {of}")
     assert of == 256 and done_before <= done_at_stop < 256
 
