@@ -70,16 +70,16 @@ def run_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[], im
         return
     total = len(image_set.sources)
     run = _as_job(f"Analysing {total} images with {loaded.name}...", "Analysed",
-                  lambda progress: image_sets.run_set(request, loaded, image_set, progress, explain=explain))
+                  lambda progress: image_sets.run_set(request, loaded, image_set, progress, explain=explain), total)
     if run is not None:
         session.keep_many_run(run)
 
 
-def _as_job(starting: str, done_text: str, work: Callable[[Callable[[int, int], None]], T]) -> T | None:
+def _as_job(starting: str, done_text: str, work: Callable[[Callable[[int, int], None]], T], total: int) -> T | None:
     """`work(progress)` as this session's explanation job (below the class's new images; one per session) with a
     progress bar. None when it was stopped (said with text.JOB_STOPPED) or refused (its message)."""
     bar = st.progress(0.0, text=starting)
-    counted = [0, 0]  # images done, of: what the server's log says of a stopped job
+    counted = [0, total]  # images done, of: what the server's log says of a stopped job
 
     def progress(done: int, of: int) -> None:
         counted[:] = done, of
@@ -121,7 +121,8 @@ def concepts_ui(request: ModelRequest, loaded: LoadedModel, make_set: Callable[[
             if image_set is not None:
                 found = _as_job(f"Encoding {len(image_set.sources)} images...", "Encoded",
                                 lambda progress: image_sets.set_concepts_run(request, loaded, image_set, picked.found,
-                                                                             picked.key, progress))
+                                                                             picked.key, progress),
+                                len(image_set.sources))
                 if found is not None:
                     session.keep_many_concepts(found)
         kept = session.latest_many_concepts()
@@ -191,7 +192,8 @@ def _set_removal_ui(kept: image_sets.SetConceptsRun, picked: concept_view.Picked
         elif image_set is not None:
             done = _as_job(f"Removing feature #{feature} from {kept.images} images...", "Done",
                            lambda progress: image_sets.set_concept_removed(loaded, image_set, picked.found, kept,
-                                                                          feature, progress))
+                                                                          feature, progress),
+                           kept.images)
             if done is not None:
                 kept = done
                 session.keep_many_concepts(kept)
