@@ -95,9 +95,10 @@ OTHER_CLASS = "other"  # the Shapes ViT's class for "none of its shapes"
 OUTSIDE_SHAPES_OTHER = (
     "This teaching model only knows {count} shapes ({shapes}). To it, this image is none of them "
     "(`other`, {prob:.0%}). If it is one of them, draw it larger and clearer, or photograph it closer, "
-    "straight on and evenly lit. For photos of the world, choose an ImageNet model (it needs a network "
-    "connection the first time)."
+    "straight on and evenly lit."
 )
+# The dashboard's own way out, after OUTSIDE_SHAPES_OTHER: the static lesson has no other model to offer.
+PHOTOS_OF_THE_WORLD = "For photos of the world, choose an ImageNet model (it needs a network connection the first time)."
 OUTSIDE_SHAPES_UNSURE = (
     "This teaching model only knows {count} shapes ({shapes}), and it is unsure here: its best guess, "
     "{label}, has only {prob:.0%}. If this is not one of its shapes, the answer means little."

@@ -112,7 +112,7 @@ def outside_its_world(model_name: str, labels: tuple[str, ...] | None, top: anal
     shapes = [label for label in labels if label != text.OTHER_CLASS]
     known = {"count": len(shapes), "shapes": ", ".join(shapes)}
     if top.label == text.OTHER_CLASS:
-        return text.OUTSIDE_SHAPES_OTHER.format(**known, prob=top.prob)
+        return f"{text.OUTSIDE_SHAPES_OTHER.format(**known, prob=top.prob)} {text.PHOTOS_OF_THE_WORLD}"
     if top.prob < UNSURE_BELOW:
         return text.OUTSIDE_SHAPES_UNSURE.format(**known, label=top.label, prob=top.prob)
     return None
