@@ -6,7 +6,6 @@ student judging, the others' new images): tools/loadtest --attacker --attack jud
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 import vit_core
-from conftest import REPO
 from vit_core import explain
 from vit_core.explain.passes import forwards_on_lanes, model_input
 from vit_core.runtime import torch_threads
@@ -254,33 +252,3 @@ def test_the_dashboards_models_are_shared_models(tiny_env):
     assert isinstance(loaded.lock, ForegroundFirstLock)
     assert not isinstance(models.build_named_model(models.TEST_TINY).lock, ForegroundFirstLock)
 
-
-def test_a_notebooks_model_and_explanations_involve_none_of_the_serving_machinery():
-    """`load_model` and the explanation passes in a fresh interpreter: a plain threading lock, no module of
-    vit_core.serving or the dashboard loaded, no `between_batches` hook, the judge's lanes at the process's own
-    priority, and the lock taken once for a run of forwards."""
-    code = (
-        "import os, sys, threading\n"
-        "import numpy as np, torch, vit_core\n"
-        "from PIL import Image\n"
-        "from vit_core import explain\n"
-        "from vit_core.explain import passes\n"
-        "torch.set_num_threads(2)\n"
-        "loaded = vit_core.load_model('vit_tiny_patch16_224', pretrained=False, depth=2)\n"
-        "assert type(loaded.lock) is type(threading.Lock()), type(loaded.lock)\n"
-        "image = Image.fromarray(np.zeros((64, 80, 3), np.uint8))\n"
-        "cap = vit_core.run_with_capture(loaded, image)\n"
-        "rel = explain.relevance_maps(loaded, cap, methods=('rollout', 'raw_attention'))\n"
-        "explain.judge(loaded, cap, rel.maps, rel.target, steps=4, tests=('deletion_auc', 'insertion_auc'))\n"
-        "seen = set()\n"
-        "def forward(i):\n"
-        "    seen.add((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), passes._between_batches.get(),\n"
-        "              loaded.lock.locked()))\n"
-        "    return i\n"
-        "assert explain.forwards_on_lanes(loaded, forward, list(range(8))) == list(range(8))\n"
-        "assert seen == {(os.getpriority(os.PRIO_PROCESS, os.getpid()), None, True)}, seen\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('vit_core.serving', 'dashboard', 'streamlit'))))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"

@@ -190,20 +190,35 @@ def test_the_server_wing_stands_below_the_pages():
 
 
 def test_a_plain_capture_runs_no_pass_group_lane_or_tracing_code():
-    """What a notebook user runs: `run_with_capture` (and the export and explanations) in a fresh interpreter loads
-    no module of vit_core.serving, so none of its pass groups, forward lanes or traces can run; and importing
-    vit_core changes nothing in the environment."""
+    """What a notebook user runs: `load_model`, `run_with_capture`, the export and the explanations in a fresh
+    interpreter load no module of vit_core.serving or the dashboard, so none of the class server's pass groups,
+    traces or scheduling can run: a plain threading lock, no `between_batches` hook, the judge's lanes at the
+    process's own priority with the lock taken once for a run of forwards; and importing vit_core changes nothing in
+    the environment."""
     code = (
-        "import os, sys\n"
+        "import os, sys, threading\n"
         "before = dict(os.environ)\n"
-        "import numpy as np, vit_core\n"
+        "import numpy as np, torch, vit_core\n"
         "from PIL import Image\n"
+        "from vit_core import explain\n"
+        "from vit_core.explain import passes\n"
         "assert dict(os.environ) == before, 'import vit_core changed the environment'\n"
+        "torch.set_num_threads(2)\n"
         "loaded = vit_core.load_model('vit_tiny_patch16_224', pretrained=False, depth=2)\n"
+        "assert type(loaded.lock) is type(threading.Lock()), type(loaded.lock)\n"
         "image = Image.fromarray(np.zeros((64, 80, 3), np.uint8))\n"
         "cap = vit_core.run_with_capture(loaded, image)\n"
         "vit_core.export.npz_bytes(vit_core.export.analysis_arrays(loaded, cap))\n"
-        "vit_core.explain.relevance_maps(loaded, cap)\n"
+        "explain.relevance_maps(loaded, cap)\n"
+        "rel = explain.relevance_maps(loaded, cap, methods=('rollout', 'raw_attention'))\n"
+        "explain.judge(loaded, cap, rel.maps, rel.target, steps=4, tests=('deletion_auc', 'insertion_auc'))\n"
+        "seen = set()\n"
+        "def forward(i):\n"
+        "    seen.add((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), passes._between_batches.get(),\n"
+        "              loaded.lock.locked()))\n"
+        "    return i\n"
+        "assert explain.forwards_on_lanes(loaded, forward, list(range(8))) == list(range(8))\n"
+        "assert seen == {(os.getpriority(os.PRIO_PROCESS, os.getpid()), None, True)}, seen\n"
         "print(sorted(m for m in sys.modules if m.startswith(('vit_core.serving', 'dashboard', 'streamlit'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO)
