@@ -15,7 +15,7 @@ import pytest
 from conftest import drawn_image
 from vit_core import analyses, load_model, run_with_capture
 from vit_core.__main__ import main
-from vit_core.lenses import LensError, arrays_of, lenses_of, sites_of
+from vit_core.lenses import LensError, arrays_of, lenses_of, settings_key, sites_of
 from vit_core.lenses.attention_logits import attention_scores, key_norm_fit, query_row
 
 MODEL = ["--model", "vit-lens/shapes-vit"]  # bundled, offline, small
@@ -198,3 +198,42 @@ def test_the_dashboards_lens_option_sets_the_setting_and_a_bad_file_stops_the_st
     bad.write_text("from vit_core.lenses import lens\n@lens('a b')\ndef f(cap):\n    return {}\n")
     with pytest.raises(SystemExit, match=r"^vit-lens dashboard: lens name 'a b': use letters, digits, _ and -"):
         lenses_checked(["--lens", str(bad)])
+
+
+SETTINGS_LENS = '''
+import numpy as np
+from vit_core.lenses import lens
+
+@lens("block_map", settings={"block": -1, "fusion": "mean"})
+def block_map(cap, block, fusion):
+    fuse = {"mean": np.mean, "max": np.max}[fusion]
+    return {"map": fuse(cap.pattern[block], axis=0)}  # (T, T)
+'''
+
+
+def test_a_lens_declares_settings_its_defaults_run_and_a_key_a_cache_can_use(tmp_path, tiny):
+    path = tmp_path / "settings_lens.py"
+    path.write_text(SETTINGS_LENS)
+    (one,) = lenses_of([str(path)])
+    assert one.settings == (("block", -1), ("fusion", "mean")) and one.defaults == {"block": -1, "fusion": "mean"}
+    assert settings_key(one) == (("block", -1), ("fusion", "mean"))
+    assert settings_key(one, {"fusion": "max"}) == (("block", -1), ("fusion", "max"))  # declared order, hashable
+    hash(settings_key(one, {"fusion": "max"}))
+    cap = run_with_capture(tiny, drawn_image(2))
+    np.testing.assert_array_equal(arrays_of(one, cap)["block_map.map"], cap.pattern[-1].mean(0))
+    np.testing.assert_array_equal(arrays_of(one, cap, {"block": 0, "fusion": "max"})["block_map.map"], cap.pattern[0].max(0))
+    with pytest.raises(LensError, match=r"^lens 'block_map' has no setting 'head' \(its settings: block, fusion\)\.$"):
+        arrays_of(one, cap, {"head": 2})
+    (plain,) = lenses_of(["attention_logits"])  # declared without settings: called as compute(cap), as before
+    assert plain.settings == () and settings_key(plain) == ()
+
+
+@pytest.mark.parametrize("settings, said", [
+    ({"a b": 1}, r"setting 'a b' is not a Python name"),
+    ({"layers": [1, 2]}, r"setting 'layers' defaults to a list; use None, a bool, an int, a float or a str\."),
+])
+def test_a_setting_that_cant_key_a_cache_is_refused_where_it_is_declared(settings, said):
+    from vit_core.lenses import lens
+
+    with pytest.raises(LensError, match=r"^lens 'x': " + said):
+        lens("x", settings=settings)

@@ -24,7 +24,7 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -53,24 +53,48 @@ class Lens:
     spec: str = ""  # where its definition is (docs/spec/analyses.md's heading), for built-in lenses
     source: str = ""  # the file or module it was loaded from
     sha256: str = ""  # of that file (a module: of its file), recorded beside the results
+    settings: tuple[tuple[str, Any], ...] = ()  # (name, default) of each setting, in order: compute(cap, **settings)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Its settings' defaults, name -> value (empty for a lens without settings)."""
+        return dict(self.settings)
 
 
+_SETTING_TYPES = (bool, int, float, str, type(None))  # hashable and JSON-able: a setting keys a cache and a file
 _registry: dict[tuple[str, str], Lens] = {}  # every lens declared in this process, by (its module, its name)
 
 
-def lens(name: str, sites: Iterable[str] = (), *, spec: str = "") -> Callable[[Callable], Callable]:
+def _declared_settings(name: str, settings: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """`settings` (setting -> default) as (name, default) pairs; LensError for a name that isn't an identifier or a
+    default that isn't None, a bool, an int, a float or a str."""
+    pairs = tuple((settings or {}).items())
+    for key, default in pairs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise LensError(f"lens {name!r}: setting {key!r} is not a Python name (it is passed as compute(cap, {key}=...)).")
+        if not isinstance(default, _SETTING_TYPES):
+            raise LensError(f"lens {name!r}: setting {key!r} defaults to a {type(default).__name__}; use None, a bool, "
+                            "an int, a float or a str.")
+    return pairs
+
+
+def lens(name: str, sites: Iterable[str] = (), *, spec: str = "", settings: Mapping[str, Any] | None = None
+         ) -> Callable[[Callable], Callable]:
     """Declare `compute(cap) -> {key: array}` a lens named `name` that reads `sites` (checked here: a name that isn't
-    a site raises SiteError). Returns the function unchanged."""
+    a site raises SiteError). `settings` (setting -> default: None, bool, int, float or str) are passed to it as
+    keywords, `compute(cap, **settings)`, and key the results a cache holds (`settings_key`). Returns the function
+    unchanged."""
     if not _NAME.fullmatch(name):
         raise LensError(f"lens name {name!r}: use letters, digits, _ and - (it prefixes the lens's arrays: <name>.<key>).")
     sites = tuple(sites)
     for site in sites:
         site_names(site, _ANY_DEPTH)
+    declared = _declared_settings(name, settings)
 
     def declare(compute: Callable) -> Callable:
         module = getattr(compute, "__module__", "")
         _registry.pop((module, name), None)  # a module imported again declares its lenses again, in its order
-        _registry[(module, name)] = Lens(name, sites, compute, spec=spec, source=module)
+        _registry[(module, name)] = Lens(name, sites, compute, spec=spec, source=module, settings=declared)
         return compute
 
     return declare
@@ -128,7 +152,7 @@ def load_lenses(given: str) -> list[Lens]:
         raise LensError(f"--lens {given}: it declares no lens (decorate a function with @lens(\"name\", sites=[...]) "
                         "from vit_core.lenses).")
     sha = _module_file_sha256(module)
-    return [Lens(f.name, f.sites, f.compute, spec=f.spec, source=given, sha256=sha) for f in found]
+    return [replace(f, source=given, sha256=sha) for f in found]
 
 
 def lenses_of(given: Sequence[str]) -> list[Lens]:
@@ -155,13 +179,26 @@ def sites_of(lenses: Iterable[Lens]) -> list[str]:
     return list(dict.fromkeys(site for one in lenses for site in one.sites))
 
 
-def arrays_of(one: Lens, cap: Capture) -> dict[str, np.ndarray]:
-    """`one`'s arrays on `cap`, keyed `<lens>.<key>`, as numeric numpy arrays. Raises LensError in one sentence
-    naming the lens when it raises or returns anything but a dict of numeric arrays."""
+def settings_key(one: Lens, given: Mapping[str, Any] | None = None) -> tuple[tuple[str, Any], ...]:
+    """`one`'s settings with `given` over its defaults, as (name, value) pairs in its declared order: hashable, the
+    key a cache of its results uses. Raises LensError naming a setting `one` doesn't declare."""
+    given = dict(given or {})
+    unknown = [key for key in given if key not in one.defaults]
+    if unknown:
+        have = ", ".join(one.defaults) or "none"
+        raise LensError(f"lens {one.name!r} has no setting {unknown[0]!r} (its settings: {have}).")
+    return tuple((key, given.get(key, default)) for key, default in one.settings)
+
+
+def arrays_of(one: Lens, cap: Capture, settings: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """`one`'s arrays on `cap` with `settings` over its defaults (`settings_key`), keyed `<lens>.<key>`, as numeric
+    numpy arrays. Raises LensError in one sentence naming the lens when it raises or returns anything but a dict of
+    numeric arrays, or when a setting isn't one of its own."""
     import numpy as np
 
+    chosen = dict(settings_key(one, settings))  # an unknown setting is the caller's error, said before the lens runs
     try:
-        result = one.compute(cap)
+        result = one.compute(cap, **chosen)
         if not isinstance(result, Mapping):
             raise TypeError(f"it returned {type(result).__name__}, not a dict of arrays")
         arrays = {}
