@@ -16,6 +16,7 @@ from dashboard.figures import base as figures
 from dashboard.image_choice import IMAGE_TYPES, MAX_IMAGE_MB, check_file_size
 from dashboard.literal import markdown_literal
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import Geometry, ImageError, analyses, plots
 
 
@@ -32,6 +33,7 @@ ATTENTION_COLUMNS = [2, 3]  # the clickable map of the query, every head's map
 HEAD_SHEET_BOX = (column_px(ATTENTION_COLUMNS, 1), 430)  # pixels: every head's map within a projector's first screen
 
 
+@view("Attention", family="lesson", order=5)
 def attention_view(ctx: ViewContext) -> None:
     _attention_maps(ctx)
     st.markdown(text.ATTENTION)
@@ -190,6 +192,7 @@ DISTANCE_COLUMNS = [3, 2]  # the figure, then the text and controls
 DISTANCE_PX = (column_px(DISTANCE_COLUMNS, 0) - 180, 400)  # the figure's axes; its legend (head names) on the right
 
 
+@view("Distance", family="lesson", order=6)
 @st.fragment
 def distance_view(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap

@@ -12,6 +12,7 @@ from dashboard import caches, session, text
 from dashboard.figures import base as figures
 from dashboard.figures import embeddings as embedding_figures
 from dashboard.views.context import ModelSource, ViewContext, cached_figure, column_px, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import Geometry, analyses
 from vit_core.loading.model import patch_embed_weight, pos_embed_rows
 
@@ -52,6 +53,7 @@ def _raw_filters_png(model: ModelSource, start: int) -> bytes:
                                               title=f"filters {start}-{start + len(images) - 1} of {weight.shape[0]}")
 
 
+@view("Filters", family="lesson", order=3)
 def filters_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
     weight = patch_embed_weight(ctx.loaded)  # (D, 3, ph, pw)
@@ -99,6 +101,7 @@ def _pos_tile_png(model: ModelSource, grid: tuple[int, int], k: int) -> bytes:
 
 
 
+@view("Positions", family="lesson", order=4)
 @st.fragment
 def positions_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry

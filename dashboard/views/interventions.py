@@ -15,6 +15,7 @@ from dashboard.figures import base as figures
 from dashboard.figures import interventions as intervention_figures
 from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import TARGET_CHOICES, ViewContext, cached_figure, column_px, no_head, show_picture, target_ui
+from dashboard.views.registry import view
 from vit_core import analyses
 
 
@@ -77,6 +78,7 @@ def _head_name(head: tuple[int, int]) -> str:
 INTERVENTION_COLUMNS = [2, 3]  # the clickable crop, then the controls and the prediction's change
 
 
+@view("Interventions", family="research", order=10)
 @st.fragment
 def interventions_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry

@@ -11,6 +11,7 @@ from dashboard import caches, session, text
 from dashboard.figures import lens as lens_figures
 from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import PAGE_PX, ViewContext, cached_figure, no_head, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import analyses
 
 LENS_CLASSES = 5  # the logit lens strip shows every class that is in the top 5 after some layer...
@@ -43,6 +44,7 @@ def _patch_lens_png(ctx: ViewContext, layer: int) -> bytes:
     return lens_figures.patch_lens_png(ctx.cap.input_image, classes, best, names, g.patch_size)
 
 
+@view("Logit lens", family="research", order=20)
 def logit_lens_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
     if no_head(ctx):

@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import caches
 from dashboard.figures.base import display_scale, enlarge, map_png, overlay, png_bytes
 from dashboard.views.context import ViewContext, shape
+from dashboard.views.registry import view
 from vit_core import lenses
 from vit_core.lenses.attention_logits import query_row
 
@@ -103,6 +104,7 @@ def lens_view(ctx: ViewContext, one: lenses.Lens) -> None:
         _array_panel(ctx, key, array, arrays)
 
 
+@view("Lenses", family="research", order=50)
 def lenses_view(ctx: ViewContext) -> None:
     """The Lenses tab: a lens picked by name (the built-in attention logits first, then each lens of the server's lens
     files), drawn by its arrays' shapes; or the sentence saying why the server's lens files can't be loaded."""

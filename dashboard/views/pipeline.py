@@ -14,6 +14,7 @@ from dashboard.figures import base as figures
 from dashboard.figures import pipeline as pipeline_figures
 from dashboard.literal import markdown_literal
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import analyses
 from vit_core.loading.model import patch_embed_weight
 
@@ -24,6 +25,7 @@ from vit_core.loading.model import patch_embed_weight
 PIPELINE_COLUMNS = [1, 1, 1.5, 1.1]  # the image, the crop and its patches, the tokens, the top classes
 
 
+@view("Pipeline", family="lesson", order=1)
 def pipeline_view(ctx: ViewContext) -> None:
     g, cap, dc = ctx.loaded.geometry, ctx.cap, ctx.loaded.data_config
     _pipeline_figures(ctx)  # the figures first, the explanation and the shapes below them
@@ -145,6 +147,7 @@ def _patch_embedding_png(ctx: ViewContext, k: int) -> bytes:
     return pipeline_figures.vector_png(ctx.cap.patch_embeddings[k], "", channels=None)
 
 
+@view("Patches", family="lesson", order=2)
 @st.fragment
 def patches_view(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap

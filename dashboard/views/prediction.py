@@ -9,6 +9,7 @@ from dashboard.figures import pipeline as pipeline_figures
 from dashboard.figures import prediction as prediction_figures
 from dashboard.literal import markdown_literal
 from dashboard.views.context import PAGE_PX, ViewContext, cached_figure, column_px, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import analyses
 
 # ----------------------------------------------------------------------------------------------
@@ -34,6 +35,7 @@ def _logits_png(ctx: ViewContext, k: int) -> bytes:
                                          width_px=PAGE_PX - 60)
 
 
+@view("Prediction", family="lesson", order=7)
 @st.fragment
 def prediction_view(ctx: ViewContext) -> None:
     g, cap = ctx.loaded.geometry, ctx.cap

@@ -20,6 +20,7 @@ from dashboard.figures import base as figures
 from dashboard.figures import registers as register_figures
 from dashboard.figures.lens import lens_row_name
 from dashboard.views.context import ViewContext, cached_figure, column_px, shape, show_picture
+from dashboard.views.registry import view
 from vit_core import analyses, explain
 
 MAX_LISTED = 12  # high-norm patches named one by one in the text; the rest are counted
@@ -70,6 +71,7 @@ def _rate_png(ctx: ViewContext) -> bytes:
 REGISTER_COLUMNS = [1, 1]  # the norms over the crop, then the histogram and the text
 
 
+@view("Registers & norms", family="research", order=30)
 def registers_view(ctx: ViewContext) -> None:
     g = ctx.loaded.geometry
     _norms_at_layer(ctx)

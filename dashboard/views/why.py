@@ -21,6 +21,7 @@ from dashboard.figures import why as why_figures
 from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.server import process
 from dashboard.views.context import ViewContext, cached_figure, no_head, shape, show_picture, target_ui
+from dashboard.views.registry import view
 from vit_core import explain
 from vit_core.explain.perturbation import BEATS, TIED, WORSE
 from vit_core.serving import WorkStopped
@@ -90,6 +91,7 @@ def _sanity_png(ctx: ViewContext, target: int, methods: tuple[str, ...]) -> byte
                                   title=f"other class: {ctx.loaded.label(result.other_class)} ({result.other_class})")
 
 
+@view("Why?", family="lesson", order=8)
 def why_view(ctx: ViewContext) -> None:
     if no_head(ctx):
         st.markdown(text.WHY)
