@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -254,6 +255,54 @@ def test_concepts_round_trip_through_safetensors_and_refuse_other_files(tmp_path
         load_concepts(tmp_path / "other.safetensors")
 
 
+def concepts_file_digest() -> str:
+    """The SHA-256 of concepts.safetensors for an autoencoder seeded-trained on synthetic tokens."""
+    sae = train_sae(synthetic_batches(), 24, 2000, SETTINGS)
+    normalisation = Normalisation(np.linspace(-1, 1, 24).astype(np.float32), 1.5)
+    concepts = Concepts(sae, normalisation, "vit-lens/shapes-vit", "bundled: ünïcode", 2)
+    return hashlib.sha256(concepts_bytes(concepts)).hexdigest()
+
+
+def test_the_concepts_file_has_the_same_bytes_in_another_process_and_reads_with_safetensors_own_loader(tmp_path):
+    """safetensors' own writer orders __metadata__ at random per process; ours writes one layout. Another process
+    (another hash seed) gives the same SHA-256, and the library reads back the same tensors and metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load, save
+
+    first = concepts_file_digest()
+    code = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads({torch.get_num_threads()})
+        from unit.test_concepts import concepts_file_digest
+        print(concepts_file_digest())
+    """)
+    tests = Path(__file__).resolve().parent.parent
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tests,
+                             env={**__import__("os").environ, "PYTHONHASHSEED": seed,
+                                  "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == first
+    concepts = random_concepts()
+    ours = concepts_bytes(concepts)
+    from vit_core.concepts.sae import concepts_tensors
+
+    tensors, metadata = concepts_tensors(concepts)
+    library = load(save(tensors, metadata=metadata))
+    read = load(ours)
+    assert sorted(read) == sorted(library) == sorted(tensors)
+    for key in tensors:
+        assert read[key].dtype == library[key].dtype and read[key].shape == library[key].shape
+        assert read[key].numpy().tobytes() == library[key].numpy().tobytes()
+    path = tmp_path / "concepts.safetensors"
+    path.write_bytes(ours)
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == metadata
+    header_length = int.from_bytes(ours[:8], "little")
+    assert header_length % 8 == 0
+    assert list(json.loads(ours[8:8 + header_length])) == sorted(json.loads(ours[8:8 + header_length]))
+
+
 def test_feature_statistics_equal_their_definitions():
     concepts = random_concepts(num_features=12, k=3)
     tokens = np.random.default_rng(2).normal(size=(5, 6, 16)).astype(np.float32)  # 5 images of 6 patches
@@ -339,8 +388,5 @@ def test_tokens_over_the_memory_budget_are_chunked_on_disk_and_trained_from_ther
     settings = TrainingSettings(num_features=32, k=4, epochs=1, batch_tokens=128)
     first, summary = concepts_files(shapes, plan, store, LAYER, settings, memory_budget=0)
     again, _ = concepts_files(shapes, plan, store, LAYER, settings, memory_budget=0)
-    from safetensors.torch import load  # (the file's bytes differ: safetensors writes its metadata in any order)
-
-    first_tensors, again_tensors = load(first["concepts.safetensors"]), load(again["concepts.safetensors"])
-    assert all(first_tensors[key].numpy().tobytes() == again_tensors[key].numpy().tobytes() for key in first_tensors)
+    assert first["concepts.safetensors"] == again["concepts.safetensors"]
     assert 0 < summary["fvu"] < 1.5

@@ -259,11 +259,38 @@ def concepts_tensors(concepts: Concepts) -> tuple[dict[str, torch.Tensor], dict[
 
 
 def concepts_bytes(concepts: Concepts) -> bytes:
-    """concepts.safetensors: the autoencoder's tensors and, as metadata, the model, layer, k and normalisation."""
-    from safetensors.torch import save
-
+    """concepts.safetensors: the autoencoder's tensors and, as metadata, the model, layer, k and normalisation; the
+    same bytes for the same tensors in every process (`safetensors_bytes`)."""
     tensors, metadata = concepts_tensors(concepts)
-    return save(tensors, metadata=metadata)
+    return safetensors_bytes(tensors, metadata)
+
+
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
+                      torch.bool: "BOOL", torch.uint8: "U8", torch.float16: "F16"}
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The safetensors format written with a fixed layout, so that equal tensors give equal bytes (the safetensors
+    library writes `__metadata__` in a per-process random order, its issue 584): an 8-byte little-endian header
+    length, the JSON header with its keys sorted (`__metadata__` among them), compact, padded with spaces to a
+    multiple of 8 bytes, then the tensors' raw little-endian bytes one after the other, the widest dtype first and
+    by name within a dtype (every tensor then starts aligned to its item size), as the library itself orders them."""
+    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    data, offset = [], 0
+    for name in order:
+        tensor = tensors[name].detach().cpu().contiguous()
+        if tensor.dtype not in SAFETENSORS_DTYPES:
+            raise ConceptsError(f"The tensor {name} has the dtype {tensor.dtype}, which this writer does not handle.")
+        array = tensor.numpy()
+        raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()  # little-endian on any host
+        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        data.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(data)
 
 
 def read_summary(folder: str | Path) -> dict:
