@@ -8,6 +8,9 @@
             [--table csv|parquet] [--lens FILE.py|MODULE|NAME ...]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
+    compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b]
+            --out DIR [--labels FILE] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--table csv|parquet]
+            [--shards N | --shard I/N]
     concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
             [--seed S] [--out DIR] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--memory-gb G]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
@@ -30,6 +33,11 @@ stderr with exit status 130; `dataset` says how many shards it kept in DIR/parts
 DIR/tokens, resumable like `dataset`'s parts), trains a TopK sparse autoencoder on all but a held-out tenth of the
 images, and writes DIR/concepts.safetensors, DIR/concepts.json and DIR/contact_sheet.png (vit_core.concepts;
 docs/spec/interface.md, "Concepts").
+
+`compare` runs two models over FOLDER in one pass (each image decoded once) and writes DIR/a and DIR/b (what
+`dataset` writes for each model alone, bit for bit), DIR/compare.csv, .npz, .json and .png (vit_core.compare;
+docs/spec/interface.md, "Two models"); its shards are kept in DIR/parts, DIR/a/parts and DIR/b/parts, resumable as
+`dataset`'s.
 
 `dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
 layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
@@ -224,6 +232,8 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     merge.add_argument("--out", type=Path, required=True, help="where the merged files go")
     _add_table_argument(merge)
 
+    _add_compare_parser(commands)
+
     web = commands.add_parser("export-web", help="write the lesson as a static site whose model runs in each student's "
                               "browser (ONNX Runtime Web): serve the folder from any static host")
     web.add_argument("--model", default=TEACHING_MODEL,
@@ -236,6 +246,31 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     web.add_argument("--out", type=Path, required=True, help="the site's folder (index.html and what it loads)")
     web.set_defaults(device="cpu")  # the graph is written on the CPU whatever runs it later
     return parser, commands
+
+
+def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
+    compare = commands.add_parser("compare", help="run two models over every image under a folder and compare them: "
+                                  "DIR/a and DIR/b as `dataset` writes them, compare.csv, .npz, .json and .png")
+    compare.add_argument("folder", type=Path, metavar="FOLDER",
+                         help="images under it, recursively; subfolders that name a class give the true labels")
+    _add_model_arguments(compare)
+    compare.add_argument("--model-b", metavar="B", help="model B's name (default: --model, two checkpoints of one "
+                         "architecture: give --weights-b or --random-init-b)")
+    source_b = compare.add_mutually_exclusive_group()
+    source_b.add_argument("--weights-b", type=Path, help="model B's local weights file")
+    source_b.add_argument("--random-init-b", action="store_true", help="model B with random weights (seed 0)")
+    compare.add_argument("--batch-size", type=_positive, metavar="B",
+                         help="images per decoded batch (default: 8 on a CPU, 64 on a GPU)")
+    compare.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
+    compare.add_argument("--workers", type=_not_negative, metavar="W",
+                         help="processes that decode images, 0: in this one (default: one fewer than the CPUs this "
+                              "process may use, at most 8)")
+    _add_table_argument(compare)
+    shards = compare.add_mutually_exclusive_group()
+    shards.add_argument("--shards", type=_positive, metavar="N",
+                        help="cut the run into N shards, each kept when done, so that a rerun skips them")
+    shards.add_argument("--shard", metavar="I/N", help="run only shard I of N into DIR; the run that finds every shard "
+                        "there (one shared DIR) writes the results")
 
 
 def _add_model_arguments(command: argparse.ArgumentParser) -> None:
@@ -1022,8 +1057,136 @@ def export_web(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare(args: argparse.Namespace) -> int:
+    """`compare`: the arguments checked before any model loads (the folder, --out outside it, both models' names and
+    files, --shard), then both models loaded and `_compare_run`."""
+    if not args.folder.is_dir():
+        _fail(f"{args.folder}: not a folder")
+        return EXIT_FAILURES
+    if args.out.resolve().is_relative_to(args.folder.resolve()):  # its figures would be images of the next run
+        _fail(f"--out {args.out}: inside FOLDER; write the comparison elsewhere")
+        return EXIT_FAILURES
+    args.model_b = args.model_b or args.model
+    if _inputs_missing(args) or _refused_before_loading(args):
+        return EXIT_FAILURES
+    why = args.weights_b is not None and _unreachable(args.weights_b)
+    if why:
+        _fail(f"--weights-b {args.weights_b}: {why}")
+        return EXIT_FAILURES
+    why = arguments.model_refused(args.model_b)
+    if why:
+        _fail(f"--model-b {args.model_b}: {why}")
+        return EXIT_FAILURES
+    if args.random_init_b and args.model_b == arguments.TEACHING_MODEL:
+        _fail(f"--random-init-b: {args.model_b} comes with its own weights; for its architecture with random weights, "
+              "add --model-b vit_shapes_patch8_96 --random-init-b.")
+        return EXIT_FAILURES
+    if _too_few_images(args.folder, 1, NO_IMAGES):
+        return EXIT_FAILURES
+    from .dataset import ShardError, parse_shard
+
+    try:
+        args.shard = parse_shard(args.shard) if args.shard else None
+    except ShardError as e:
+        _fail(str(e))
+        return EXIT_FAILURES
+    return _with_model(args, _compare_with_b)
+
+
+def _compare_with_b(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
+    """Model B loaded on A's device (its weights refused as --weights is), then `_compare_run`."""
+    from .compare import with_names_of
+    from .loading import load_model
+
+    try:
+        loaded_b = load_model(args.model_b, weights=args.weights_b, pretrained=not args.random_init_b, labels=args.labels,
+                              device=loaded.device)
+    except (ViTLensError, OSError) as e:
+        option = "--weights-b" if args.weights_b is not None else "--model-b"
+        _fail(f"{option} {args.weights_b or args.model_b}: {e}")
+        return EXIT_FAILURES
+    return _compare_run(args, loaded, with_names_of(loaded_b, loaded), out)
+
+
+def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: LoadedModel, out: OutputFolder) -> int:
+    """The run planned (manifests written or checked), the shards not done run (each one's parts written when done),
+    and when every shard is done the files written; one line per failure, Ctrl-C in one line."""
+    from tqdm import tqdm
+
+    from .compare import plan_compare, run_pair_shards, todo_of, write_files
+    from .dataset import default_batch_size
+    from .dataset.progress import ProgressLines
+
+    try:
+        run = plan_compare(loaded, loaded_b, args.folder, args.out, limit=args.limit,
+                           num_shards=args.shard[1] if args.shard else args.shards, weights=(args.weights, args.weights_b),
+                           labels=(args.labels, args.labels))
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return EXIT_FAILURES
+    asked, todo = todo_of(run, args.shard)
+    if len(todo) < len(asked):
+        print(f"{len(asked) - len(todo)} of {len(asked)} shards already done in {run.store.path}: skipped", flush=True)
+    lines = ProgressLines(sys.stdout, "images (two models)") if not sys.stdout.isatty() else None
+    batch_size = args.batch_size or default_batch_size(loaded.device)
+    workers = default_workers() if args.workers is None else args.workers
+    try:
+        with tqdm(total=sum(s.size for s in todo), unit="image", desc="images (two models)",
+                  disable=not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True) as bar:
+            def progress(done: int, of: int) -> None:
+                bar.update(done - bar.n)
+                if lines:
+                    lines.update(done, of)
+
+            run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
+                            progress=progress)
+    except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
+        _fail(f"interrupted; {len(run.store.done(run.shards))} of {len(run.shards)} shards kept in {args.out}, rerun to "
+              "finish")
+        return EXIT_INTERRUPTED
+    except ViTLensError as e:
+        _fail(f"{args.folder}: {e}")
+        return EXIT_FAILURES
+    except OSError as e:
+        _fail(_os_reason(e))
+        return EXIT_FAILURES
+    done = run.store.done(run.shards)
+    if len(done) < len(run.shards):
+        print(f"{len(done)} of {len(run.shards)} shards done in {args.out}; the results are written when all are (run "
+              "the others into the same folder)", flush=True)
+        return 0
+    try:
+        a, b, files = write_files(run, out, args.table)
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.out}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return EXIT_FAILURES
+    failures = sorted(set(a.failures) | set(b.failures))
+    for name, reason in failures:
+        _fail(f"{name}: {reason}")
+    import json
+
+    summary = json.loads(files["compare.json"])
+    print(compare_line(summary, a.skipped, args.out), flush=True)
+    return EXIT_FAILURES if failures else 0
+
+
+def compare_line(summary: dict, skipped: tuple, out: Path) -> str:
+    """`compare`'s last line: the images, the agreement, the mean KL, the most changed head, where the files are."""
+    parts = [f"{summary['num_images']:,} images compared"]
+    if skipped:
+        parts.append(f"{len(skipped)} files skipped (listed in a/dataset.json)")
+    if summary["agreement"] is not None:
+        parts.append(f"same top-1 on {summary['agreement']:.1%} ({summary['changed']:,} changed), mean KL "
+                     f"{summary['kl_mean']:.3g} nats")
+    if summary["heads_most_changed"]:
+        top = summary["heads_most_changed"][0]
+        parts.append(f"most changed head: block {top['block']} head {top['head']} (JS {top['js']:.3g})")
+    return ", ".join(parts) + f" -> {out}"
+
+
 # subcommand name -> its function of the parsed arguments (exit status)
-COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge, "concepts": concepts, "export-web": export_web}
+COMMANDS = {"analyze": analyze, "dataset": dataset, "merge": merge, "concepts": concepts, "compare": compare,
+            "export-web": export_web}
 
 
 def _interrupted(signum: int, frame: object) -> None:

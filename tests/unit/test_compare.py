@@ -1,0 +1,299 @@
+"""`vit-lens compare` (vit_core.compare): the measures against plain loop computations, the engine's values against
+two captures, a model against itself, and DIR/a and DIR/b bit for bit against `dataset` alone (one process, --shards 2,
+and shards run one by one into one folder)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import drawn_image
+from vit_core import __main__ as core_cli
+from vit_core import analyses, load_model, run_with_capture
+from vit_core.compare import (
+    CompareTotals,
+    FixedSums,
+    Pair,
+    attention_js,
+    comparable,
+    linear_cka,
+    pearson,
+    prediction_kl,
+    reduce_pairs,
+)
+from vit_core.dataset import consecutive_batches, plan_run
+from vit_core.images import load_image
+from vit_core.teaching.model import BUNDLED_DIR
+
+SHAPES = ("--model", "vit-lens/shapes-vit")
+SHAPES_RANDOM = ("--model-b", "vit_shapes_patch8_96", "--random-init-b")
+NAMES = BUNDLED_DIR / "labels.txt"  # the Shapes ViT's class names: B, its random init, takes them
+
+
+# ----------------------------------------------------------------------------------------------
+# The measures, against their definitions written as loops
+
+
+def _plain_js(p: list[float], q: list[float]) -> float:
+    m = [(x + y) / 2 for x, y in zip(p, q, strict=True)]
+    kl = lambda u, v: sum(x * math.log(x / y) for x, y in zip(u, v, strict=True) if x > 0)  # noqa: E731
+    return (kl(p, m) + kl(q, m)) / 2
+
+
+def test_attention_js_is_the_mean_of_the_two_kls_to_the_midpoint_row_by_row():
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.ones(7), size=(3, 5)), rng.dirichlet(np.ones(7), size=(3, 5))  # (3, 5, 7) rows
+    p[0, 0] = [1, 0, 0, 0, 0, 0, 0]  # a row all on one key: 0 log 0 counts 0
+    got = attention_js(p, q)
+    assert got.shape == (3, 5)
+    for index in np.ndindex(3, 5):
+        assert got[index] == pytest.approx(_plain_js(list(p[index]), list(q[index])), abs=1e-13)
+    assert np.all(attention_js(p, p) == 0)
+    assert attention_js(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(math.log(2))
+
+
+def test_torch_attention_js_averages_the_rows_of_each_head():
+    from vit_core.compare.measures import torch_attention_js
+
+    rng = np.random.default_rng(1)
+    p, q = rng.dirichlet(np.ones(6), size=(2, 3, 6)), rng.dirichlet(np.ones(6), size=(2, 3, 6))  # (F, H, T, T)
+    got = torch_attention_js(torch.from_numpy(p), torch.from_numpy(q)).numpy()
+    np.testing.assert_allclose(got, attention_js(p, q).mean(axis=-1), rtol=1e-12, atol=1e-15)
+    assert np.all(torch_attention_js(torch.from_numpy(p), torch.from_numpy(p)).numpy() == 0)
+
+
+def test_prediction_kl_against_the_sum_over_classes():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=(4, 9)) * 3, rng.normal(size=(4, 9)) * 3
+    for row in range(4):
+        pa = np.exp(a[row]) / np.exp(a[row]).sum()
+        pb = np.exp(b[row]) / np.exp(b[row]).sum()
+        assert prediction_kl(a, b)[row] == pytest.approx(sum(x * math.log(x / y) for x, y in zip(pa, pb, strict=True)), rel=1e-12)
+    assert np.all(prediction_kl(a, a) == 0)
+
+
+def _plain_cka(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x - x.mean(axis=0), y - y.mean(axis=0)
+    return np.linalg.norm(x.T @ y) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+
+
+def test_linear_cka_from_sums_equals_cka_of_the_centred_tokens_and_knows_its_invariances():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(50, 6)) + 4, rng.normal(size=(50, 4))
+    y[:, 0] += x[:, 0]
+    from_sums = linear_cka(x.T @ y, x.T @ x, y.T @ y, sum_a=x.sum(0), sum_b=y.sum(0), n=len(x))
+    assert from_sums == pytest.approx(_plain_cka(x, y), rel=1e-10)
+    rotation, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    for other in (x, 3 * x @ rotation + 7):  # CKA of X with itself, and with a rotated, scaled, shifted copy: 1
+        assert linear_cka(x.T @ other, x.T @ x, other.T @ other, sum_a=x.sum(0), sum_b=other.sum(0),
+                          n=len(x)) == pytest.approx(1, abs=1e-12)
+    assert math.isnan(linear_cka(x.T @ np.ones((50, 2)), x.T @ x, np.ones((2, 2)) * 50, sum_a=x.sum(0),
+                                 sum_b=np.full(2, 50.0), n=50))
+
+
+def test_pearson_against_numpy():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    assert pearson(a, b) == pytest.approx(np.corrcoef(a.ravel(), b.ravel())[0, 1], rel=1e-12)
+    assert math.isnan(pearson(np.ones(4), a.ravel()[:4]))
+
+
+def test_fixed_sums_give_the_same_bits_in_any_order_or_split():
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(6, 3, 4)) * 10.0 ** rng.integers(-8, 8, size=(6, 3, 4))  # (images, ...), wide range
+    whole = FixedSums(1)
+    whole.add(torch.from_numpy(values), 6)
+    parts = [FixedSums(1), FixedSums(1)]
+    parts[0].add(torch.from_numpy(values[[5, 1, 3]]), 3)
+    for i in (4, 0, 2):
+        parts[1].add(torch.from_numpy(values[i:i + 1]), 1)
+    merged = FixedSums(1)
+    merged.merge(parts[1])
+    merged.merge(parts[0])
+    assert whole.value().tobytes() == merged.value().tobytes()
+    np.testing.assert_allclose(whole.value(), values.sum(axis=0), rtol=1e-12, atol=6 * 2.0 ** -40)
+    row = FixedSums(1)  # added a row of a whole at a time
+    for i in range(3):
+        row.add(torch.from_numpy(values[:, i]), 6, shape=(3, 4), at=i)
+    assert row.value().tobytes() == whole.value().tobytes()
+    bad = values.copy()
+    bad[2, 1, 0] = np.nan
+    nan_sums = FixedSums(1)
+    nan_sums.add(torch.from_numpy(bad), 6)
+    assert np.isnan(nan_sums.value()[1]).all() and np.isfinite(nan_sums.value()[[0, 2]]).all()
+    back = FixedSums.from_arrays(whole.arrays("s"), "s", 1)
+    assert back.value().tobytes() == whole.value().tobytes()
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine's values against two captures
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    for seed, name in enumerate(("circle/a.png", "circle/b.png", "square/c.png", "square/d.jpg", "e.png")):
+        (root / name).parent.mkdir(exist_ok=True)
+        drawn_image(seed, size=(120, 150)).save(root / name, quality=95)
+    (root / "square" / "notes.png").write_text("not an image")
+    return root
+
+
+@pytest.fixture(scope="module")
+def two_tiny():
+    a = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=2, device="cpu")
+    b = load_model("vit_tiny_patch16_224", pretrained=False, seed=1, depth=2, device="cpu")
+    return a, b
+
+
+def _compare_totals(a, b, folder: Path) -> CompareTotals:
+    plans = [plan_run(m, folder) for m in (a, b)]
+    totals = CompareTotals()
+    for _, _, _, batch in reduce_pairs(Pair(a, b, *plans), consecutive_batches(0, len(plans[0].paths), 2)):
+        totals.merge(batch)
+    return totals
+
+
+def test_cka_js_kl_and_rollout_correlation_equal_a_plain_computation_from_two_captures(two_tiny, folder):
+    a, b = two_tiny
+    totals = _compare_totals(a, b, folder)
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in (".png", ".jpg")
+                   and p.name != "notes.png")
+    assert totals.file == names
+    caps = [[run_with_capture(m, load_image(folder / name)) for name in names] for m in (a, b)]
+    g = a.geometry
+    p = g.num_prefix_tokens
+    x = np.concatenate([c.tokens[:, p:] for c in caps[0]], axis=1).astype(np.float64)  # (L+1, images x N, D)
+    y = np.concatenate([c.tokens[:, p:] for c in caps[1]], axis=1).astype(np.float64)
+    expected_cka = np.array([[_plain_cka(x[i], y[j]) for j in range(len(y))] for i in range(len(x))])
+    np.testing.assert_allclose(totals.cka(), expected_cka, rtol=1e-7)
+    js = np.mean([attention_js(ca.pattern, cb.pattern).mean(axis=-1) for ca, cb in zip(*caps, strict=True)], axis=0)  # (L, H)
+    np.testing.assert_allclose(totals.js.mean, js, rtol=1e-5, atol=1e-9)
+    kl = [float(prediction_kl(ca.logits, cb.logits)) for ca, cb in zip(*caps, strict=True)]
+    np.testing.assert_allclose(totals.kl, kl, rtol=1e-4, atol=1e-9)
+    rollout = [pearson(analyses.attention_rollout(ca.pattern, p, g.grid, has_class_token=True),
+                       analyses.attention_rollout(cb.pattern, p, g.grid, has_class_token=True))
+               for ca, cb in zip(*caps, strict=True)]
+    np.testing.assert_allclose(totals.rollout_correlation, rollout, rtol=1e-4, atol=1e-6)
+    assert totals.kl_mean() == pytest.approx(np.mean(kl), rel=1e-4)
+
+
+def test_a_model_against_itself_has_cka_one_on_the_diagonal_js_zero_and_kl_zero(two_tiny, folder):
+    a, _ = two_tiny
+    totals = _compare_totals(a, a, folder)
+    cka = totals.cka()
+    np.testing.assert_allclose(np.diag(cka), 1, atol=1e-12)
+    assert np.all(totals.js.mean == 0) and np.all(np.asarray(totals.kl) == 0)
+    np.testing.assert_allclose(totals.rollout_correlation, 1, atol=1e-12)
+
+
+def test_geometries_that_differ_skip_what_cannot_be_compared_with_a_sentence_each(two_tiny):
+    a, _ = two_tiny
+    shapes = load_model("vit-lens/shapes-vit", device="cpu")
+    which = comparable(a.geometry, shapes.geometry)
+    assert not which.classes and not which.grid and not which.attention
+    skipped = dict(which.skipped)
+    assert set(skipped) >= {"kl", "changed", "agreement", "rollout_correlation", "attention_js",
+                            "mean_attention_distance_diff", "cka over patch tokens"}
+    assert all(reason.endswith(".") and "\n" not in reason for reason in skipped.values())
+    assert comparable(a.geometry, a.geometry).skipped == ()
+
+
+# ----------------------------------------------------------------------------------------------
+# The command: DIR/a and DIR/b are `dataset`'s files bit for bit
+
+
+def _run(capsys, *args) -> tuple[int, str, str]:
+    status = core_cli.main([*map(str, args)])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def alone(folder, tmp_path_factory):
+    """`dataset` run alone for the Shapes ViT and for its random init (with its class names)."""
+    out = tmp_path_factory.mktemp("alone")
+    assert core_cli.main(["dataset", str(folder), *SHAPES, "--out", str(out / "a"), "--device", "cpu", "--workers", "0"]) == 2
+    assert core_cli.main(["dataset", str(folder), "--model", "vit_shapes_patch8_96", "--random-init", "--labels",
+                          str(NAMES), "--out", str(out / "b"), "--device", "cpu", "--workers", "0"]) == 2
+    return _files(out / "a"), _files(out / "b")
+
+
+@pytest.fixture(scope="module")
+def compared(folder, alone, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "out"
+    status = core_cli.main(["compare", str(folder), *SHAPES, *SHAPES_RANDOM, "--out", str(out), "--device", "cpu",
+                            "--workers", "0", "--batch-size", "3"])
+    assert status == 2  # notes.png is not an image
+    return out
+
+
+def test_compare_writes_a_and_b_bit_for_bit_as_dataset_alone_and_its_own_files(compared, alone):
+    assert _files(compared / "a") == alone[0]
+    assert _files(compared / "b") == alone[1]
+    assert sorted(p.name for p in compared.iterdir()) == ["a", "b", "compare.csv", "compare.json", "compare.npz",
+                                                         "compare.png", "parts"]
+    summary = json.loads((compared / "compare.json").read_text())
+    arrays = np.load(compared / "compare.npz")
+    assert arrays["cka"].shape == (5, 5) and arrays["cka"].dtype == np.float64
+    assert arrays["attention_js"].shape == (4, 8) and arrays["mean_attention_distance_diff"].dtype == np.float32
+    a = np.load(compared / "a" / "dataset.npz")
+    b = np.load(compared / "b" / "dataset.npz")
+    np.testing.assert_array_equal(arrays["mean_attention_distance_diff"],
+                                  b["mean_attention_distance"] - a["mean_attention_distance"])
+    np.testing.assert_array_equal(arrays["logit_lens_accuracy_a"], a["logit_lens_accuracy"])
+    assert summary["num_images"] == 5 and summary["skipped"] == []
+    assert summary["cka_diagonal"] == [pytest.approx(v) for v in np.diag(arrays["cka"])]
+    assert len(summary["heads_most_changed"]) == 10
+    assert summary["heads_most_changed"][0]["js"] == pytest.approx(float(arrays["attention_js"].max()))
+    rows = (compared / "compare.csv").read_text().splitlines()
+    assert rows[0] == ("file,label,predicted_a,predicted_name_a,probability_a,predicted_b,predicted_name_b,"
+                       "probability_b,changed,kl,rollout_correlation")
+    assert [r.split(",")[0] for r in rows[1:]] == ["circle/a.png", "circle/b.png", "e.png", "square/c.png",
+                                                   "square/d.jpg"]
+    changed = sum(int(r.split(",")[8]) for r in rows[1:])
+    assert summary["changed"] == changed and summary["agreement"] == pytest.approx(1 - changed / 5)
+    assert (compared / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_in_two_shards_and_shard_by_shard_gives_the_same_bits(folder, alone, compared, tmp_path, capsys):
+    status, _, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "two", "--device",
+                        "cpu", "--workers", "0", "--shards", "2")
+    assert status == 2
+    assert _files(tmp_path / "two" / "a") == alone[0] and _files(tmp_path / "two" / "b") == alone[1]
+    assert _files(tmp_path / "two") == _files(compared)
+    for shard in ("2/2", "1/2"):  # one shared folder: the run that finds both shards there writes the results
+        status, out, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "one", "--device",
+                              "cpu", "--workers", "0", "--shard", shard, "--batch-size", "1")
+    assert "5 images compared" in out
+    assert _files(tmp_path / "one") == _files(compared) and _files(tmp_path / "one" / "a") == alone[0]
+    status, out, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "one", "--device",
+                          "cpu", "--workers", "0")  # a rerun: every shard done, nothing run again
+    assert "2 of 2 shards already done" in out
+
+
+def test_compare_refuses_weights_that_do_not_fit_model_b_and_other_inputs_before_loading(folder, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    tiny = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=1, device="cpu")
+    save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, tmp_path / "tiny.safetensors")
+    status, _, err = _run(capsys, "compare", folder, *SHAPES, "--model-b", "vit_shapes_patch8_96", "--weights-b",
+                          tmp_path / "tiny.safetensors", "--out", tmp_path / "out", "--device", "cpu")
+    assert status == 2 and err.startswith("vit_core: --weights-b ") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "parts").exists()
+    for args, said in (((*SHAPES, "--model-b", "vit-lens/shapes-vit", "--random-init-b"), "--random-init-b"),
+                       ((*SHAPES, "--weights-b", tmp_path / "missing.pt"), "--weights-b"),
+                       ((*SHAPES, "--model-b", "vit_nope_patch16"), "--model-b")):
+        status, _, err = _run(capsys, "compare", folder, *args, "--out", tmp_path / "out2")
+        assert status == 2 and said in err and len(err.strip().splitlines()) == 1
+    status, _, err = _run(capsys, "compare", folder, *SHAPES, "--out", folder / "inside")
+    assert status == 2 and "inside FOLDER" in err

@@ -1,0 +1,434 @@
+"""Two models over one set of images: each image decoded once for both, each model's forward reduced exactly as
+`dataset` reduces it (its `reduce_batch`, so DIR/a and DIR/b are bit for bit what `dataset` writes for each model
+alone), and in the same forwards the comparison's per-image values (`PairRecorder`): the tokens' CKA sums, the
+attention JS, the KL between the predictions, the rollout correlation.
+
+A run is cut into the shards of `dataset` (vit_core.dataset.runs): each shard's part is written three times, DIR/a/parts,
+DIR/b/parts (dataset's own stores and manifests) and DIR/parts (the comparison's), so a killed run resumes and
+shards run elsewhere merge. Shapes: F images per forward, L blocks, H heads, T tokens, N patches, D widths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..dataset import (
+    BatchValues,
+    ExactMoments,
+    PartsError,
+    PartStore,
+    RunPlan,
+    Shard,
+    Totals,
+    consecutive_batches,
+    forward_images,
+    patch_distances_on,
+    reduce_batch,
+)
+from ..dataset.runs import shard_start
+from ..errors import CaptureError, ImageError
+from ..export import json_bytes, npz_bytes
+from ..hooks import attention_recorded, register, tokens_recorded
+from ..images import load_image
+from ..images.files import OutputFolder
+from ..loading.model import Geometry, LoadedModel
+from ..runtime.devices import describe_device
+from .measures import rollout_maps, torch_attention_js, torch_pearson, torch_prediction_kl, torch_rollout_step
+from .sums import CompareTotals
+
+_logger = logging.getLogger(__name__)
+
+FORMAT = "vit-lens compare parts 1"
+PARTS = "parts"
+MANIFEST = "manifest.json"
+MODELS = ("a", "b")  # DIR/a, DIR/b: each model's `dataset` files
+
+Progress = Callable[[int, int], None]
+
+
+# ----------------------------------------------------------------------------------------------
+# What two models can be compared on
+
+
+@dataclass(frozen=True)
+class Comparable:
+    """Which comparisons two geometries allow, and a sentence for each one they don't (`skipped`)."""
+
+    classes: bool  # the same classes (and a head): KL, changed, agreement
+    grid: bool  # the same patch grid: CKA over patch tokens, the rollout correlation
+    attention: bool  # the same blocks, heads and tokens: the attention JS and the distance difference
+    skipped: tuple[tuple[str, str], ...]  # (comparison, why not)
+
+
+def comparable(a: Geometry, b: Geometry) -> Comparable:
+    skipped = []
+    classes = a.num_classes == b.num_classes and a.num_classes > 0
+    if not classes:
+        why = ("one of the models has no classifier head" if not (a.num_classes and b.num_classes)
+               else f"A has {a.num_classes} classes and B {b.num_classes}")
+        skipped += [(name, f"The predictions can't be compared: {why}.") for name in ("kl", "changed", "agreement")]
+    grid = a.grid == b.grid
+    if not grid:
+        why = f"A's patch grid is {a.grid[0]}x{a.grid[1]} and B's {b.grid[0]}x{b.grid[1]}"
+        skipped.append(("rollout_correlation", f"The rollout maps can't be compared point by point: {why}."))
+        skipped.append(("cka over patch tokens", f"{why}, so CKA is over each image's mean patch token instead."))
+    attention = (a.num_layers, a.num_heads, a.grid, a.prefix_names) == (b.num_layers, b.num_heads, b.grid, b.prefix_names)
+    if not attention:
+        why = (f"A has {a.num_layers} blocks of {a.num_heads} heads over {a.num_tokens} tokens and B {b.num_layers} "
+               f"blocks of {b.num_heads} heads over {b.num_tokens} tokens")
+        if (a.num_layers, a.num_heads) != (b.num_layers, b.num_heads):
+            skipped.append(("mean_attention_distance_diff", f"There is no head of B for each head of A: {why}."))
+        skipped.append(("attention_js", f"The attention rows can't be compared key by key: {why}."))
+    return Comparable(classes, grid, attention, tuple(skipped))
+
+
+def with_names_of(b: LoadedModel, a: LoadedModel) -> LoadedModel:
+    """B with A's class names where B has none of its own and as many classes (a random init or a checkpoint of A's
+    architecture: its folder labels and tables then read as A's); B itself otherwise."""
+    if b.labels is None and a.labels and b.geometry.num_classes == a.geometry.num_classes:
+        return dataclasses.replace(b, labels=a.labels)
+    return b
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoding once for both
+
+
+class PairDecoded(Dataset):
+    """The sources as both models' inputs: item i is (i, A's input (3, H, W) or why not, B's likewise). An image is
+    decoded once when both models decode at the same size (`decode_min_side`), as `dataset`'s DecodedImages does for
+    each; only picklable things, so DataLoader workers can have it."""
+
+    def __init__(self, sources: Sequence[tuple[str, Any]], a: LoadedModel, b: LoadedModel) -> None:
+        self.sources = list(sources)
+        self.sides = (a.decode_min_side, b.decode_min_side)
+        self.transforms = ((a.crop_transform, a.tensor_transform), (b.crop_transform, b.tensor_transform))
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str, torch.Tensor | str]:
+        _, source = self.sources[index]
+        decoded: dict[int, Any] = {}
+        inputs = []
+        for side, (crop, tensor) in zip(self.sides, self.transforms, strict=True):
+            if side not in decoded:
+                try:
+                    decoded[side] = load_image(source, side)  # RGB
+                except ImageError as e:
+                    decoded[side] = str(e)
+            image = decoded[side]
+            if isinstance(image, str):
+                inputs.append(image)
+                continue
+            try:
+                inputs.append(tensor(crop(image)))  # (3, H, W), as dataset.decoded_crop then the tensor transform
+            except ImageError as e:
+                inputs.append(str(e))
+        return index, inputs[0], inputs[1]
+
+
+def _as_list(items: list) -> list:
+    return items
+
+
+def pair_loader(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]], batches: Sequence[Sequence[int]],
+                workers: int) -> DataLoader:
+    return DataLoader(PairDecoded(sources, a, b), batch_sampler=[list(x) for x in batches], num_workers=workers,
+                      collate_fn=_as_list)
+
+
+# ----------------------------------------------------------------------------------------------
+# What each forward leaves for the comparison
+
+
+@dataclass
+class PairRecorder:
+    """One model's forward, recorded for the comparison (on the device): its patch tokens of every residual row, its
+    logits, its rollout, and (`patterns`) its attention patterns when the other model's forward is to compare its own
+    against them (`against`)."""
+
+    geometry: Geometry
+    mean_tokens: bool  # CKA over each image's mean patch token (the grids differ)
+    keep_patterns: bool = False
+    against: list[torch.Tensor] | None = None  # the other model's patterns, L x (F, H, T, T)
+    tokens: list[torch.Tensor] = dataclasses.field(default_factory=list)  # (L+1) x (F, N or 1, D) float64
+    patterns: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    js: list[torch.Tensor] = dataclasses.field(default_factory=list)  # L x (F, H) float64
+    rollout: torch.Tensor | None = None  # (F, T, T) float64
+    logits: torch.Tensor | None = None  # (F, C)
+
+    def pattern(self, pattern: torch.Tensor) -> None:
+        if self.keep_patterns:
+            self.patterns.append(pattern)
+        if self.against is not None:
+            self.js.append(torch_attention_js(self.against[len(self.js)], pattern))
+        self.rollout = torch_rollout_step(self.rollout, pattern)
+
+    def token(self, tokens: torch.Tensor) -> None:
+        patches = tokens[:, self.geometry.num_prefix_tokens:].double()  # (F, T, D) -> (F, N, D)
+        self.tokens.append(patches.mean(dim=1, keepdim=True) if self.mean_tokens else patches)
+
+    def output(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+@contextlib.contextmanager
+def recorded(model: torch.nn.Module, recorder: PairRecorder) -> Iterator[None]:
+    """Inside the block, the model's forwards feed `recorder` (hooks gone on exit, also when a forward raises)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(attention_recorded(model, recorder.pattern))
+        stack.enter_context(tokens_recorded(model, recorder.token))
+        register(stack, model, model.register_forward_hook(lambda m, i, o: recorder.output(o.detach())))
+        yield
+
+
+def _check(recorder: PairRecorder, name: str) -> None:
+    g = recorder.geometry
+    if len(recorder.tokens) != g.num_layers + 1 or recorder.logits is None:
+        raise CaptureError(f"model {name}'s forward left {len(recorder.tokens)} token rows for {g.num_layers + 1} "
+                           "expected: another forward ran on it meanwhile, or its blocks bypass timm's standard path.")
+
+
+def add_pair(totals: CompareTotals, a: PairRecorder, b: PairRecorder, images: int, files: Sequence[str],
+             which: Comparable) -> None:
+    """One paired forward's comparison values added (its first `images` rows are real images, the rest padding)."""
+    x, y = torch.stack(a.tokens, dim=1), torch.stack(b.tokens, dim=1)  # (F, La+1, n, Da), (F, Lb+1, n, Db)
+    la, lb, da, db = x.shape[1], y.shape[1], x.shape[-1], y.shape[-1]
+    totals.tokens += images * x.shape[2]
+    totals.sum_a.add(x.sum(dim=2), images)  # (F, La+1, Da)
+    totals.sum_b.add(y.sum(dim=2), images)
+    totals.self_a.add(x.transpose(-1, -2) @ x, images)  # (F, La+1, Da, Da)
+    totals.self_b.add(y.transpose(-1, -2) @ y, images)
+    for i in range(la):  # a row of A at a time: two ViT-B/16s' whole cross products are 800 MB per image
+        cross = x[:, i:i + 1].transpose(-1, -2) @ y  # (F, 1, Da, n) @ (F, Lb+1, n, Db) -> (F, Lb+1, Da, Db)
+        totals.cross.add(cross, images, shape=(la, lb, da, db), at=i)
+    if which.attention:
+        totals.js.add(torch.stack(b.js, dim=1)[:images].cpu().numpy())  # L x (F, H) -> (images, L, H)
+    kl = torch_prediction_kl(a.logits, b.logits)[:images].cpu().tolist() if which.classes else [float("nan")] * images
+    if which.grid:
+        ga, gb = a.geometry, b.geometry
+        correlation = torch_pearson(rollout_maps(a.rollout, ga.num_prefix_tokens, ga.has_class_token),
+                                    rollout_maps(b.rollout, gb.num_prefix_tokens, gb.has_class_token))
+        correlation = correlation[:images].cpu().tolist()
+    else:
+        correlation = [float("nan")] * images
+    totals.file.extend(files)
+    totals.kl.extend(kl)
+    totals.rollout_correlation.extend(correlation)
+
+
+def _slice(values: BatchValues, start: int, stop: int) -> BatchValues:
+    return BatchValues(**{f.name: None if getattr(values, f.name) is None else getattr(values, f.name)[start:stop]
+                          for f in dataclasses.fields(BatchValues)})
+
+
+def paired_values(a: LoadedModel, b: LoadedModel, xa: torch.Tensor, xb: torch.Tensor, logit_lens: tuple[bool, bool],
+                  distances: tuple[torch.Tensor, torch.Tensor], files: Sequence[str], which: Comparable,
+                  totals: CompareTotals) -> tuple[BatchValues, BatchValues]:
+    """Images xa (B, 3, Ha, Wa) and xb (B, 3, Hb, Wb) (the same B images for each model) through dataset's
+    `reduce_batch` of each model, one forward's worth (`forward_images`) at a time, with the comparison recorded in the
+    same forwards and added to `totals`; each model's per-image values."""
+    size = forward_images(a.device)
+    parts_a, parts_b = [], []
+    for first in range(0, len(xa), size):
+        images = min(size, len(xa) - first)
+        rec_a = PairRecorder(a.geometry, mean_tokens=not which.grid, keep_patterns=which.attention)
+        with recorded(a.model, rec_a):
+            parts_a.append(reduce_batch(a, xa[first:first + size], logit_lens[0], distances[0]))
+        _check(rec_a, "A")
+        rec_b = PairRecorder(b.geometry, mean_tokens=not which.grid, against=rec_a.patterns if which.attention else None)
+        with recorded(b.model, rec_b):
+            parts_b.append(reduce_batch(b, xb[first:first + size], logit_lens[1], distances[1]))
+        _check(rec_b, "B")
+        add_pair(totals, rec_a, rec_b, images, files[first:first + size], which)
+    return _joined(parts_a), _joined(parts_b)
+
+
+def _joined(parts: list[BatchValues]) -> BatchValues:
+    return BatchValues(**{f.name: None if getattr(parts[0], f.name) is None
+                          else np.concatenate([getattr(p, f.name) for p in parts])
+                          for f in dataclasses.fields(BatchValues)})
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop over a run's batches
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The two models and their runs' plans (the same images and shards; each model's own labels)."""
+
+    a: LoadedModel
+    b: LoadedModel
+    plan_a: RunPlan
+    plan_b: RunPlan
+
+    @property
+    def which(self) -> Comparable:
+        return comparable(self.a.geometry, self.b.geometry)
+
+
+def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None
+                 ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+    """For each batch (indices into the plan's images, in order): its indices, A's and B's totals (as `dataset`'s
+    reduce_sources makes them: the same bits) and the comparison's totals over the images both models could read."""
+    sources = pair.plan_a.sources()
+    labels = (pair.plan_a.labels, pair.plan_b.labels)
+    logit_lens = tuple(ls is not None and any(x is not None for x in ls) for ls in labels)
+    distances = (patch_distances_on(pair.a.geometry, pair.a.device), patch_distances_on(pair.b.geometry, pair.b.device))
+    which = pair.which
+    report = progress or (lambda done, total: None)
+    total, done = sum(len(batch) for batch in batches), 0
+    for batch, items in zip(batches, pair_loader(pair.a, pair.b, sources, batches, workers), strict=True):
+        totals = (Totals(), Totals())
+        compared = CompareTotals()
+        for index, *inputs in items:  # failures first, as reduce_sources reports them
+            for side, x in enumerate(inputs):
+                if isinstance(x, str):
+                    totals[side].failures.append((sources[index][0], x))
+                    _logger.info("skipped %s for model %s: %s", sources[index][0], "AB"[side], x)
+        both = [(i, xa, xb) for i, xa, xb in items if not isinstance(xa, str) and not isinstance(xb, str)]
+        values: dict[int, tuple[BatchValues | None, BatchValues | None]] = {}
+        if both:
+            va, vb = paired_values(pair.a, pair.b, torch.stack([x for _, x, _ in both]), torch.stack([x for _, _, x in both]),
+                                   logit_lens, distances, [sources[i][0] for i, _, _ in both], which, compared)
+            values |= {i: (_slice(va, k, k + 1), _slice(vb, k, k + 1)) for k, (i, _, _) in enumerate(both)}
+        for side, loaded in enumerate((pair.a, pair.b)):  # an image only one model could read: that model's alone
+            alone = [(i, inputs[side]) for i, *inputs in items
+                     if not isinstance(inputs[side], str) and isinstance(inputs[1 - side], str)]
+            if alone:
+                v = reduce_batch(loaded, torch.stack([x for _, x in alone]), logit_lens[side], distances[side])
+                for k, (i, _) in enumerate(alone):
+                    values.setdefault(i, (None, None))
+                    values[i] = tuple(_slice(v, k, k + 1) if s == side else values[i][s] for s in range(2))
+        for index in sorted(values):  # rows in the run's order, one image at a time: the sums are exact
+            for side in range(2):
+                if values[index][side] is not None:
+                    label = labels[side][index] if logit_lens[side] else None
+                    totals[side].add_batch([sources[index][0]], [label] if logit_lens[side] else None, values[index][side])
+        done += len(batch)
+        report(done, total)
+        yield list(batch), totals[0], totals[1], compared
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison's parts on disk (each model's are dataset's PartStore in DIR/a and DIR/b)
+
+
+def pair_manifest(manifest_a: dict[str, Any], manifest_b: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's manifest: its format and the two runs' manifests."""
+    return {"format": FORMAT, "a": manifest_a, "b": manifest_b, "shards": manifest_a["shards"]}
+
+
+class CompareStore:
+    """DIR/parts: the comparison's manifest and one part per finished shard (written after the shard's a and b parts,
+    so a shard is done when its comparison part is there)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.path = self.out / PARTS
+        self.stores = (PartStore(self.out / "a"), PartStore(self.out / "b"))
+
+    def manifest(self) -> dict[str, Any] | None:
+        try:
+            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError) as e:
+            raise PartsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.out} to start again.") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise PartsError(f"{self.path / MANIFEST} is not a `compare` run's manifest; remove {self.out} to start again.")
+        return manifest
+
+    def open(self, manifest: dict[str, Any]) -> None:
+        """Write the manifests (the comparison's, and dataset's in a/ and b/), or check the ones there. Raises
+        PartsError with what differs."""
+        found = self.manifest()
+        if found is not None and found != json.loads(json_bytes(manifest)):
+            differs = [side for side in MODELS if found.get(side) != json.loads(json_bytes(manifest[side]))]
+            raise PartsError(f"{self.path} holds parts of another comparison (model {' and '.join(differs) or 'runs'} "
+                             "differ); use another --out, or remove that folder to start again.")
+        for side, store in zip(MODELS, self.stores, strict=True):
+            store.open(manifest[side])
+        if found is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with OutputFolder(self.path) as out:
+                out.write(MANIFEST, json_bytes(manifest))
+
+    def part_path(self, shard: Shard) -> Path:
+        return self.path / f"{shard.name}.npz"
+
+    def done(self, all_shards: Sequence[Shard]) -> set[int]:
+        """The shards whose three parts are there."""
+        return {s.number for s in all_shards if self.part_path(s).is_file() and all(
+            store.part_path(s).is_file() for store in self.stores)}
+
+    def write(self, shard: Shard, totals: tuple[Totals, Totals], compared: CompareTotals, device: str,
+              files_sha256: str) -> None:
+        for store, one in zip(self.stores, totals, strict=True):
+            store.write(shard, one, device, files_sha256)
+        arrays = {**compared.arrays(), "shard": np.asarray(shard.number), "shards": np.asarray(shard.count),
+                  "files_sha256": np.asarray(files_sha256)}
+        with OutputFolder(self.path) as out:
+            out.write(self.part_path(shard).name, npz_bytes(arrays))
+
+    def read(self, shard: Shard, files_sha256: str) -> CompareTotals:
+        path = self.part_path(shard)
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {key: npz[key] for key in npz.files}
+            if (str(arrays["files_sha256"]) != files_sha256 or int(arrays["shards"]) != shard.count
+                    or int(arrays["shard"]) != shard.number):
+                raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
+            return CompareTotals.from_arrays(arrays)
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise PartsError(f"{path} can't be read ({e or type(e).__name__}); remove it and run that shard again.") from None
+
+
+def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], files_sha256: str, *, batch_size: int,
+                    workers: int = 0, progress: Progress | None = None) -> None:
+    """Analyse the shards `todo` with both models in this process; each shard's three parts written when it is done."""
+    device = describe_device(pair.a.device)
+    owner, batches = {}, []
+    for shard in todo:
+        for batch in consecutive_batches(shard.start, shard.stop, batch_size):
+            owner[batch.start] = shard.number
+            batches.append(batch)
+    pending = {s.number: (s, shard_start(pair.plan_a, s), shard_start(pair.plan_b, s), CompareTotals()) for s in todo}
+    remaining = {s.number: s.size for s in todo}
+    for shard in todo:
+        if shard.size == 0:
+            _, ta, tb, tc = pending.pop(shard.number)
+            store.write(shard, (ta, tb), tc, device, files_sha256)
+    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress):
+        number = owner[indices[0]]
+        shard, sa, sb, sc = pending[number]
+        sa.merge(ta)
+        sb.merge(tb)
+        sc.merge(tc)
+        remaining[number] -= len(indices)
+        if remaining[number] == 0:
+            store.write(shard, (sa, sb), sc, device, files_sha256)
+            del pending[number]
+
+
+def merged_compare(store: CompareStore, all_shards: Sequence[Shard], files_sha256: str) -> CompareTotals:
+    totals = CompareTotals()
+    for shard in all_shards:
+        totals.merge(store.read(shard, files_sha256))
+    return totals
+
+
+def js_moments_mean(js: ExactMoments) -> np.ndarray | None:
+    return js.mean if js.count else None

@@ -1,0 +1,81 @@
+"""A comparison's run over a folder: both models' plans (dataset's `plan_run`: the same images and shards, each
+model's own labels), the manifests, the shards to do, and the files once every shard is done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..dataset import DatasetError, DatasetResult, PartsError, Shard, dataset_files, manifest_of, merged_result, plan_run
+from ..images.files import OutputFolder
+from ..loading.model import LoadedModel
+from .engine import MODELS, CompareStore, Pair, merged_compare, pair_manifest
+from .files import compare_files
+from .sums import CompareTotals
+
+NO_IMAGES = "There are no images to analyse."
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    pair: Pair
+    store: CompareStore
+    manifest: dict[str, Any]
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        return self.pair.plan_a.shards
+
+    @property
+    def files_sha256(self) -> str:
+        return self.manifest["a"]["files_sha256"]
+
+
+def plan_compare(a: LoadedModel, b: LoadedModel, folder: Path, out: Path, *, limit: int | None = None,
+                 num_shards: int | None = None, weights: tuple[Path | None, Path | None] = (None, None),
+                 labels: tuple[Path | None, Path | None] = (None, None)) -> CompareRun:
+    """The run's plan and its manifests opened in `out` (written, or checked against those there: PartsError says what
+    differs). Raises DatasetError without images, ShardError for more shards than images."""
+    store = CompareStore(out)
+    found = store.manifest()
+    resumed = (found or {}).get("shards")
+    plans = [plan_run(loaded, folder, limit=limit, num_shards=num_shards, outputs=out / side, resumed_shards=resumed)
+             for loaded, side in zip((a, b), MODELS, strict=True)]
+    if not plans[0].paths:
+        raise DatasetError(NO_IMAGES)
+    manifests = [manifest_of(loaded, plan, weights_file=w, labels_file=lab, limit=limit)
+                 for loaded, plan, w, lab in zip((a, b), plans, weights, labels, strict=True)]
+    manifest = pair_manifest(*manifests)
+    store.open(manifest)
+    return CompareRun(Pair(a, b, plans[0], plans[1]), store, manifest)
+
+
+def finished(run: CompareRun) -> tuple[DatasetResult, DatasetResult, CompareTotals]:
+    """Every shard's parts merged: A's and B's dataset results and the comparison's totals. Raises PartsError, DatasetError."""
+    results = [merged_result([store])[0] for store in run.store.stores]
+    return results[0], results[1], merged_compare(run.store, run.shards, run.files_sha256)
+
+
+def write_files(run: CompareRun, out: OutputFolder, table: str = "csv") -> tuple[DatasetResult, DatasetResult, dict[str, bytes]]:
+    """DIR/a and DIR/b (dataset's files of each model) and the comparison's files in `out`; the two results and the
+    comparison's files. Raises OSError for a file that can't be written."""
+    a, b, totals = finished(run)
+    for side, result, loaded in zip(MODELS, (a, b), (run.pair.a, run.pair.b), strict=True):
+        with OutputFolder(out.path / side) as folder:
+            for name, data in dataset_files(result, loaded.geometry, table).items():
+                folder.write(name, data)
+    files = compare_files(a, b, totals, run.pair.which)
+    for name, data in files.items():
+        out.write(name, data)
+    return a, b, files
+
+
+def todo_of(run: CompareRun, shard: tuple[int, int] | None) -> tuple[list[Shard], list[Shard]]:
+    """(the shards asked for, those of them not done yet)."""
+    asked = [run.shards[shard[0] - 1]] if shard else list(run.shards)
+    done = run.store.done(run.shards)
+    return asked, [s for s in asked if s.number not in done]
+
+
+__all__ = ["CompareRun", "PartsError", "finished", "plan_compare", "todo_of", "write_files"]
