@@ -271,8 +271,8 @@ class Pair:
 
     a: LoadedModel
     b: LoadedModel
-    plan_a: RunPlan
-    plan_b: RunPlan
+    plan_a: RunPlan | None
+    plan_b: RunPlan | None
 
     @property
     def which(self) -> Comparable:
@@ -281,12 +281,21 @@ class Pair:
 
 def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None
                  ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
-    """For each batch (indices into the plan's images, in order): its indices, A's and B's totals (as `dataset`'s
-    reduce_sources makes them: the same bits) and the comparison's totals over the images both models could read."""
-    sources = pair.plan_a.sources()
-    labels = (pair.plan_a.labels, pair.plan_b.labels)
+    """`reduce_sources_pair` of a folder's run (the plans' images and labels)."""
+    yield from reduce_sources_pair(pair.a, pair.b, pair.plan_a.sources(), (pair.plan_a.labels, pair.plan_b.labels),
+                                   batches, workers=workers, progress=progress)
+
+
+def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]],
+                        labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None], batches: Sequence[range],
+                        *, workers: int = 0, progress: Progress | None = None
+                        ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+    """For each batch (indices into `sources`, (name, bytes or path) each, in order): its indices, A's and B's totals
+    (as `dataset`'s reduce_sources makes them: the same bits) and the comparison's totals over the images both models
+    could read. `labels`: each model's true class per source (or None)."""
     logit_lens = tuple(ls is not None and any(x is not None for x in ls) for ls in labels)
-    distances = (patch_distances_on(pair.a.geometry, pair.a.device), patch_distances_on(pair.b.geometry, pair.b.device))
+    distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
+    pair = Pair(a, b, None, None)
     which = pair.which
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0

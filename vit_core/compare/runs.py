@@ -5,12 +5,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from ..dataset import DatasetError, DatasetResult, PartsError, Shard, dataset_files, manifest_of, merged_result, plan_run
+from ..dataset import (
+    DatasetError,
+    DatasetResult,
+    PartsError,
+    Shard,
+    Totals,
+    class_names,
+    consecutive_batches,
+    dataset_files,
+    default_batch_size,
+    manifest_of,
+    merged_result,
+    plan_run,
+    result_of,
+)
 from ..images.files import OutputFolder
 from ..loading.model import LoadedModel
-from .engine import MODELS, CompareStore, Pair, merged_compare, pair_manifest
+from ..runtime.devices import describe_device
+from .engine import MODELS, CompareStore, Pair, Progress, merged_compare, pair_manifest, reduce_sources_pair
 from .files import compare_files
 from .sums import CompareTotals
 
@@ -78,4 +93,27 @@ def todo_of(run: CompareRun, shard: tuple[int, int] | None) -> tuple[list[Shard]
     return asked, [s for s in asked if s.number not in done]
 
 
-__all__ = ["CompareRun", "PartsError", "finished", "plan_compare", "todo_of", "write_files"]
+def compare_sources(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]],
+                    labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None] = (None, None), *,
+                    batch_size: int | None = None, progress: Progress | None = None
+                    ) -> tuple[DatasetResult, DatasetResult, CompareTotals]:
+    """Two models over `sources` ((name, bytes or path) each) in this process (a notebook, the dashboard's Compare
+    tab): A's and B's dataset results and the comparison's totals. Raises DatasetError when no image could be read."""
+    if not sources:
+        raise DatasetError(NO_IMAGES)
+    batches = consecutive_batches(0, len(sources), batch_size or default_batch_size(a.device))
+    totals, compared = (Totals(), Totals()), CompareTotals()
+    for _, ta, tb, tc in reduce_sources_pair(a, b, sources, labels, batches, progress=progress):
+        totals[0].merge(ta)
+        totals[1].merge(tb)
+        compared.merge(tc)
+    if not compared.file:
+        first = totals[0].failures[0] if totals[0].failures else ("", "")
+        raise DatasetError(f"None of the {len(sources)} images could be read by both models ({first[0]}: {first[1]}).")
+    device = describe_device(a.device)
+    results = tuple(result_of(t, model=m.name, weights=m.weights, device=device, class_names=class_names(m))
+                    for t, m in zip(totals, (a, b), strict=True))
+    return results[0], results[1], compared
+
+
+__all__ = ["compare_sources", "CompareRun", "PartsError", "finished", "plan_compare", "todo_of", "write_files"]
