@@ -127,9 +127,14 @@ def tiny_env(monkeypatch):
 
 
 APP = str(REPO / "dashboard" / "app.py")
+# How long one AppTest script run may take before it counts as hung: a guard, not a speed check. A run that takes
+# 10 s on a quiet machine took over 120 s at a load average of 18 on two cores (2026-12-06), and AppTest fails a run
+# that outlasts its timeout.
+APP_TIMEOUT = 900
+COMMAND_TIMEOUT = 900  # the same guard for a command a test runs (`python -m vit_core ...`): importing torch is slow too
 
 
-def run_app(default_timeout: int = 120, **query: str):
+def run_app(default_timeout: int = APP_TIMEOUT, **query: str):
     """The dashboard run once in-process by Streamlit's AppTest, with `query` as URL parameters."""
     from streamlit.testing.v1 import AppTest
 

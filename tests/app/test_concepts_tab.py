@@ -15,7 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import vit_core
-from conftest import assert_healthy, encoded
+from conftest import APP_TIMEOUT, assert_healthy, encoded
 from dashboard import session
 from dashboard.image_choice import ImageChoice
 from dashboard.models import ModelRequest
@@ -52,7 +52,7 @@ def view_script() -> None:
 
 
 def run_view() -> AppTest:
-    at = AppTest.from_function(view_script, default_timeout=120)
+    at = AppTest.from_function(view_script, default_timeout=APP_TIMEOUT)
     at.run()
     assert_healthy(at)
     return at

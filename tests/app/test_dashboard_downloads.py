@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_healthy, run_app
+from conftest import COMMAND_TIMEOUT, assert_healthy, run_app
 from dashboard import caches, examples
 from dashboard.models import TEST_TINY, ModelRequest
 from support.shared_runtime import download, shared_runtime
@@ -96,7 +96,7 @@ def test_the_npz_a_student_downloads_is_the_same_bits_as_vit_lens_analyze_writes
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_LENS_")}
     result = subprocess.run([sys.executable, "-m", "vit_core", "analyze", "example.png", "--model", TEACHING_MODEL,
                              "--device", "cpu", "--out", "out"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=COMMAND_TIMEOUT)
     assert result.returncode == 0, result.stderr
     with np.load(io.BytesIO(downloaded)) as page, np.load(tmp_path / "out" / "example.npz") as command:
         assert page.files and set(page.files) == set(command.files)

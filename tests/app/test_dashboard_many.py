@@ -66,7 +66,7 @@ def as_written(markdown: str) -> str:
 
 
 def open_page(runtime) -> AppTest:
-    at = run_app(default_timeout=180)
+    at = run_app()
     at.switch_page(PAGE).run()
     assert_healthy(at)
     assert at.button(key=session.K_MANY_RUN)

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_healthy, choose_weights, run_app
+from conftest import COMMAND_TIMEOUT, assert_healthy, choose_weights, run_app
 from dashboard import caches, cli, model_choice, models, session
 from dashboard.literal import markdown_literal
 from dashboard.server import launch
@@ -85,7 +85,7 @@ def test_the_device_option_is_taken_out_of_streamlits_arguments():
 ])
 def test_a_bad_device_or_setting_stops_the_server_at_start_with_one_line(args, env, message):
     run = subprocess.run([sys.executable, "-m", "dashboard.serve", *args, "--server.headless", "true"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+                         capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env={**os.environ, **env})
     assert run.returncode == 1
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert lines[-1] == message and "Traceback" not in run.stderr and "warm-up" not in run.stderr, run.stderr

@@ -31,7 +31,7 @@ def concepts_dir(tmp_path_factory) -> Path:
 def test_the_section_finds_a_shapes_sets_concepts_and_removes_one(concepts_dir, monkeypatch):
     monkeypatch.setenv("VIT_LENS_MODEL", TEACHING_MODEL)
     monkeypatch.setenv("VIT_LENS_CONCEPTS", str(concepts_dir))  # a teacher's folder, offered by name
-    at = run_app(default_timeout=180)
+    at = run_app()
     at.switch_page(PAGE).run()
     assert_healthy(at)
     assert at.selectbox(key=session.K_MANY_CONCEPTS).value == BUNDLED_NAME  # the Shapes ViT's own, out of the box

@@ -58,7 +58,7 @@ def test_nan_weights_are_refused_naming_the_tensor_and_the_view_keeps_the_previo
 def test_nan_weights_leave_the_many_images_page_working(tiny_env, nan_weights):
     from dashboard import image_sets, session
 
-    at = run_app(default_timeout=180)
+    at = run_app()
     choose_weights(at, "vit_tiny_patch16_224", "diverged.safetensors", nan_weights)
     at.switch_page("page_scripts/many_images.py").run()
     assert_healthy(at)

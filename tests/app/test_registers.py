@@ -23,7 +23,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import vit_core
-from conftest import assert_healthy, drawn_image, encoded, run_app
+from conftest import APP_TIMEOUT, assert_healthy, drawn_image, encoded, run_app
 from dashboard import session
 from dashboard.figures import base as figures
 from dashboard.figures import registers as register_figures
@@ -102,7 +102,7 @@ def view_script(key: str, steered: bool) -> None:
 
 
 def run_view(key: str, steered: bool = False) -> AppTest:
-    at = AppTest.from_function(view_script, args=(key, steered), default_timeout=120)
+    at = AppTest.from_function(view_script, args=(key, steered), default_timeout=APP_TIMEOUT)
     at.run()
     assert_healthy(at)
     assert not at.error, [e.value for e in at.error]

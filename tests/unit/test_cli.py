@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, drawn_image
+from conftest import COMMAND_TIMEOUT, REPO, drawn_image
 from vit_core import ImageError, analyses, load_model, loading, run_with_capture
 from vit_core.images import MAX_FILE_BYTES
 
 
 def run_cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "vit_core", "analyze", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
 
 
 def test_analyze_writes_the_interface_format_and_reports_failures(tmp_path):
@@ -321,7 +321,7 @@ def test_write_atomically_replaces_whole_files_with_a_plain_files_permissions(tm
 
 def test_a_bad_setting_is_one_line_and_exit_2_before_any_load(tmp_path):
     result = subprocess.run([sys.executable, "-m", "vit_core", "analyze", "x.png", "--model", "test-tiny"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=COMMAND_TIMEOUT, cwd=tmp_path,
                             env={**os.environ, "VIT_LENS_ONEDNN_LINEAR": "sometimes"})
     assert result.returncode == 2
     assert result.stderr.strip() == "vit_core: VIT_LENS_ONEDNN_LINEAR='sometimes': use auto, on or off."
@@ -530,7 +530,7 @@ def test_tools_dashboard_installs_only_when_no_set_up_of_this_pyproject_is_done(
     if stamp:
         (root / ".venv" / f".installed-{digest}-{stamp}").touch()
     result = subprocess.run(["bash", "tools/dashboard", "--server.port", "8502"], cwd=root, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=COMMAND_TIMEOUT)
     assert result.returncode == 0, result.stderr
     calls = (root / "calls").read_text().splitlines()
     assert calls[-1] == "vit-lens dashboard --server.port 8502"
@@ -753,7 +753,7 @@ def test_the_command_imports_no_triton_on_this_cpu_machine(tmp_path):
     drawn_image(0).save(tmp_path / "a.png")
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "vit_core", "analyze", "a.png", "--model",
                              "vit-lens/shapes-vit", "--out", "out"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=COMMAND_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
     loaded = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
     assert "triton._C.libtriton" not in loaded and "triton.language" not in loaded

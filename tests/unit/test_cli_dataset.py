@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from conftest import drawn_image
+from conftest import COMMAND_TIMEOUT, drawn_image
 from vit_core import __main__ as core_cli
 from vit_core import analyses, load_model, loading, run_with_capture
 
@@ -302,7 +302,8 @@ def test_installed_vit_lens_dataset_decodes_in_worker_processes_with_no_bar_off_
     assert all(option in help_text.stdout for option in ("--batch-size", "--device", "--limit", "--workers", "--explain"))
 
     result = subprocess.run([_installed_command(), "dataset", folder, *MODEL, "--out", tmp_path, "--device", "cpu",
-                             "--workers", "2", "--batch-size", "2"], capture_output=True, text=True, timeout=300, env=env)
+                             "--workers", "2", "--batch-size", "2"], capture_output=True, text=True,
+                             timeout=COMMAND_TIMEOUT, env=env)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "notes.png" in result.stderr  # the one failure, no progress bar
     assert int(np.load(tmp_path / "dataset.npz")["num_images"]) == len(IMAGES)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import COMMAND_TIMEOUT
 from dashboard import examples, models, serve
 from dashboard.image_choice import PREVIEW_MAX_SIDE, check_file_size, preview_copy
 from dashboard.server import launch, process, streamlit_internals, uploads
@@ -372,7 +373,7 @@ def test_a_server_stopped_mid_warm_up_logs_one_line_not_a_traceback(tmp_path):
     refuse the warm-up's forward, and that is one line in the log, not a traceback."""
     env = {**os.environ, "VIT_LENS_MODEL": TEACHING_MODEL, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-c", STOPPED_MID_WARM_UP], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=COMMAND_TIMEOUT)
     assert run.returncode == 0, run.stderr
     assert "warm-up cut short: the server stopped" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr

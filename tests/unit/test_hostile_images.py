@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, encoded
+from conftest import COMMAND_TIMEOUT, REPO, encoded
 from tools.hostile import images as hostile
 from vit_core import ImageError, decode_image, run_with_capture
 from vit_core.dataset import DecodedImages
@@ -215,7 +215,7 @@ def test_hostile_files_cost_little_memory(maker):
     each well under a GB (before: 9.8 GB for 400,000 x 10 through the model's resize)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", _PEAK.format(maker=maker)], capture_output=True, text=True,
-                         check=True, timeout=120, env=env).stdout.split()
+                         check=True, timeout=COMMAND_TIMEOUT, env=env).stdout.split()
     grown, worker = (int(v) for v in out)
     assert grown < 300 * 2**20 and worker < 300 * 2**20, f"+{grown / 2**20:.0f} MB, worker {worker / 2**20:.0f} MB"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import encoded
+from conftest import COMMAND_TIMEOUT, encoded
 from vit_core import ImageError, decode_image, run_with_capture
 from vit_core.images import decode_here
 
@@ -373,7 +373,7 @@ def test_a_big_16_bit_png_decodes_in_bounded_memory(tmp_path):
     path = tmp_path / "scan16.png"
     Image.fromarray(np.broadcast_to(ramp, (height, width)).copy()).save(path, compress_level=1)
     out = subprocess.run([sys.executable, "-c", _PEAK_OF_A_16_BIT_DECODE, str(path)], capture_output=True, text=True,
-                         check=True, timeout=120).stdout.split()
+                         check=True, timeout=COMMAND_TIMEOUT).stdout.split()
     w, h, grown = (int(v) for v in out)
     assert (w, h) == (width, height)
     pixels = width * height
