@@ -11,12 +11,12 @@ import io
 import json
 import math
 import zipfile
-from typing import IO, Any, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
-from . import analyses, explain
+from . import analyses, explain, lenses
 from .capture import Capture
 from .loading.model import LoadedModel, patch_embed_weight, pos_embed_rows
 
@@ -31,24 +31,24 @@ def model_arrays(pca: analyses.FilterPCA, pos_similarity: np.ndarray | None) -> 
     return arrays
 
 
-def image_arrays(cap: Capture, distances: tuple[np.ndarray, np.ndarray], rollout: np.ndarray) -> dict[str, np.ndarray]:
-    """The export's per-image arrays: the capture's, `distances` = the mean attention distance (L, H) as defined
-    and renormalised over the patches, and `rollout` (gh, gw) with mean fusion over all layers."""
-    g = cap.geometry
-    mad, mad_renorm = distances
-    return {
-        "input_image": np.ascontiguousarray(cap.input_image, dtype=np.uint8),
-        "logits": np.asarray(cap.logits, dtype=np.float32),
-        "probs": np.asarray(cap.probs, dtype=np.float32),
-        "pattern": np.asarray(cap.pattern, dtype=np.float32),
-        "tokens": np.asarray(cap.tokens, dtype=np.float32),
-        "grid": np.asarray(g.grid, dtype=np.int64),
-        "patch_size": np.asarray(g.patch_size, dtype=np.int64),
-        "num_prefix_tokens": np.asarray(g.num_prefix_tokens, dtype=np.int64),
-        "mean_attention_distance": mad,
-        "mean_attention_distance_renorm": mad_renorm,
-        "rollout": rollout,
-    }
+def image_arrays(cap: Capture, distances: tuple[np.ndarray, np.ndarray] | None = None, rollout: np.ndarray | None = None,
+                 *, computed: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+    """The export's per-image arrays: the keys of every catalog lens with export "image" (vit_core.lenses,
+    `export_keys()`), each lens's dict with its default settings, in the catalog's order. `computed` (lens name ->
+    its dict) gives what a caller holds already (the dashboard's caches); `distances` (the mean attention distance
+    (L, H) as defined and renormalised) and `rollout` ((gh, gw), mean fusion over all layers) are the same for
+    those two lenses."""
+    given = dict(computed or {})
+    if distances is not None:
+        given["mean_attention_distance"] = dict(zip(("mean_attention_distance", "mean_attention_distance_renorm"),
+                                                    distances, strict=True))
+    if rollout is not None:
+        given["rollout"] = {"rollout": rollout}
+    arrays: dict[str, np.ndarray] = {}
+    for one in lenses.catalog():
+        if one.export == "image":
+            arrays |= given[one.name] if one.name in given else lenses.results_of(one, cap)
+    return arrays
 
 
 def mean_attention_distances(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
@@ -67,10 +67,8 @@ def pos_similarity_at_grid(loaded: LoadedModel) -> np.ndarray | None:
 
 def analysis_arrays(loaded: LoadedModel, cap: Capture) -> dict[str, np.ndarray]:
     """Every array of the export format, keyed as in interface.md, computed from the model and the capture."""
-    g = cap.geometry
-    rollout = analyses.attention_rollout(cap.pattern, g.num_prefix_tokens, g.grid, has_class_token=g.has_class_token)
     pca = analyses.filters_pca(patch_embed_weight(loaded))
-    return image_arrays(cap, mean_attention_distances(cap), rollout) | model_arrays(pca, pos_similarity_at_grid(loaded))
+    return image_arrays(cap) | model_arrays(pca, pos_similarity_at_grid(loaded))
 
 
 def summary(loaded: LoadedModel, cap: Capture, topk: int = 5) -> dict[str, Any]:

@@ -50,20 +50,30 @@ class SiteError(ViTLensError, LookupError):
     """A site name that doesn't exist on this model, or wasn't recorded by the pass that was asked."""
 
 
-def site_names(name: str, num_layers: int) -> list[str]:
-    """The canonical names `name` stands for on a model of `num_layers` blocks: one, or one per block for `*`.
-    Aliases become our names. Raises SiteError naming the site when it doesn't exist on this model."""
+def canonical(name: str) -> str:
+    """`name` in our words, on any model: an alias becomes our name, `*` stays ('blocks.*.attn.hook_q' ->
+    'blocks.*.attn.q'). Raises SiteError naming the site when no model has it."""
     name = MODEL_ALIASES.get(name, name)
     if name in MODEL_SITES:
-        return [name]
+        return name
     match = _BLOCK_NAME.fullmatch(name)
     part = match and BLOCK_ALIASES.get(match.group(2), match.group(2))
     if not match or part not in BLOCK_SITES:
         raise SiteError(f"no site {name!r}: the sites are {', '.join(MODEL_SITES)} and blocks.{{b}}.<{'|'.join(BLOCK_SITES)}> "
                         "(docs/spec/interface.md, \"Your own lens\").")
-    if match.group(1) == "*":
+    return f"blocks.{match.group(1)}.{part}"
+
+
+def site_names(name: str, num_layers: int) -> list[str]:
+    """The canonical names `name` stands for on a model of `num_layers` blocks: one, or one per block for `*`.
+    Aliases become our names. Raises SiteError naming the site when it doesn't exist on this model."""
+    name = canonical(name)
+    if name in MODEL_SITES:
+        return [name]
+    _, index, part = name.split(".", 2)
+    if index == "*":
         return [f"blocks.{b}.{part}" for b in range(num_layers)]
-    block = int(match.group(1))
+    block = int(index)
     if block >= num_layers:
         raise SiteError(f"no site {name!r} on this model: it has {num_layers} blocks, 0 to {num_layers - 1}.")
     return [f"blocks.{block}.{part}"]

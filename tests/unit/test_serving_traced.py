@@ -21,6 +21,7 @@ from vit_core import load_model, recording_hooks_on, run_with_capture, serving, 
 from vit_core.serving import capture as serving_capture
 from vit_core.serving import configure_traced_forward, serve_capture
 from vit_core.serving import traced as tracing
+from vit_core.sites import SiteError
 
 TRACED_FORWARD_ENV = settings.TRACED_FORWARD.name
 
@@ -162,3 +163,35 @@ def test_the_server_turns_it_on_and_an_environment_variable_turns_it_off(monkeyp
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.split()[-1] == "True"  # the library default stays eager; the server process traces
     assert tracing._tracing.enabled is False
+
+
+QK = ["blocks.*.attn.q", "blocks.*.attn.k"]
+
+
+def test_a_trace_takes_named_sites_and_gives_the_eager_captures_bits(traced):
+    """"The server needs q.k" is a name: a trace per set of sites, each the library's numbers bit for bit."""
+    loaded = fresh_tiny()
+    image = drawn_image(4)
+    for sites in (QK, ["blocks.1.mlp.hidden", "blocks.0.attn.hook_v", "blocks.*.attn.out"], QK):  # QK's trace reused
+        expected = run_with_capture(loaded, image, sites=sites)
+        got = serve_capture(loaded, image, sites=sites)
+        assert_same_capture(got, expected)
+        assert got.sites.keys() == expected.sites.keys() != set()
+        for name in sites:
+            np.testing.assert_array_equal(got.site(name), expected.site(name), err_msg=name)
+    held = tracing._tracing.with_sites[loaded.model]
+    assert len(held) == 2 and all(one is not None and one.sites for one in held.values())
+    assert tracing._tracing.traced.get(loaded.model) is None, "the default capture's trace is its own"
+    assert_same_capture(serve_capture(loaded, image), run_with_capture(loaded, image))
+    assert tracing._tracing.traced[loaded.model].sites == ()
+    assert recording_hooks_on(loaded.model) == 0 and hooks_on(loaded.model) == 0
+
+
+def test_named_sites_without_a_trace_are_the_librarys_capture(image):
+    loaded = fresh_tiny()  # tracing off: the eager pass with the sites' hooks, alone
+    expected = run_with_capture(loaded, image, sites=QK)
+    got = serve_capture(loaded, image, sites=QK)
+    assert_same_capture(got, expected)
+    np.testing.assert_array_equal(got.site("blocks.*.attn.q"), expected.site("blocks.*.attn.q"))
+    with pytest.raises(SiteError, match=r"^no site 'blocks.7.attn.q' on this model: it has 2 blocks"):
+        serve_capture(loaded, image, sites=["blocks.7.attn.q"])

@@ -101,3 +101,40 @@ def test_models_the_graph_cant_carry_are_refused_in_one_sentence(family):
         check_exportable(family["no_class_token"])
     with pytest.raises(WebExportError, match=r"MB, above the 1 MB"):
         check_exportable(family["class_token"], limit=2**20)
+
+
+GRAPH_SITES = ["blocks.*.attn.q", "blocks.1.attn.hook_k", "blocks.0.attn.v", "blocks.*.attn.out", "blocks.*.mlp.hidden",
+               "blocks.*.in", "blocks.2.out", "blocks.*.attn.pattern", "embed", "norm", "pre_logits", "logits"]
+
+
+def test_the_graph_writes_out_named_sites_as_the_capture_records_them(shapes):
+    """"The browser needs q.k" is a name: each site asked for is an output of its name (in our words), the capture's."""
+    loaded, _ = shapes
+    session = ort.InferenceSession(onnx_graph(loaded, sites=GRAPH_SITES), providers=["CPUExecutionProvider"])
+    names = [out.name for out in session.get_outputs()]
+    assert names == ["logits", "attention", "logit_lens", "token_norms", "blocks.*.attn.q", "blocks.1.attn.k",
+                     *GRAPH_SITES[2:-1]]  # "logits" is the lesson's output already
+    cap = run_with_capture(loaded, ring(), sites=GRAPH_SITES)
+    got = dict(zip(names, run_graph(session, loaded, cap.input_tensor[None]), strict=True))
+    for name in names[4:]:
+        want = cap.site(name)
+        assert got[name].shape == (1, *want.shape), name
+        assert np.abs(got[name][0] - want).max() <= TOLERANCE * max(1.0, np.abs(want).max()), name
+    np.testing.assert_array_equal(got["blocks.*.attn.pattern"], got["attention"])  # one tensor, two names
+    g = loaded.geometry
+    kept = np.arange(0, g.num_patches, 3)[None]  # patches dropped: the sites' token axes follow
+    dropped = dict(zip(names, run_graph(session, loaded, cap.input_tensor[None], kept=kept), strict=True))
+    assert dropped["blocks.*.attn.q"].shape == (1, g.num_layers, g.num_heads, g.num_prefix_tokens + kept.shape[1],
+                                                g.embed_dim // g.num_heads)
+
+
+def test_a_site_the_graph_cant_write_is_refused_in_one_sentence(shapes):
+    from vit_core.sites import SiteError
+
+    loaded, _ = shapes
+    with pytest.raises(SiteError, match=r"^no site 'blocks.\*.attn.scores'"):
+        onnx_graph(loaded, sites=["blocks.*.attn.scores"])
+    with pytest.raises(SiteError, match=r"^no site 'blocks.9.attn.q' on this model: it has 4 blocks"):
+        onnx_graph(loaded, sites=["blocks.9.attn.q"])
+    with pytest.raises(WebExportError, match=r"^the logits graph computes the last block for the class token only"):
+        onnx_graph(loaded, logits_only=True, sites=["blocks.*.attn.q"])

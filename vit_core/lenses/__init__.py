@@ -13,6 +13,12 @@ A lens is a function of one capture that returns a dict of arrays, declared with
 name: `BUILTIN`) on each image; its arrays go into the image's .npz as `<lens>.<key>`. A lens file is code: it
 is loaded only from a command line or environment, never from anything a page's user sends.
 
+The built-in per-image analyses are lenses too, one catalog (`catalog()`, declared in `builtin` and
+`attention_logits`): each with its definition's heading in docs/spec/analyses.md, its sites, its keys, whether every
+image's export holds it (`export_keys()`, what `vit_core.export.image_arrays` writes) and its twin in the browser's
+lesson (`browser`: an output of the ONNX graph, `graph:<output>`, or a JavaScript expression over web/src/analyses.js,
+`js:<expression>`; `graph_outputs()` is what vit_core.web.graph writes out).
+
 This module imports nothing heavy (no torch, no numpy at import), so that a lens file, and `--help`, load at once.
 """
 
@@ -29,16 +35,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import ViTLensError
-from ..sites import SiteError, site_names
+from ..sites import SiteError, canonical
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..capture import Capture
 
-BUILTIN = {"attention_logits": "vit_core.lenses.attention_logits"}  # built-in lens name -> the module that declares it
+EXPORTS = ("", "image", "explain")  # where a built-in lens's keys are written as they are (Lens.export)
+BUILTIN_MODULES = ("vit_core.lenses.builtin", "vit_core.lenses.attention_logits")  # the catalog's modules, in its order
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_ANY_DEPTH = 10**6  # a site name is checked against this many blocks before a model is known
 
 
 class LensError(ViTLensError):
@@ -54,6 +60,11 @@ class Lens:
     source: str = ""  # the file or module it was loaded from
     sha256: str = ""  # of that file (a module: of its file), recorded beside the results
     settings: tuple[tuple[str, Any], ...] = ()  # (name, default) of each setting, in order: compute(cap, **settings)
+    keys: tuple[str, ...] = ()  # the keys of its dict, when declared (the catalog's are): checked on every result
+    export: str = ""  # "image": its keys are in every image's export as they are (`export_keys()`); "explain": in
+    # `analyze --explain`'s; "": only asked for by name (`--lens NAME`), as <name>.<key>
+    browser: tuple[tuple[str, str], ...] = ()  # (key, its twin in the lesson: "graph:<output>" or "js:<expression>")
+    needs_model: bool = False  # computed from the capture and the model's weights: compute(cap, loaded, **settings)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -78,23 +89,31 @@ def _declared_settings(name: str, settings: Mapping[str, Any] | None) -> tuple[t
     return pairs
 
 
-def lens(name: str, sites: Iterable[str] = (), *, spec: str = "", settings: Mapping[str, Any] | None = None
-         ) -> Callable[[Callable], Callable]:
+def lens(name: str, sites: Iterable[str] = (), *, spec: str = "", settings: Mapping[str, Any] | None = None,
+         keys: Iterable[str] = (), export: str = "", browser: Mapping[str, str] | None = None,
+         needs_model: bool = False) -> Callable[[Callable], Callable]:
     """Declare `compute(cap) -> {key: array}` a lens named `name` that reads `sites` (checked here: a name that isn't
     a site raises SiteError). `settings` (setting -> default: None, bool, int, float or str) are passed to it as
-    keywords, `compute(cap, **settings)`, and key the results a cache holds (`settings_key`). Returns the function
-    unchanged."""
+    keywords, `compute(cap, **settings)`, and key the results a cache holds (`settings_key`). The catalog's own
+    declarations add `keys` (those its dict has), `export`, `browser` and `needs_model` (module docstring).
+    Returns the function unchanged."""
     if not _NAME.fullmatch(name):
         raise LensError(f"lens name {name!r}: use letters, digits, _ and - (it prefixes the lens's arrays: <name>.<key>).")
     sites = tuple(sites)
     for site in sites:
-        site_names(site, _ANY_DEPTH)
+        canonical(site)
     declared = _declared_settings(name, settings)
+    keys, twins = tuple(keys), tuple((browser or {}).items())
+    if any(key not in keys for key, _ in twins) or any(not twin.startswith(("graph:", "js:")) for _, twin in twins):
+        raise LensError(f"lens {name!r}: each browser twin is one of its keys -> 'graph:<output>' or 'js:<expression>'.")
+    if export not in EXPORTS:
+        raise LensError(f"lens {name!r}: export is one of {', '.join(map(repr, EXPORTS))}.")
 
     def declare(compute: Callable) -> Callable:
         module = getattr(compute, "__module__", "")
         _registry.pop((module, name), None)  # a module imported again declares its lenses again, in its order
-        _registry[(module, name)] = Lens(name, sites, compute, spec=spec, source=module, settings=declared)
+        _registry[(module, name)] = Lens(name, sites, compute, spec=spec, source=module, settings=declared, keys=keys,
+                                         export=export, browser=twins, needs_model=needs_model)
         return compute
 
     return declare
@@ -133,7 +152,7 @@ def load_lenses(given: str) -> list[Lens]:
     try:
         if given in BUILTIN:
             module = importlib.import_module(BUILTIN[given])
-            return [_registry[(BUILTIN[given], given)]]
+            return [_registry[(BUILTIN[given], given)]]  # a built-in lens alone, not its module's others
         if given.endswith(".py") or path.exists():
             if not path.is_file():
                 raise LensError(f"--lens {given}: no such file.")
@@ -190,17 +209,23 @@ def settings_key(one: Lens, given: Mapping[str, Any] | None = None) -> tuple[tup
     return tuple((key, given.get(key, default)) for key, default in one.settings)
 
 
-def arrays_of(one: Lens, cap: Capture, settings: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-    """`one`'s arrays on `cap` with `settings` over its defaults (`settings_key`), keyed `<lens>.<key>`, as numeric
-    numpy arrays. Raises LensError in one sentence naming the lens when it raises or returns anything but a dict of
-    numeric arrays, or when a setting isn't one of its own."""
+def results_of(one: Lens, cap: Capture, settings: Mapping[str, Any] | None = None, loaded: Any = None
+               ) -> dict[str, np.ndarray]:
+    """`one`'s dict on `cap` with `settings` over its defaults (`settings_key`), its own keys, as numeric numpy arrays
+    (`loaded`: the model, for a lens that `needs_model`). Raises LensError in one sentence naming the lens when it
+    raises, returns anything but a dict of numeric arrays or other keys than it declares, or when a setting isn't
+    one of its own."""
     import numpy as np
 
     chosen = dict(settings_key(one, settings))  # an unknown setting is the caller's error, said before the lens runs
+    if one.needs_model and loaded is None:
+        raise LensError(f"lens {one.name!r} reads the model's weights as well as the capture: pass the model (loaded=).")
     try:
-        result = one.compute(cap, **chosen)
+        result = one.compute(cap, loaded, **chosen) if one.needs_model else one.compute(cap, **chosen)
         if not isinstance(result, Mapping):
             raise TypeError(f"it returned {type(result).__name__}, not a dict of arrays")
+        if one.keys and tuple(result) != one.keys:
+            raise TypeError(f"it returned the keys {list(result)}, not its declared {list(one.keys)}")
         arrays = {}
         for key, value in result.items():
             array = np.asarray(value)
@@ -208,13 +233,47 @@ def arrays_of(one: Lens, cap: Capture, settings: Mapping[str, Any] | None = None
                 raise TypeError(f"key {key!r} is not a name")
             if array.dtype.kind not in "biuf":
                 raise TypeError(f"{key!r} is {array.dtype}, not numbers")
-            arrays[f"{one.name}.{key}"] = array
+            arrays[key] = array
         return arrays
     except Exception as e:  # noqa: BLE001 - the lens is the user's code: whatever it raises is said, the other lenses still run
         reason = " ".join(f"{type(e).__name__}: {e}".split())
         raise LensError(f"lens {one.name!r} failed: {reason}") from None
 
 
+def arrays_of(one: Lens, cap: Capture, settings: Mapping[str, Any] | None = None, loaded: Any = None
+              ) -> dict[str, np.ndarray]:
+    """`one`'s arrays on `cap` (`results_of`), keyed `<lens>.<key>`."""
+    return {f"{one.name}.{key}": array for key, array in results_of(one, cap, settings, loaded).items()}
+
+
 def summary(lenses: Iterable[Lens]) -> list[dict[str, Any]]:
     """The `.json`'s "lenses": each lens's name, sites, source and the SHA-256 of its file."""
     return [{"name": one.name, "sites": list(one.sites), "source": one.source, "sha256": one.sha256} for one in lenses]
+
+
+def catalog() -> list[Lens]:
+    """Every built-in lens, in the catalog's order (BUILTIN_MODULES, each in its declaration order): the per-image
+    analyses of docs/spec/analyses.md. Imports their modules (attention_logits imports numpy)."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return [found for module in BUILTIN_MODULES for found in _declared_by(module)]
+
+
+def export_keys(export: str = "image") -> tuple[str, ...]:
+    """The keys of every image's export ("image": interface.md, "Command line") or of `analyze --explain`'s
+    ("explain") that the catalog computes, in the file's order; light: reads the declarations, imports no numpy."""
+    return tuple(key for one in _declared_by(BUILTIN_MODULES[0]) if one.export == export for key in one.keys)
+
+
+def graph_outputs() -> tuple[str, ...]:
+    """The outputs of the lesson's ONNX graph that the catalog's lenses twin, in the catalog's order, each once."""
+    return tuple(dict.fromkeys(twin.removeprefix("graph:") for one in catalog() for _, twin in one.browser
+                               if twin.startswith("graph:")))
+
+
+from . import builtin as _builtin  # noqa: E402 - its lenses use `lens` above; it imports nothing heavy
+
+# built-in lens name -> the module that declares it: what `--lens NAME` runs and the Lenses tab offers, the lenses no
+# export writes already; attention_logits's module imports numpy, so its name is spelled here
+BUILTIN = {one.name: _builtin.__name__ for one in _declared_by(_builtin.__name__) if not one.export} | {
+    "attention_logits": BUILTIN_MODULES[1]}

@@ -36,7 +36,8 @@ def query_row(scores: np.ndarray, key_norms: np.ndarray, query: int, num_prefix:
     return row.reshape(grid), fitted.reshape(grid), float(r2)
 
 
-@lens("attention_logits", sites=["blocks.*.attn.q", "blocks.*.attn.k"], spec="Attention logits")
+@lens("attention_logits", sites=["blocks.*.attn.q", "blocks.*.attn.k"], spec="Attention logits",
+      keys=("scores", "key_norms", "key_norm_r2"))
 def attention_logits(cap) -> dict[str, np.ndarray]:
     """scores (L, H, T, T), the keys' norms (L, H, T), and key_norm_r2 (L, H, T): for each query, the share of its
     row's variance over the patches that the patches' key norms explain."""

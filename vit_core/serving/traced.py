@@ -19,19 +19,21 @@ GIL up fills the time the pages leave instead of taking both cores from a studen
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..loading.model import LoadedModel
 from ..runtime import torch_threads
+from ..sites import recorded_sites, sites_recorded
 from .passes import narrow_threads, parallel_passes
 from .priority import FORWARD_LANE_NAME, become_a_lane
 
@@ -46,6 +48,8 @@ class _Tracing:
     enabled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)  # one model traced at a time
     traced: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # model -> _Traced | None
+    # model -> {named sites beyond the default capture: _Traced | None}: a trace records the sites it was made with
+    with_sites: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     lanes: concurrent.futures.ThreadPoolExecutor | None = None
     lane_count: int = 0
 
@@ -66,56 +70,77 @@ def traced_forward_enabled() -> bool:
 
 
 class _Recorder(torch.nn.Module):
-    """The model's forward returning (logits, *intermediates): traced once, with the capture hooks on."""
+    """The model's forward returning (logits, *intermediates, *sites): traced once, with the capture hooks on."""
 
-    def __init__(self, model: torch.nn.Module, store: dict[str, list[torch.Tensor]]) -> None:
+    def __init__(self, model: torch.nn.Module, store: dict[str, list[torch.Tensor]], sites: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.model = model
         self._store = store  # filled by this thread's capture hooks during the forward
+        self._keys = (*CAPTURED_KEYS, *sites)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self._store.clear()
         logits = self.model(x)
-        return (logits, *(t for key in CAPTURED_KEYS for t in self._store.get(key, [])))
+        return (logits, *(t for key in self._keys for t in self._store.get(key, [])))
 
 
 @dataclass(frozen=True)
 class _Traced:
     graph: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
-    counts: dict[str, int]  # tensors per key of the store, in the order of CAPTURED_KEYS
+    counts: dict[str, int]  # tensors per key of the store, in the order of CAPTURED_KEYS, then of `sites`
     input_shape: tuple[int, ...]  # a trace is valid for this input shape only
+    sites: tuple[str, ...] = ()  # the named sites beyond the default capture it records (vit_core.sites, canonical)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
-        """(logits, store) as the eager hooked forward gives them."""
+        """(logits, store) as the eager hooked forward gives them (with its sites' hooks on)."""
         outputs, store, i = self.graph(x), {}, 1
-        for key in CAPTURED_KEYS:
+        for key in (*CAPTURED_KEYS, *self.sites):
             store[key], i = list(outputs[i:i + self.counts[key]]), i + self.counts[key]
         return outputs[0], store
 
 
-def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]], threads: int) -> _Traced | None:
+@contextlib.contextmanager
+def _sites_of_this_thread(model: torch.nn.Module, sites: tuple[str, ...], store: dict[str, list[torch.Tensor]]
+                          ) -> Iterator[None]:
+    """Inside the block, this thread's forwards of `model` append each of `sites` to `store` (the hooks of
+    vit_core.sites, which hand over what other threads' forwards compute to nobody)."""
+    me = threading.get_ident()
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if threading.get_ident() == me:
+            store.setdefault(name, []).append(tensor)
+
+    with sites_recorded(model, sites, keep) if sites else contextlib.nullcontext():
+        yield
+
+
+def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]], threads: int,
+           sites: tuple[str, ...] = ()) -> _Traced | None:
     """Inside a capture pass (its hooks fill `store`): `loaded.model` traced at the shape of `x` with `threads` torch
-    threads, or None if tracing fails or the trace's outputs differ from the eager forward's in any bit."""
+    threads, recording `sites` too (canonical names beyond the default capture), or None if tracing fails or the
+    trace's outputs differ from the eager forward's in any bit."""
     started = time.perf_counter()
+    keys = (*CAPTURED_KEYS, *sites)
 
     def eager(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
         logits = loaded.model(x)
-        return logits, {key: store.pop(key, []) for key in CAPTURED_KEYS}
+        return logits, {key: store.pop(key, []) for key in keys}
 
     def same(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> bool:
         return torch.equal(a[0], b[0]) and all(
-            len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in CAPTURED_KEYS)
+            len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in keys)
 
     # At the thread count its passes run at: the trace records the library each linear was given, and
     # vit_core.runtime.onednn chooses it per thread count (docs/performance.md, "Linears on MKL, oneDNN opt-in").
     with torch_threads(threads):
         try:
             checks = [x, x.flip(-1)]
-            expected = [eager(c) for c in checks]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
-                graph = torch.jit.trace(_Recorder(loaded.model, store), x, check_trace=False)
-            traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape))
+            with _sites_of_this_thread(loaded.model, sites, store):
+                expected = [eager(c) for c in checks]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
+                    graph = torch.jit.trace(_Recorder(loaded.model, store, sites), x, check_trace=False)
+            traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape), sites)
             with torch.jit.optimized_execution(False):
                 exact = all(same(traced(c), e) for c, e in zip(checks, expected, strict=True))
         except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
@@ -131,16 +156,21 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
 
 
 def traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]],
-                   threads: int | None = None) -> _Traced | None:
-    """Inside a capture pass, with tracing on and the model on the CPU: the model's trace, recorded now if it
-    has none yet, at `threads` torch threads (those its passes run at; by default a burst's narrow passes');
-    None where the model stays eager."""
+                   threads: int | None = None, sites: Iterable[str] = ()) -> _Traced | None:
+    """Inside a capture pass, with tracing on and the model on the CPU: the model's trace that also records `sites`
+    (vit_core.sites names; those the default capture records anyway cost nothing), recorded now if it has none yet,
+    at `threads` torch threads (those its passes run at; by default a burst's narrow passes'); None where the model
+    stays eager. Raises SiteError for a site that isn't on this model."""
     if not _tracing.enabled or loaded.device.type != "cpu" or not hasattr(torch, "jit") or foreign_hooks(loaded.model):
         return None
+    extra = recorded_sites(sites, loaded.geometry.num_layers)
     with _tracing.lock:
-        if loaded.model not in _tracing.traced:
+        held = _tracing.with_sites.setdefault(loaded.model, {}) if extra else None
+        if extra and extra not in held:
+            held[extra] = _trace(loaded, x, store, threads or narrow_threads(), extra)
+        elif not extra and loaded.model not in _tracing.traced:
             _tracing.traced[loaded.model] = _trace(loaded, x, store, threads or narrow_threads())
-        traced = _tracing.traced[loaded.model]
+        traced = held[extra] if extra else _tracing.traced[loaded.model]
     return traced if traced is not None and traced.input_shape == tuple(x.shape) else None
 
 
