@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import lens
+from .declare import lens
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:

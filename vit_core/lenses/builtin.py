@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import lens
+from .declare import lens
 
 if TYPE_CHECKING:
     import numpy as np
