@@ -24,7 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dashboard.views import attention, concepts, embeddings, interventions, lens, lenses, pipeline, prediction, registers, why  # noqa: F401 - each registers its tabs
+from dashboard.views import (  # noqa: F401 - each registers its tabs
+    attention,
+    compare,
+    concepts,
+    embeddings,
+    interventions,
+    lens,
+    lenses,
+    pipeline,
+    prediction,
+    registers,
+    why,
+)
 from dashboard.views.context import ViewContext
 from dashboard.views.registry import register_view, tabs
 

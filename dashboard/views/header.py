@@ -25,14 +25,16 @@ DRAWING_TOP = 5  # classes listed beside the canvas
 # sides in the wide layout: with less of both, each tab's main figure fits in a projector's 720 px. The research
 # tools after the lesson's tabs are set apart by a rule and a word: the tab row's ::before (its ::after is the row's
 # underline), a flex item ordered between the lesson's tabs and the others, so part of no tab's name; with a little
-# less space between the tabs (0.3rem: with five research tools, 0.45rem overflowed by 15 px), the row fits 1280 px
-# with the sidebar open. On a phone (under 640 px) a line says where the inputs are.
+# less space between the tabs (0.3rem: with five research tools, 0.45rem overflowed by 15 px) and the labels at 13 px
+# (14 px overflowed by 43 px with the sixth, Compare), the row fits 1280 px with the sidebar open. On a phone (under
+# 640 px) a line says where the inputs are.
 PAGE_CSS = f"""
 [data-testid="stMainBlockContainer"] {{ padding-top: 3.75rem; padding-bottom: 4rem; }}
 @media (min-width: 736px) {{
   [data-testid="stMainBlockContainer"] {{ padding-left: 1.5rem; padding-right: 1.5rem; }}
 }}
 .st-key-view [role="tablist"] {{ gap: 0.3rem; }}
+.st-key-view [role="tablist"] [data-testid="stTab"] p {{ font-size: 0.8125rem; }}
 .st-key-view [role="tablist"] > [data-testid="stTab"]:nth-child(n+{len(LESSON_VIEWS) + 1}) {{ order: 2; }}
 .st-key-view [role="tablist"]::before {{
   content: "Research:"; order: 1; align-self: center; white-space: nowrap;

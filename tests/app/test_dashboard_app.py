@@ -81,7 +81,8 @@ def test_tabs_are_numbered_in_the_lessons_order_then_the_research_tools(tiny_env
     at = run_app()
     assert [t.label for t in at.tabs] == ["1 Pipeline", "2 Patches", "3 Filters", "4 Positions", "5 Attention",
                                           "6 Distance", "7 Prediction", "8 Why?", *RESEARCH_VIEWS]
-    assert list(RESEARCH_VIEWS) == ["Interventions", "Logit lens", "Registers & norms", "Concepts", "Lenses"]
+    assert list(RESEARCH_VIEWS) == ["Interventions", "Logit lens", "Registers & norms", "Concepts", "Lenses",
+                                   "Compare"]
 
 
 @pytest.mark.parametrize("old, new, widget, key", [("Pipeline", "1 Pipeline", "slider", "pipe_block"),

@@ -46,7 +46,7 @@ def test_the_pages_tabs_are_the_registered_ones_in_the_order_of_today():
 
     assert list(VIEWS) == ["1 Pipeline", "2 Patches", "3 Filters", "4 Positions", "5 Attention", "6 Distance",
                            "7 Prediction", "8 Why?", "Interventions", "Logit lens", "Registers & norms", "Concepts",
-                           "Lenses"]
+                           "Lenses", "Compare"]
     assert RENAMED == {name: f"{i} {name}" for i, name in enumerate(LESSON_VIEWS, start=1)}
     registered = registry.tabs("lesson") | registry.tabs("research")
     assert {RENAMED.get(label, label): draw for label, draw in registered.items()} == VIEWS
