@@ -185,8 +185,10 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                          help="with --engine ray: GPUs per model worker, fractions allowed (default 1 where the cluster "
                               "has GPUs, else 0)")
     dataset.add_argument("--model-workers", type=_positive, metavar="M",
-                         help="with --engine ray: model workers, each loads the model once (default: the cluster's "
-                              "GPUs / G, or 1 without GPUs)")
+                         help="forwards at once on a CPU, each at one torch thread: the same values whatever M (default: "
+                              f"$VIT_LENS_MODEL_WORKERS, else the CPUs this process may use, {cpu_quota()} here); with "
+                              "--engine ray: model workers, each loads the model once (default: the cluster's GPUs / G, "
+                              "or 1 without GPUs)")
 
     concepts = commands.add_parser("concepts", help="learn a TopK sparse autoencoder's features (concepts) of one "
                                    "layer from a folder; write concepts.safetensors, concepts.json and a contact sheet")
@@ -677,9 +679,6 @@ def dataset(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _too_few_images(args.folder, 1, NO_IMAGES) or not _engine_options_checked(args) or not _lenses_loaded(args):
         return EXIT_FAILURES
-    if args.lenses and args.engine == "ray":
-        _fail("--lens runs with --engine local only, for now")
-        return EXIT_FAILURES
     return _with_model(args, _dataset_run)
 
 
@@ -687,7 +686,8 @@ def _engine_options_checked(args: argparse.Namespace) -> bool:
     """The engine options `dataset` and `concepts` share, checked before the model loads (each refusal one line on
     stderr); `args.shard` parsed into (index, count) in place. Returns whether they can be used."""
     ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
-                                             ("--model-workers", args.model_workers)) if value is not None]
+                                             ("--model-workers", args.model_workers if args.command == "concepts" else None))
+                if value is not None]
     if args.engine != "ray" and ray_only:
         _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
         return False
@@ -785,7 +785,7 @@ def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, st
         with progress_shown(sys.stderr) as progress:
             run_shards(loaded, plan, store, todo, files_sha256, batch_size=batch_size, workers=workers,
                        explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, progress=progress,
-                       lenses=args.lenses)
+                       lenses=args.lenses, forwards=args.model_workers)
         return
     from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session, run_shards_on_ray
 
@@ -797,7 +797,7 @@ def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, st
         threads = None if args.address else max(1, cpu_quota() // workers.model_workers)  # one machine: share its CPUs
         run_shards_on_ray(spec, loaded, plan, store, todo, files_sha256, workers=workers, batch_size=batch_size,
                           explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, threads=threads,
-                          progress=progress)
+                          progress=progress, lenses=args.lenses)
 
 
 def _shards_written(store: PartStore, plan: RunPlan, todo: list[Shard], files_sha256: str) -> int:

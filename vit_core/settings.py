@@ -88,6 +88,9 @@ DEVICE = Setting("VIT_LENS_DEVICE", "text", "auto",
                  "server")
 THREADS = Setting("VIT_LENS_THREADS", "number", "0",
                   "torch's thread count; 0 = the CPUs this process may use (its cgroup quota and affinity).", "library")
+MODEL_WORKERS = Setting("VIT_LENS_MODEL_WORKERS", "number", "0",
+                        "Forwards at once over many images on a CPU (`dataset`, `concepts`, the Many images page), each "
+                        "at one torch thread; 0 = the CPUs this process may use.", "library")
 PARALLEL_PASSES = Setting("VIT_LENS_PARALLEL_PASSES", "number", "0",
                           "Capture passes of one model at once on the server; 0 = the thread count, at most 4.", "server")
 TRACED_FORWARD = Setting("VIT_LENS_TRACED_FORWARD", "flag", "on",
@@ -115,7 +118,7 @@ CONCEPTS = Setting("VIT_LENS_CONCEPTS", "text", "",
                    "Concept folders (`vit-lens concepts` DIRs, separated by `:`, `;` on Windows) that the Concepts tabs "
                    "offer by their names, beside the bundled Shapes ViT concepts; `--concepts DIR` adds one.", "server")
 
-ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, PARALLEL_PASSES,
+ALL: tuple[Setting, ...] = (MODEL, RANDOM_INIT, WEIGHTS_UPLOADS, ANY_MODEL, DEVICE, THREADS, MODEL_WORKERS, PARALLEL_PASSES,
                             TRACED_FORWARD, ONEDNN_LINEAR, GRADIENT_THREADS, CAPTURE_MB, HUGE_PAGES, STATIC_LESSON,
                             CONCEPTS, LENSES)
 

@@ -5,6 +5,7 @@ its batch; every image is counted once); `vit-lens dataset --engine ray` writes 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -130,6 +131,46 @@ def test_the_command_with_engine_ray_writes_the_same_files(local_ray, folder, tm
             tables[engine] = list(csv.DictReader(f))
     assert tables["ray"] == tables["local"]
     assert ray.is_initialized()  # the module's Ray, used as it was and left running
+
+
+LENS_FILE = """
+import numpy as np
+from vit_core.lenses import lens
+
+@lens("qk", sites=["blocks.*.attn.q", "blocks.*.attn.k"])
+def qk(cap):
+    q, k = cap.site("blocks.*.attn.q"), cap.site("blocks.*.attn.k")  # (L, H, T, d_head)
+    return {"first_row": (q @ k.swapaxes(-1, -2))[:, :, 0], "crop_mean": cap.input_image.mean(axis=(0, 1))}
+
+@lens("picky")
+def picky(cap):
+    if cap.logits.argmax() % 2:
+        raise ValueError("not this class")
+    return {"top": cap.logits.max()}
+"""
+
+
+def test_lenses_on_ray_give_the_one_process_bits_and_the_manifest_has_the_files_sha256(local_ray, folder, tmp_path,
+                                                                                        capsys):
+    """`dataset --lens FILE --engine ray`: each model worker loads the file (by its absolute path) and reads the lenses
+    on the batch's own forward; the driver adds them up in image order, so dataset.npz is the local run's, bit for bit,
+    and a lens that raised is the same lines."""
+    lens_file = tmp_path / "researcher" / "lab.py"
+    lens_file.parent.mkdir()
+    lens_file.write_text(LENS_FILE)
+    common = [str(folder), "--model", "vit_tiny_patch16_224", "--random-init", "--device", "cpu", "--limit", "5",
+              "--batch-size", "2", "--lens", str(lens_file)]
+    assert core_cli.main(["dataset", *common, "--out", str(tmp_path / "local"), "--workers", "0"]) == 2
+    local_err = capsys.readouterr().err
+    assert core_cli.main(["dataset", *common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 2
+    ray_err = capsys.readouterr().err
+    assert sorted(ray_err.splitlines()) == sorted(local_err.splitlines())
+    with np.load(tmp_path / "local" / "dataset.npz") as local, np.load(tmp_path / "ray" / "dataset.npz") as on_ray:
+        assert set(local.files) == set(on_ray.files) and "qk.first_row" in local.files and "qk.crop_mean" in local.files
+        for key in local.files:
+            assert on_ray[key].tobytes() == local[key].tobytes(), key
+    manifest = json.loads((tmp_path / "ray" / "parts" / "manifest.json").read_text())
+    assert {one["sha256"] for one in manifest["lenses"]} == {hashlib.sha256(lens_file.read_bytes()).hexdigest()}
 
 
 def test_explanations_on_ray_equal_the_one_process_ones(local_ray, folder, tmp_path):

@@ -103,3 +103,32 @@ def test_a_gradient_pass_is_the_same_bits_whatever_the_callers_thread_count(imag
             assert torch.get_num_threads() == threads, "the caller's count is restored"
     assert passes[0].pattern_grad.tobytes() == passes[1].pattern_grad.tobytes()
     assert passes[0].last_norm1_grad.tobytes() == passes[1].last_norm1_grad.tobytes()
+
+
+LENS_FILE = """
+import numpy as np
+from vit_core.lenses import lens
+
+@lens("qk", sites=["blocks.*.attn.q", "blocks.*.attn.k"])
+def qk(cap):
+    q, k = cap.site("blocks.*.attn.q"), cap.site("blocks.*.attn.k")  # (L, H, T, d_head)
+    return {"first_row": (q @ k.swapaxes(-1, -2))[:, :, 0], "crop_mean": cap.input_image.mean(axis=(0, 1))}
+"""
+
+
+def test_dataset_at_one_two_and_three_forwards_at_once_writes_the_same_bytes(folder, tmp_path):
+    """`--model-workers W` runs W forwards at once, each on its own thread at one torch thread, on copies of the
+    model's modules that share its weights (dataset.workers): every file, a lens's arrays included (read on the same
+    forwards), is the same whatever W."""
+    lens_file = tmp_path / "lab.py"
+    lens_file.write_text(LENS_FILE)
+    runs = {}
+    for forwards in (1, 2, 3):
+        runs[forwards] = tmp_path / f"w{forwards}"
+        vit_lens("dataset", folder, *SHAPES, "--lens", lens_file, "--batch-size", "5", "--model-workers", forwards,
+                 "--out", runs[forwards])
+    for forwards in (2, 3):
+        assert_same_npz(runs[forwards] / "dataset.npz", runs[1] / "dataset.npz")
+        assert _dataset_files(runs[forwards]) == _dataset_files(runs[1])
+    with np.load(runs[1] / "dataset.npz") as npz:
+        assert int(npz["num_images"]) == 7 and "qk.first_row" in npz.files

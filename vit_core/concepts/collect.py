@@ -32,6 +32,7 @@ from ..dataset.analyze import consecutive_batches
 from ..dataset.listing import Shard, files_digest
 from ..dataset.reductions import forward_images, image_loader
 from ..dataset.runs import RunPlan
+from ..dataset.workers import ForwardPool, forward_pool, map_forwards, model_workers
 from ..explain.interventions import embedded_tokens
 from ..explain.passes import model_pass
 from ..images.files import OutputFolder
@@ -66,18 +67,23 @@ def residual_after(loaded: LoadedModel, x: torch.Tensor, layer: int) -> torch.Te
     return tokens
 
 
-def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int) -> np.ndarray:
+def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int, pool: ForwardPool | None = None) -> np.ndarray:
     """The patch tokens after block `layer` of a batch x (B, 3, H, W): float32 (B, N, D) on the host. Forwards of
-    `forward_images` images each (a short one padded with zero images), so an image's bits don't depend on its batch."""
+    `forward_images` images each (a short one padded with zero images), so an image's bits don't depend on its batch;
+    on `pool`'s workers, several at once (the dataset engine's `forward_pool`), else one after another here."""
     size, count, p = forward_images(loaded.device), len(x), loaded.geometry.num_prefix_tokens
-    parts = []
-    with model_pass(loaded):
-        for first in range(0, count, size):
-            chunk = x[first:first + size]
-            if len(chunk) < size:
-                chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
-            parts.append(residual_after(loaded, chunk.to(loaded.device), layer)[:, p:].float().cpu())  # (F, N, D)
-    return torch.cat(parts)[:count].numpy()
+    chunks = []
+    for first in range(0, count, size):
+        chunk = x[first:first + size]
+        if len(chunk) < size:
+            chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
+        chunks.append(chunk)
+
+    def tokens_of(model: LoadedModel, chunk: torch.Tensor) -> torch.Tensor:
+        with model_pass(model):
+            return residual_after(model, chunk.to(model.device), layer)[:, p:].float().cpu()  # (F, N, D)
+
+    return torch.cat(map_forwards(pool, loaded, tokens_of, chunks))[:count].numpy()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,17 +295,18 @@ def collect_shards(loaded: LoadedModel, plan: RunPlan, layer: int, store: TokenS
             writers[shard.number].finish()
     total, done = sum(shard.size for shard in todo), 0
     loader = image_loader(loaded, sources, 0, workers, batches=batches)
-    for batch, (indices, x, failed) in zip(batches, loader, strict=True):
-        shard = owner[batch.start]
-        writer = writers[shard.number]
-        writer.failures += [(names[i], reason) for i, reason in failed]
-        if x is not None:
-            for index, tokens in zip(indices.tolist(), patch_tokens(loaded, x, layer), strict=True):
-                writer.add(index, tokens)
-        remaining[shard.number] -= len(batch)
-        if remaining[shard.number] == 0:
-            writer.finish()
-            _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
-        done += len(batch)
-        if progress:
-            progress(done, total)
+    with forward_pool(loaded, model_workers(loaded.device)) as pool:
+        for batch, (indices, x, failed) in zip(batches, loader, strict=True):
+            shard = owner[batch.start]
+            writer = writers[shard.number]
+            writer.failures += [(names[i], reason) for i, reason in failed]
+            if x is not None:
+                for index, tokens in zip(indices.tolist(), patch_tokens(loaded, x, layer, pool), strict=True):
+                    writer.add(index, tokens)
+            remaining[shard.number] -= len(batch)
+            if remaining[shard.number] == 0:
+                writer.finish()
+                _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
+            done += len(batch)
+            if progress:
+                progress(done, total)

@@ -5,7 +5,10 @@ values (and their spread), never values of a mean image. Formats: docs/spec/inte
 
 - `listing`: a folder's images, the files that are not images (with the reason), labels from class-named
   subfolders, shards (contiguous slices of the sorted images);
-- `reductions`: decoding, and one hooked forward per batch reduced on the device to per-image values;
+- `reductions`: decoding, and hooked forwards reduced on the device to per-image values (and with lenses, their
+  arrays read on the same forwards);
+- `workers`: on a CPU, W forwards at once, each on its own thread at one torch thread, on copies of the model's
+  modules that share its weights;
 - `totals`: what a set of images adds up to (counts, exact sums, the per-image rows), mergeable;
 - `analyze`: the loop in this process, `analyze_dataset`, and `explained_values`, the one function that says what
   `--explain` adds per image;
@@ -43,6 +46,7 @@ from .listing import (
 from .reductions import (
     BatchValues,
     DecodedImages,
+    LensedImage,
     Source,
     attention_distances,
     collate_decoded,
@@ -69,11 +73,14 @@ from .result import (
 )
 from .runs import PartsError, PartStore, RunPlan, manifest_of, merged_result, plan_run, run_shards
 from .totals import NO_LABEL, ExactMoments, ImageRows, Totals
+from .workers import ForwardPool, forward_pool, model_workers
 
 __all__ = [
     "LAYERS", "NO_LABEL", "TABLE_FORMATS", "BatchValues", "DatasetError", "DatasetResult", "DecodedImages", "ImageRows",
     "MaskFolder", "MasksByName",
-    "PartStore", "PartsError", "RunPlan", "ExactMoments", "Shard", "ShardError", "Source", "Totals",
+    "PartStore", "PartsError",
+    "ForwardPool", "LensedImage", "forward_pool", "model_workers",
+    "RunPlan", "ExactMoments", "Shard", "ShardError", "Source", "Totals",
     "analyze_dataset", "analyze_totals", "attention_distances", "check_labels", "class_names", "class_of_folder", "class_table",
     "collate_decoded", "consecutive_batches", "csv_bytes", "dataset_files", "dataset_result", "decoded_crop",
     "default_batch_size", "explained_values", "forward_images", "folder_labels", "high_norm_rates", "image_loader", "image_table",

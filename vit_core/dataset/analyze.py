@@ -20,12 +20,13 @@ from ..errors import ImageError, ViTLensError
 from ..export import EXPORT_TESTS
 from ..images import MAX_FILE_BYTES, UPLOAD_EXTENSIONS, load_image
 from ..images.files import read_input
-from ..lenses import Lens, LensError, arrays_of, sites_of
+from ..lenses import Lens
 from ..loading.model import LoadedModel
 from ..runtime.devices import describe_device
-from .reductions import Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
+from .reductions import LensedImage, Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
 from .result import DatasetResult, result_of
 from .totals import ExactMoments, Totals
+from .workers import forward_pool, model_workers
 
 _logger = logging.getLogger(__name__)
 
@@ -34,21 +35,6 @@ Progress = Callable[[int, int], None]  # (files done, files in all)
 
 class DatasetError(ViTLensError, ValueError):
     """A set of images that gives nothing to analyse: no images at all, or none that could be read."""
-
-
-def lensed_values(loaded: LoadedModel, source: bytes | Path, lenses: Sequence[Lens]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Every lens's arrays (`<lens>.<key>`) on one image (decoded again here: a lens reads a capture, one image at a
-    time, with the sites its lenses ask for), and the sentences of the lenses that raised. Raises ImageError."""
-    from ..capture import run_with_capture
-
-    cap = run_with_capture(loaded, load_image(source, loaded.decode_min_side), sites=sites_of(lenses))
-    arrays, failed = {}, []
-    for one in lenses:
-        try:
-            arrays |= arrays_of(one, cap)
-        except LensError as e:
-            failed.append(str(e))
-    return arrays, failed
 
 
 def explained_values(loaded: LoadedModel, source: bytes | Path, steps: int, *, tests: Sequence[str] = EXPORT_TESTS,
@@ -121,68 +107,75 @@ def consecutive_batches(start: int, stop: int, batch_size: int) -> list[range]:
     return [range(first, min(first + batch_size, stop)) for first in range(start, stop, batch_size)]
 
 
+def add_lensed_image(totals: Totals, name: str, lensed: LensedImage) -> None:
+    """One image's lens arrays added to `totals`' moments (each array as one image's), and a line of `lens_failures`
+    for each lens that raised on it: what every engine adds per image, in image order."""
+    for key, array in lensed.arrays.items():
+        one = ExactMoments()
+        one.add(np.asarray(array, dtype=np.float64)[None])  # (...) -> (1, ...): one image
+        totals.add_lensed(key, one)
+    totals.lens_failures.extend((name, sentence) for sentence in lensed.failed)
+
+
 def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Sequence[int | None] | None,
                    batches: Sequence[Sequence[int]], *, workers: int = 0, explain: bool = False,
                    steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
-                   masks: Masks | None = None, progress: Progress | None = None, lenses: Sequence[Lens] = ()
-                   ) -> Iterator[tuple[list[int], Totals]]:
+                   masks: Masks | None = None, progress: Progress | None = None, lenses: Sequence[Lens] = (),
+                   forwards: int | None = None) -> Iterator[tuple[list[int], Totals]]:
     """For each batch of `batches` (indices into `sources`, in order): its indices and the totals of its images.
 
-    Decoded by `workers` processes (0: in this one), one hooked forward reduced on the model's device; the logit
-    lens runs when some label is known. With `explain`, `explained_values` of each image (one at a time, after its
-    batch). With `lenses`, each image's lens arrays (`lensed_values`), added to the totals' moments; a lens that raises
-    is a line of that image in `lens_failures` (its other values kept). A file that can't be used is a failure of its totals (and
-    of the explanation alone when only that fails).
+    Decoded by `workers` processes (0: in this one), hooked forwards reduced on the model's device, on a CPU
+    `forwards` at once (default `workers.model_workers`: the CPUs this process may use), each at one torch
+    thread; the logit lens runs when some label is known. With `explain`, `explained_values` of each image (one at a
+    time, after its batch). With `lenses`, each image's lens arrays, read on the same forward, added to the totals'
+    moments; a lens that raises is a line of that image in `lens_failures` (its other values kept). A file that
+    can't be used is a failure of its totals (and of the explanation alone when only that fails).
     progress(done, total) counts files: a batch's failures at once, each image when its values are in."""
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = patch_distances_on(loaded.geometry, loaded.device)
-    loader = image_loader(loaded, sources, 0, workers, batches=batches)
+    loader = image_loader(loaded, sources, 0, workers, batches=batches, crops=bool(lenses))
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
-    for batch, (indices, x, failed) in zip(batches, loader, strict=True):
-        totals = Totals()
-        for index, reason in failed:
-            totals.failures.append((sources[index][0], reason))
-            _logger.info("skipped %s: %s", sources[index][0], reason)
-        done += len(failed)
-        if x is None:
-            report(done, total)
+    with forward_pool(loaded, max(1, min(model_workers(loaded.device, forwards), total))) as pool:  # none idle
+        for batch, decoded in zip(batches, loader, strict=True):
+            indices, x, failed = decoded[:3]
+            crops = decoded[3] if lenses else None  # uint8 (B', H, W, 3): what each image's capture shows
+            totals = Totals()
+            for index, reason in failed:
+                totals.failures.append((sources[index][0], reason))
+                _logger.info("skipped %s: %s", sources[index][0], reason)
+            done += len(failed)
+            if x is None:
+                report(done, total)
+                yield list(batch), totals
+                continue
+            values = reduce_batch(loaded, x, logit_lens, distance, pool=pool, lenses=lenses, crops=crops)
+            analysed = indices.tolist()
+            explained: list[dict[str, float]] = []
+            if not explain:
+                done += len(analysed)
+                report(done, total)
+            for index in analysed if explain else ():
+                try:  # decoded again here: a file on disk can change (or vanish) after its batch was read
+                    mask = None if masks is None else masks.mask_for(sources[index])
+                    explained.append(explained_values(loaded, sources[index][1], steps, tests=tests, mask=mask))
+                except ImageError as e:
+                    explained.append({})
+                    totals.failures.append((sources[index][0], f"No explanation: {e}"))
+                done += 1
+                report(done, total)
+            totals.add_batch([sources[i][0] for i in analysed], [labels[i] for i in analysed] if logit_lens else None,
+                             values, explained if explain else None)
+            for index, lensed in zip(analysed, values.lensed or (), strict=False):
+                add_lensed_image(totals, sources[index][0], lensed)
             yield list(batch), totals
-            continue
-        values = reduce_batch(loaded, x, logit_lens, distance)
-        analysed = indices.tolist()
-        explained: list[dict[str, float]] = []
-        if not explain:
-            done += len(analysed)
-            report(done, total)
-        for index in analysed if explain else ():
-            try:  # decoded again here: a file on disk can change (or vanish) after its batch was read
-                mask = None if masks is None else masks.mask_for(sources[index])
-                explained.append(explained_values(loaded, sources[index][1], steps, tests=tests, mask=mask))
-            except ImageError as e:
-                explained.append({})
-                totals.failures.append((sources[index][0], f"No explanation: {e}"))
-            done += 1
-            report(done, total)
-        totals.add_batch([sources[i][0] for i in analysed], [labels[i] for i in analysed] if logit_lens else None,
-                         values, explained if explain else None)
-        for index in analysed if lenses else ():
-            try:
-                arrays, failed = lensed_values(loaded, sources[index][1], lenses)
-            except ViTLensError as e:  # the file changed since its batch, or a site this model hasn't
-                arrays, failed = {}, [f"No lens: {e}"]
-            for key, array in arrays.items():
-                one = ExactMoments()
-                one.add(np.asarray(array, dtype=np.float64)[None])  # (...) -> (1, ...): one image
-                totals.add_lensed(key, one)
-            totals.lens_failures.extend((sources[index][0], sentence) for sentence in failed)
-        yield list(batch), totals
 
 
 def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequence[int | None] | None = None, *,
                     batch_size: int | None = None, workers: int = 0, explain: bool = False,
                     steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
-                    masks: Masks | None = None, progress: Progress | None = None) -> DatasetResult:
+                    masks: Masks | None = None, progress: Progress | None = None, forwards: int | None = None
+                    ) -> DatasetResult:
     """The dataset-level values of `sources` ((name, file bytes or path) each): per image, one hooked forward
     in batches of `batch_size` (default: `default_batch_size` of the model's device) reduced on the model's device,
     then means (and spreads) over images, a per-image table, per-class counts.
@@ -191,29 +184,30 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
     logit lens runs only when some label is known). workers: DataLoader worker processes that decode (0: in this
     process; they are forked on Linux, so a multi-threaded server is safer with 0). explain: also
     `explained_values` per image (`tests`; the localisation metrics where `masks` has the image's mask; one at a
-    time: it needs gradients; the image is decoded again in this process),
-    averaged over images. progress(done, total) in files (see `reduce_sources`). Unreadable images are skipped and
+    time: it needs gradients; the image is decoded again in this process), averaged over images. forwards: on a
+    CPU, forwards at once, each at one torch thread (default `workers.model_workers`); the values are the same bits
+    whatever it is. progress(done, total) in files (see `reduce_sources`). Unreadable images are skipped and
     listed in `failures`. Raises DatasetError when no image could be analysed, CaptureError for a model whose
     attention bypasses timm's standard path.
     """
     if not sources:
         raise DatasetError("There are no images to analyse.")
     totals = analyze_totals(loaded, sources, labels, batch_size=batch_size, workers=workers, explain=explain, steps=steps,
-                            tests=tests, masks=masks, progress=progress)
+                            tests=tests, masks=masks, progress=progress, forwards=forwards)
     return dataset_result(loaded, totals, len(sources))
 
 
 def analyze_totals(loaded: LoadedModel, sources: Sequence[Source], labels: Sequence[int | None] | None = None, *,
                    batch_size: int | None = None, workers: int = 0, explain: bool = False,
                    steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
-                   masks: Masks | None = None, progress: Progress | None = None) -> Totals:
+                   masks: Masks | None = None, progress: Progress | None = None, forwards: int | None = None) -> Totals:
     """`analyze_dataset`'s totals, before they become a result: what a part of a larger set adds (merge them with
     `Totals.merge`, then `dataset_result`). No image that could be read is not an error here."""
     check_labels(loaded, sources, labels)
     batches = consecutive_batches(0, len(sources), batch_size or default_batch_size(loaded.device))
     totals = Totals()
     for _, batch in reduce_sources(loaded, sources, labels, batches, workers=workers, explain=explain, steps=steps,
-                                   tests=tests, masks=masks, progress=progress):
+                                   tests=tests, masks=masks, progress=progress, forwards=forwards):
         totals.merge(batch)
     return totals
 

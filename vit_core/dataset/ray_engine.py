@@ -18,6 +18,7 @@ needs ViT Lens installed with the same versions.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -30,13 +31,14 @@ import numpy as np
 
 from ..errors import ViTLensError
 from ..export import EXPORT_TESTS
+from ..lenses import Lens, LensError, lenses_of
 from ..loading import load_model
 from ..loading.model import LoadedModel
 from ..runtime import cpu_quota
 from ..runtime.devices import describe_device
-from .analyze import Masks, Progress, explained_values
+from .analyze import Masks, Progress, add_lensed_image, explained_values
 from .listing import Shard
-from .reductions import BatchValues, decoded_crop, patch_distances_on, reduce_batch
+from .reductions import BatchValues, LensedImage, decoded_crop, patch_distances_on, reduce_batch
 from .runs import PartStore, RunPlan, shard_start
 from .totals import Totals
 
@@ -102,12 +104,50 @@ class DecodeStage:
         return {"index": batch["index"], "path": batch["path"], "crop": crops, "error": np.array(errors, dtype=object)}
 
 
+def lens_sources(lenses: Sequence[Lens]) -> tuple[tuple[str, str], ...]:
+    """What a model worker loads its lenses from: each lens's file (its absolute path: a worker's directory is not
+    this one's) or module, and the file's SHA-256 that the worker's copy must have."""
+    sources = {}
+    for one in lenses:
+        source = str(Path(one.source).resolve()) if Path(one.source).is_file() else one.source
+        sources[source] = one.sha256
+    return tuple(sources.items())
+
+
+def worker_lenses(sources: Sequence[tuple[str, str]]) -> list[Lens]:
+    """The lenses of `sources` (`lens_sources`) loaded in a model worker. Raises LensError when a file there is not
+    the one the run started with (its SHA-256 differs: another copy on another node)."""
+    lenses = lenses_of([source for source, _ in sources])
+    expected = dict(sources)
+    for one in lenses:
+        if expected.get(one.source, one.sha256) != one.sha256:
+            raise LensError(f"--lens {one.source}: this worker's copy differs from the file the run started with "
+                            "(its SHA-256); give every node the same file.")
+    return lenses
+
+
+def lensed_bytes(lensed: LensedImage) -> bytes:
+    """One image's lens arrays as .npz bytes: how they travel from a model worker to the driver."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **lensed.arrays)
+    return buffer.getvalue()
+
+
+def lensed_of_bytes(data: bytes, failed: str) -> LensedImage:
+    """`lensed_bytes` and the JSON list of the lenses' failures back to the image's LensedImage."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    return LensedImage(arrays, tuple(json.loads(failed)))
+
+
 class ReduceStage:
     """Model stage: the model built once per worker (on the GPU Ray gave it, else the CPU); per batch one hooked
-    forward reduced on the device (reduce_batch), and with `explain` each image's `explained_values`."""
+    forward reduced on the device (reduce_batch), with `lenses` their arrays read on the same forward, and with
+    `explain` each image's `explained_values`."""
 
     def __init__(self, spec: ModelSpec, logit_lens: bool, explain: bool, steps: int, threads: int | None = None,
-                 tests: Sequence[str] = EXPORT_TESTS, masks: Masks | None = None) -> None:
+                 tests: Sequence[str] = EXPORT_TESTS, masks: Masks | None = None,
+                 lenses: Sequence[tuple[str, str]] = ()) -> None:
         import torch
 
         on_gpu = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and torch.cuda.is_available()
@@ -117,6 +157,7 @@ class ReduceStage:
         self.device = describe_device(self.loaded.device)
         self.distance = patch_distances_on(self.loaded.geometry, self.loaded.device)
         self.logit_lens, self.explain, self.steps, self.tests, self.masks = logit_lens, explain, steps, tuple(tests), masks
+        self.lenses = worker_lenses(lenses) if lenses else []
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
@@ -135,13 +176,17 @@ class ReduceStage:
         }
         explained = [""] * count  # JSON of each image's named scalars ("" without)
         explain_errors = [""] * count  # why an image has no explanation ("" when it has one, or none was asked)
+        lensed, lens_failed = [b""] * count, ["[]"] * count  # each image's lens arrays (lensed_bytes), failures (JSON)
         if good:
             x = torch.stack([self.loaded.tensor_transform(Image.fromarray(batch["crop"][row])) for row in good])  # (B', 3, H, W)
-            values = reduce_batch(self.loaded, x, self.logit_lens, self.distance)
+            values = reduce_batch(self.loaded, x, self.logit_lens, self.distance, lenses=self.lenses,
+                                  crops=batch["crop"][good] if self.lenses else None)
             for name in ("top1", "probability", "distance", "distance_renorm", "high_norm_rate"):
                 out[name][good] = getattr(values, name)
             if values.lens_top1 is not None:
                 out["lens_top1"][good] = values.lens_top1
+            for row, one in zip(good, values.lensed or (), strict=False):
+                lensed[row], lens_failed[row] = lensed_bytes(one), json.dumps(list(one.failed))
         for row in good if self.explain else ():
             try:  # decoded again: it needs gradients, one image at a time
                 path = Path(str(batch["path"][row]))
@@ -152,6 +197,8 @@ class ReduceStage:
         out["error"] = np.array(errors, dtype=object)
         out["explained"] = np.array(explained, dtype=object)
         out["explain_error"] = np.array(explain_errors, dtype=object)
+        if self.lenses:
+            out["lensed"], out["lens_failed"] = np.array(lensed, dtype=object), np.array(lens_failed, dtype=object)
         out["device"] = np.array([self.device] * count, dtype=object)
         return out
 
@@ -274,10 +321,11 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
                       files_sha256: str, *, workers: RayPlan, batch_size: int, explain: bool = False, steps: int = 10,
                       tests: Sequence[str] = EXPORT_TESTS, masks: Masks | None = None,
                       threads: int | None = None, progress: Progress | None = None,
-                      reducer: type[ReduceStage] = ReduceStage) -> None:
+                      reducer: type[ReduceStage] = ReduceStage, lenses: Sequence[Lens] = ()) -> None:
     """`runs.run_shards` on the Ray cluster this process is connected to (`ray_session`): the shards `todo` of `plan`,
     each one's part written by this process as soon as all its images are back. `loaded`: the model on this
-    machine, for its transforms (the workers build their own from `spec`). `reducer`: the model stage's class."""
+    machine, for its transforms (the workers build their own from `spec`). `reducer`: the model stage's class.
+    `lenses`: each worker loads them from their files or modules (`lens_sources`), read on the same forward."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -292,7 +340,8 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
     crops = decoded_crops(ray, loaded, plan, todo, batch_size, workers)
     values = crops.map_batches(
         reducer, fn_constructor_kwargs={"spec": spec, "logit_lens": logit_lens, "explain": explain, "steps": steps,
-                                        "threads": threads, "tests": tuple(tests), "masks": masks},
+                                        "threads": threads, "tests": tuple(tests), "masks": masks,
+                                        "lenses": lens_sources(lenses)},
         batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers.model_workers), num_cpus=1,
         num_gpus=workers.gpus_per_worker or None)
 
@@ -346,5 +395,7 @@ def shard_totals(plan: RunPlan, shard: Shard, pieces: list[dict[str, np.ndarray]
         indices = rows["index"][good]
         totals.add_batch([names[i] for i in indices], [plan.labels[i] for i in indices] if logit_lens else None, values,
                          [explained[k] for k in np.flatnonzero(good)] if any(explained) else None)
+        for k in np.flatnonzero(good) if "lensed" in rows else ():  # in image order, as run_shards adds them
+            add_lensed_image(totals, names[rows["index"][k]], lensed_of_bytes(rows["lensed"][k], rows["lens_failed"][k]))
     devices = ", ".join(dict.fromkeys(str(d) for d in rows["device"]))
     return totals, devices

@@ -17,6 +17,7 @@ entering block 0, row b + 1 the tokens after block b.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -28,10 +29,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import analyses, explain
 from ..errors import CaptureError, ImageError
-from ..hooks import attention_recorded, tokens_recorded
+from ..hooks import attention_recorded, intermediates_kept, tokens_recorded
 from ..images import DRAFT_MIN_SIDE, load_image
+from ..lenses import Lens, LensError, arrays_of, sites_of
 from ..loading.model import Geometry, LoadedModel
 from ..runtime.devices import full_float32
+from ..sites import recorded_sites, sites_recorded
+from .workers import ForwardPool, map_forwards
 
 Source = tuple[str, "bytes | Path"]  # (image name, raw file bytes or a path)
 
@@ -46,18 +50,22 @@ class DecodedImages(Dataset):
     so DataLoader workers can have it."""
 
     def __init__(self, sources: Sequence[Source], crop_transform: Callable, tensor_transform: Callable,
-                 min_side: int = DRAFT_MIN_SIDE):
+                 min_side: int = DRAFT_MIN_SIDE, crops: bool = False):
         self.sources = list(sources)
         self.crop_transform, self.tensor_transform = crop_transform, tensor_transform
         self.min_side = min_side  # a large JPEG's decode keeps this shorter side (LoadedModel.decode_min_side)
+        self.crops = crops  # each item's input paired with its crop, uint8 (H, W, 3): what a lens's capture shows
 
     def __len__(self) -> int:
         return len(self.sources)
 
-    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str]:
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | tuple[torch.Tensor, np.ndarray] | str]:
         _, source = self.sources[index]
         crop = decoded_crop(source, self.crop_transform, self.min_side)
-        return index, crop if isinstance(crop, str) else self.tensor_transform(crop)  # (3, H, W), as capture.preprocess
+        if isinstance(crop, str):
+            return index, crop
+        x = self.tensor_transform(crop)  # (3, H, W), as capture.preprocess
+        return index, (x, np.asarray(crop, dtype=np.uint8)) if self.crops else x
 
 
 def decoded_crop(source: bytes | Path, crop_transform: Callable, min_side: int = DRAFT_MIN_SIDE) -> Image.Image | str:
@@ -81,18 +89,27 @@ def collate_decoded(items: list[tuple[int, torch.Tensor | str]]
     return indices, inputs, failures
 
 
+def collate_with_crops(items: list[tuple[int, tuple[torch.Tensor, np.ndarray] | str]]
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[int, str]], np.ndarray | None]:
+    """collate_decoded of DecodedImages(crops=True) items, and the crops uint8 (B, H, W, 3) (None when every image
+    failed)."""
+    indices, inputs, failures = collate_decoded([(i, x if isinstance(x, str) else x[0]) for i, x in items])
+    crops = [x[1] for _, x in items if not isinstance(x, str)]
+    return indices, inputs, failures, np.stack(crops) if crops else None  # B x (H, W, 3) -> (B, H, W, 3)
+
+
 def image_loader(loaded: LoadedModel, sources: Sequence[Source], batch_size: int, workers: int,
-                 batches: Sequence[Sequence[int]] | None = None) -> DataLoader:
-    """The batches of `sources` as collate_decoded gives them, decoded by `workers` processes (0: in this one)
-    with the model's own transforms; pinned host memory when the model is on a GPU. `batches`: the indices of
-    each batch, in order (default: consecutive batches of `batch_size`), so that a run's batches can stop at its
-    shards' edges while one set of worker processes serves them all."""
-    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side)
-    pin = loaded.device.type == "cuda"
+                 batches: Sequence[Sequence[int]] | None = None, crops: bool = False) -> DataLoader:
+    """The batches of `sources` as collate_decoded gives them (with `crops`: as collate_with_crops), decoded by
+    `workers` processes (0: in this one) with the model's own transforms; pinned host memory when the model is on a
+    GPU. `batches`: the indices of each batch, in order (default: consecutive batches of `batch_size`), so that a
+    run's batches can stop at its shards' edges while one set of worker processes serves them all."""
+    decoded = DecodedImages(sources, loaded.crop_transform, loaded.tensor_transform, loaded.decode_min_side, crops)
+    pin, collate = loaded.device.type == "cuda", collate_with_crops if crops else collate_decoded
     if batches is not None:
         return DataLoader(decoded, batch_sampler=[list(b) for b in batches], num_workers=workers,
-                          collate_fn=collate_decoded, pin_memory=pin)
-    return DataLoader(decoded, batch_size=batch_size, num_workers=workers, collate_fn=collate_decoded, pin_memory=pin)
+                          collate_fn=collate, pin_memory=pin)
+    return DataLoader(decoded, batch_size=batch_size, num_workers=workers, collate_fn=collate, pin_memory=pin)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,6 +191,14 @@ def reductions_recorded(loaded: LoadedModel, store: _BatchReductions, distance: 
 
 
 @dataclass(frozen=True)
+class LensedImage:
+    """What the lenses gave on one image."""
+
+    arrays: dict[str, np.ndarray]  # <lens>.<key> -> its array on this image (vit_core.lenses.arrays_of)
+    failed: tuple[str, ...] = ()  # the sentences of the lenses that raised on it
+
+
+@dataclass(frozen=True)
 class BatchValues:
     """The per-image values of one batch, on the host: the small arrays the device sent back."""
 
@@ -183,6 +208,7 @@ class BatchValues:
     top1: np.ndarray  # int64 (B,): the predicted class
     probability: np.ndarray  # float32 (B,): its softmax probability
     lens_top1: np.ndarray | None  # int64 (B, L+1), None when the logit lens was not asked for
+    lensed: tuple[LensedImage, ...] | None = None  # B of them when lenses were asked for, read on the same forward
 
 
 def forward_images(device: torch.device) -> int:
@@ -190,25 +216,69 @@ def forward_images(device: torch.device) -> int:
     algorithm (and so its order of summation) by the product's shape, so an image's last bits would depend on how
     many images shared its forward (a batch of 8 and one of 1 gave ViT-B/16's head probabilities 3e-9 apart).
     One shape for every forward makes them a function of the image alone, whichever batch, shard or engine it was
-    in. One image on a CPU, where one is as fast per image as eight; 64 on an accelerator, where a batch is most
-    of the speed (a shorter batch is padded with zero images, whose values are dropped)."""
+    in. One image on a CPU, where one is as fast per image as eight (and `workers.model_workers` run at once); 64
+    on an accelerator, where a batch is most of the speed (a shorter batch is padded with zero images, whose values
+    are dropped)."""
     return 1 if device.type == "cpu" else 64
 
 
-def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool,
-                    distance: torch.Tensor) -> dict[str, torch.Tensor]:
+def lensed_image(lenses: Sequence[Lens], cap) -> LensedImage:
+    """Every lens's arrays on the capture `cap`, and the sentences of those that raised: one lens failing leaves the
+    others' arrays."""
+    arrays, failed = {}, []
+    for one in lenses:
+        try:
+            arrays |= arrays_of(one, cap)
+        except LensError as e:
+            failed.append(str(e))
+    return LensedImage(arrays, tuple(failed))
+
+
+def _lensed(loaded: LoadedModel, lenses: Sequence[Lens], sites: tuple[str, ...], crops: np.ndarray, x: torch.Tensor,
+            logits: torch.Tensor, store: dict[str, list[torch.Tensor]], seconds: float) -> list[LensedImage]:
+    """The lenses on each real image of one forward: its capture (`capture.capture_of_pass`) cut out of the forward's
+    (F, ...) tensors, row i for the crop crops[i] (uint8 (H, W, 3)) and input x[i] (x (F, 3, H, W) on the host)."""
+    from ..capture import capture_of_pass
+
+    lensed = []
+    for i in range(len(crops)):
+        one = {key: [t[i:i + 1] for t in tensors] for key, tensors in store.items()}  # (F, ...) -> (1, ...)
+        cap = capture_of_pass(loaded, crops[i].copy(), x[i:i + 1], logits[i:i + 1], one, seconds, sites)
+        lensed.append(lensed_image(lenses, cap))
+    return lensed
+
+
+def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor,
+                    lenses: Sequence[Lens] = (), crops: np.ndarray | None = None) -> dict[str, torch.Tensor | list]:
     """One hooked forward of x (F, 3, H, W) on the model's device, reduced there: the per-image values, on the
-    device, keyed as BatchValues' fields."""
+    device, keyed as BatchValues' fields. With `lenses`, the same forward also records what a capture holds and
+    the sites they read, and "lensed" is the lenses on each of the images of `crops` ((F', H, W, 3), F' <= F: the
+    real images, before any padding)."""
     geometry, model = loaded.geometry, loaded.model
     store = _BatchReductions()
-    with (torch.inference_mode(), explain.eval_mode(model), full_float32(loaded.device),
-          reductions_recorded(loaded, store, distance, logit_lens)):
+    kept: dict[str, list[torch.Tensor]] = {}
+    sites = recorded_sites(sites_of(lenses), geometry.num_layers) if lenses else ()
+
+    def keep(key: str, tensor: torch.Tensor) -> None:
+        kept.setdefault(key, []).append(tensor.detach())
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(loaded.lock)
+        stack.enter_context(torch.inference_mode())
+        stack.enter_context(explain.eval_mode(model))
+        stack.enter_context(full_float32(loaded.device))
+        stack.enter_context(reductions_recorded(loaded, store, distance, logit_lens))
+        if lenses:
+            stack.enter_context(intermediates_kept(model, keep))
+            stack.enter_context(sites_recorded(model, sites, keep))
+        started = time.perf_counter()
         logits = model(x.to(loaded.device, non_blocking=True))  # (F, C)
+        seconds = time.perf_counter() - started
     if len(store.distance) != geometry.num_layers:
         raise CaptureError(f"expected one attention pattern per block ({geometry.num_layers}), got {len(store.distance)}: "
                            "this model's attention does not run through timm's standard path.")
     assert len(store.high_norm_rate) == geometry.num_layers + 1, f"{len(store.high_norm_rate)} token reductions"
-    values = {
+    values: dict[str, torch.Tensor | list] = {
         "distance": torch.stack(store.distance, dim=1),  # L x (F, H) -> (F, L, H)
         "distance_renorm": torch.stack(store.distance_renorm, dim=1),
         "high_norm_rate": torch.stack(store.high_norm_rate, dim=1),  # (L+1) x (F,) -> (F, L+1)
@@ -217,31 +287,47 @@ def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool,
     }
     if logit_lens:
         values["lens_top1"] = torch.stack(store.lens_top1, dim=1)  # (F, L+1)
+    if lenses:
+        values["lensed"] = _lensed(loaded, lenses, sites, crops, x, logits, kept, seconds)
     return values
 
 
-def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None) -> BatchValues:
+def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None, *,
+                 pool: ForwardPool | None = None, lenses: Sequence[Lens] = (), crops: np.ndarray | None = None
+                 ) -> BatchValues:
     """The batch x (B, 3, H, W) through hooked forwards of `forward_images` images each on the model's device,
     reduced there; only the per-image values come back, and each image's are the same bits whatever else was in
-    its batch. Under `loaded.lock` and inference_mode, in full float32 on a GPU (as a capture: results equal the
-    CPU's within float32 tolerance; an autocast around the call still runs in bfloat16); eval mode restored after."""
+    its batch. The forwards run on `pool`'s workers, several at once (`workers.ForwardPool`), or without a pool one
+    at a time, each under `loaded.lock`; inside inference_mode, in full float32 on a GPU (as a capture: results equal the
+    CPU's within float32 tolerance; an autocast around the call still runs in bfloat16); eval mode restored after.
+    With `lenses` (and `crops`, uint8 (B, H, W, 3), the images' crops), each image's lens arrays from the same
+    forward (`BatchValues.lensed`). Raises SiteError (before any forward) for a site a lens reads that this model
+    hasn't."""
     device, count = loaded.device, len(x)
     if distance is None:
         distance = patch_distances_on(loaded.geometry, device)
+    if lenses:
+        if crops is None or len(crops) != count:
+            raise ValueError("lenses need the crop of every image of the batch")
+        recorded_sites(sites_of(lenses), loaded.geometry.num_layers)  # a site this model hasn't: said before any pass
     size = forward_images(device)
-    parts: list[dict[str, torch.Tensor]] = []
-    with loaded.lock:
-        for first in range(0, count, size):
-            chunk = x[first:first + size]  # (<= F, 3, H, W)
-            if len(chunk) < size:  # the same shape as every other forward: zero images after the real ones
-                chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
-            parts.append(_reduce_forward(loaded, chunk, logit_lens, distance))
-    host = {key: torch.cat([part[key] for part in parts])[:count].cpu().numpy() for key in parts[0]}  # one copy each
+    chunks = []
+    for first in range(0, count, size):
+        chunk = x[first:first + size]  # (<= F, 3, H, W)
+        real = crops[first:first + size] if lenses else None
+        if len(chunk) < size:  # the same shape as every other forward: zero images after the real ones
+            chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
+        chunks.append((chunk, real))
+    parts = map_forwards(pool, loaded, lambda model, c: _reduce_forward(model, c[0], logit_lens, distance, lenses, c[1]),
+                         chunks)
+    keys = [key for key in parts[0] if key != "lensed"]
+    host = {key: torch.cat([part[key] for part in parts])[:count].cpu().numpy() for key in keys}  # one copy each
     return BatchValues(
         distance=host["distance"].astype(np.float32), distance_renorm=host["distance_renorm"].astype(np.float32),
         high_norm_rate=host["high_norm_rate"].astype(np.float32), top1=host["top1"].astype(np.int64),
         probability=host["probability"].astype(np.float32),
         lens_top1=host["lens_top1"].astype(np.int64) if logit_lens else None,
+        lensed=tuple(one for part in parts for one in part["lensed"]) if lenses else None,
     )
 
 

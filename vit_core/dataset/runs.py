@@ -478,9 +478,10 @@ def _numbers(numbers: list[int], shown: int = 12) -> str:
 def run_shards(loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: Sequence[Shard], files_sha256: str, *,
                batch_size: int, workers: int = 0, explain: bool = False, steps: int | None = None,
                tests: Sequence[str] | None = None, masks: Masks | None = None, progress: Progress | None = None,
-               lenses: Sequence[Lens] = ()) -> None:
+               lenses: Sequence[Lens] = (), forwards: int | None = None) -> None:
     """Analyse the shards `todo` of `plan` in this process and write each one's part as soon as it is done.
-    One DataLoader serves them all (its batches stop at the shards' edges), so worker processes start once."""
+    One DataLoader serves them all (its batches stop at the shards' edges), so worker processes start once;
+    `forwards` at once on a CPU (`reduce_sources`)."""
     sources, labels = plan.sources(), plan.labels
     device = describe_device(loaded.device)
     pending = {shard.number: (shard, shard_start(plan, shard)) for shard in todo}
@@ -495,7 +496,7 @@ def run_shards(loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: Seque
         store.write(shard, totals, device, files_sha256)  # nothing to analyse: done at once
     kwargs = ({"steps": steps} if steps is not None else {}) | ({"tests": tests} if tests is not None else {})
     for indices, batch in reduce_sources(loaded, sources, labels, batches, workers=workers, explain=explain,
-                                         masks=masks, progress=progress, lenses=lenses, **kwargs):
+                                         masks=masks, progress=progress, lenses=lenses, forwards=forwards, **kwargs):
         number = owner[indices[0]]
         shard, totals = pending[number]
         totals.merge(batch)
