@@ -22,6 +22,10 @@ processes, in this process, alternated: a capture (`run_with_capture`) at 1 and 
 relevance maps (`explain.relevance_maps`: gradient passes at VIT_LENS_GRADIENT_THREADS = 1 and 2), and the judge's
 curves (`explain.judge`, its forwards on lanes of one thread). Prints each one's median seconds.
 
+`--pools`: how the W forwards run, in this process (model loaded and warm): the dataset's reduced forwards of N
+random inputs on 1 and 2 worker threads (`dataset.forward_pool`), against 2 worker processes (spawned and warmed
+before the timing, each with the model and one worker thread) taking half the images each.
+
 Each timing is a whole process, from its start to its exit (imports and model load included, on both sides). Prints
 the seconds, images/s, the ratio of dataset's images/s to plain's, and the load average before each timing. The
 issue's targets: dataset >= 0.9x plain quiet, >= 1.0x busy. `--quick`: 32 ViT-B/16 images and 400 Shapes, a few
@@ -170,6 +174,59 @@ def _model_passes(name: str, image, repeats: int, processes: int) -> list[tuple[
     return [(name, condition, label, statistics.median(seconds)) for (condition, label), seconds in times.items()]
 
 
+_child_model = None
+
+
+def _child_start(name: str) -> None:
+    global _child_model
+    from vit_core import load_model
+    from vit_core.runtime import configure_threads
+
+    configure_threads()
+    _child_model = load_model(name, pretrained=name == "vit-lens/shapes-vit")
+
+
+def _child_forwards(x) -> float:
+    """In a spawned worker: the reduced forwards of x at one worker thread; returns the seconds."""
+    from vit_core.dataset import forward_pool, reduce_batch
+
+    started = time.perf_counter()
+    with forward_pool(_child_model, 1) as pool:
+        reduce_batch(_child_model, x, False, pool=pool)
+    return time.perf_counter() - started
+
+
+def threads_or_processes(models: list[str], images: int, repeats: int) -> None:
+    """1 and 2 worker threads in this process against 2 worker processes, alternated; medians printed."""
+    import multiprocessing
+
+    import torch
+
+    from vit_core import load_model
+    from vit_core.dataset import forward_pool, reduce_batch
+    from vit_core.runtime import configure_threads
+
+    configure_threads()
+    for name in models:
+        loaded = load_model(name, pretrained=name == "vit-lens/shapes-vit")
+        x = torch.randn(images, 3, *loaded.data_config["input_size"][1:], generator=torch.Generator().manual_seed(0))
+        times: dict[str, list[float]] = {}
+        with multiprocessing.get_context("spawn").Pool(2, initializer=_child_start, initargs=(name,)) as children:
+            children.map(_child_forwards, [x[:2], x[:2]])  # warm: each child's first forwards
+            for _ in range(repeats):
+                for workers in (1, 2):
+                    started = time.perf_counter()
+                    with forward_pool(loaded, workers) as pool:
+                        reduce_batch(loaded, x, False, pool=pool)
+                    times.setdefault(f"{workers} thread(s)", []).append(time.perf_counter() - started)
+                started = time.perf_counter()
+                children.map(_child_forwards, [x[: images // 2], x[images // 2:]], chunksize=1)
+                times.setdefault("2 processes", []).append(time.perf_counter() - started)
+        for label, seconds in times.items():
+            print(f"{name:22} {images} images, {label:12} {statistics.median(seconds):7.2f} s  "
+                  f"({images / statistics.median(seconds):6.1f} images/s; load {os.getloadavg()[0]:.1f})", flush=True)
+
+
 def _with_threads(torch_threads, threads: int, run) -> None:
     with torch_threads(threads):
         run()
@@ -193,7 +250,11 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside the busy timings")
     parser.add_argument("--before", type=Path, help="a checkout of an older ViT Lens: its `dataset` timed alongside")
     parser.add_argument("--passes", action="store_true", help="the dashboard's own passes on one image instead")
+    parser.add_argument("--pools", type=int, metavar="N", help="N images' forwards on threads against processes instead")
     args = parser.parse_args()
+    if args.pools:
+        models = [CASES[args.only][0]] if args.only else [model for model, _ in CASES.values()]
+        return threads_or_processes(models, args.pools, max(args.repeats, 3))
     if args.passes:
         models = [CASES[args.only][0]] if args.only else [model for model, _ in CASES.values()]
         return one_image_passes(models, max(args.repeats, 3), args.busy)
