@@ -10,8 +10,12 @@ beyond its key comes in as an underscore argument, which Streamlit does not hash
   ViT-B/16 and 205 MiB for ViT-B/16-384. Each session holds the capture it looks at in the same cache
   (evicted after every capture nobody holds); the decoded pictures the forward passes start from are bounded
   by bytes too (`PICTURE_BUDGET`, a sixteenth of that, at least 256 MiB);
-- small per-model / per-capture analyses (filter PCA, position similarity, attention distance, rollout):
-  the views and the `.npz` export read the same entries (`analysis_arrays`), nothing is computed twice;
+- every per-image analysis that is a lens (vit_core.lenses: the catalog's mean attention distance, rollout,
+  attention logits, ..., and the lenses of the server's lens files) in one store, `lens_arrays`, keyed by what the
+  lens declares: (model, image, lens, its settings' values), bounded by bytes (`LENS_BUDGET`, a quarter of the
+  captures'). A lens reads the shared capture; only one whose sites go beyond it runs a pass of its own;
+- small per-model analyses (filter PCA, position similarity): the views and the `.npz` export read the same
+  entries as the lenses' (`analysis_arrays`), nothing is computed twice;
 - figures, keyed by what their builder takes (`dashboard.figure_keys`);
 - the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
   interventions per (model, image, intervention); the tests of the maps (`explain.judge`: curves, SRG, SaCo,
@@ -27,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +49,7 @@ from vit_core import analyses, concepts, explain, export, lenses, serving
 from vit_core.concepts.folders import ConceptsFolder, check_for_model, open_folder
 from vit_core.images import DRAFT_MIN_SIDE
 from vit_core.loading.model import LoadedModel, patch_embed_bias, patch_embed_weight, pos_embed_rows
+from vit_core.sites import recorded_sites
 
 # ----------------------------------------------------------------------------------------------
 # Models
@@ -167,14 +172,72 @@ def held_capture(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
     return cap
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _distances(model_key: str, image_sha: str, _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
-    return export.mean_attention_distances(_cap)  # (prefix attention left out, rows renormalised over patches)
+# Every per-image analysis that is a lens (vit_core.lenses: the catalog's built-in ones, the server's lens files'), in
+# one store keyed by what the lens declares: (model, image, lens, its settings' values). Bounded by bytes, not a
+# count: a rollout is a few KiB, ViT-B/16's attention logits 22 MiB, at 384 px 190 MiB.
+LENS_BUDGET = max(CAPTURE_BUDGET // 4, 128 * 2**20)  # bytes: every lens result of every session
+LENS_ENTRY_BYTES = 4096  # the least an entry counts for (a failure's sentence, two (L, H) arrays), so that the count
+# of entries is bounded too
+CAPTURE_LENS = "capture"  # the catalog's lens of the capture's own fields: read from the capture, never stored twice
 
 
-def attention_distances(request: ModelRequest, image: ImageChoice, cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
-    """Mean attention distance (L, H) of this image: (prefix attention left out, rows renormalised over patches)."""
-    return _distances(request.key, image.sha, cap)
+@dataclasses.dataclass(frozen=True)
+class LensResult:
+    arrays: dict[str, np.ndarray]  # the lens's own keys -> read-only arrays (shapes: the lens's docstring)
+    failure: str | None = None  # the sentence saying why the lens failed on this image (then no arrays)
+
+
+def _lens_nbytes(result: LensResult) -> int:
+    return max(sum(int(a.nbytes) for a in result.arrays.values()), LENS_ENTRY_BYTES)
+
+
+_lens_results: ByteBudgetCache[LensResult] = ByteBudgetCache(LENS_BUDGET, size_of=_lens_nbytes)
+
+
+@cache
+def _catalog() -> dict[str, lenses.Lens]:
+    return {one.name: one for one in lenses.catalog()}
+
+
+def lens_key(request: ModelRequest, image: ImageChoice, one: lenses.Lens, settings: dict[str, Any]) -> tuple:
+    """What a lens result is kept under: the model, the image's sha256, the lens (its source, name and file's digest)
+    and its settings over their defaults (lenses.settings_key: LensError for a setting it doesn't declare)."""
+    return request.key, image.sha, f"{one.source}:{one.name}:{one.sha256}", lenses.settings_key(one, settings)
+
+
+def _lens_pass(loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, one: lenses.Lens) -> vit_core.Capture:
+    """The capture `one` reads: the shared one when its sites are all the default capture's (no forward), else a
+    pass of its own that records its extra sites too (the shared capture records no extras)."""
+    if not recorded_sites(one.sites, loaded.geometry.num_layers):  # SiteError for a site this model hasn't
+        return cap
+    return vit_core.run_with_capture(loaded, full_image(image, loaded.decode_min_side), sites=one.sites)
+
+
+def _lens_entry(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                one: lenses.Lens, settings: dict[str, Any]) -> LensResult:
+    def compute() -> LensResult:
+        try:
+            arrays = lenses.results_of(one, _lens_pass(loaded, image, cap, one), settings, loaded)
+        except vit_core.ViTLensError as e:  # LensError, SiteError: said in the lens's tab, kept like a result
+            return LensResult({}, str(e))
+        for array in arrays.values():
+            array.setflags(write=False)  # shared by every session
+        return LensResult(arrays)
+
+    return _lens_results.get_or_compute(lens_key(request, image, one, settings), compute)
+
+
+def lens_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                one: lenses.Lens | str, **settings: Any) -> dict[str, np.ndarray]:
+    """The arrays of lens `one` (a catalog lens by its name, or a loaded Lens) on this image with `settings` over its
+    defaults, keyed as the lens returns them (`rollout`, not `rollout.rollout`): computed once per (model, image,
+    lens, settings) for every session, from the shared capture (a pass of its own only for sites beyond it). Raises
+    LensError when the lens fails on this image."""
+    one = _catalog()[one] if isinstance(one, str) else one
+    result = _lens_entry(request, loaded, image, cap, one, settings)
+    if result.failure is not None:
+        raise lenses.LensError(result.failure)
+    return result.arrays
 
 
 def uncached_attention_distances(loaded: LoadedModel, data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -215,22 +278,17 @@ def pos_similarity(model_key: str, grid: tuple[int, int], _loaded: LoadedModel) 
     return analyses.pos_embed_similarity(rows, g.num_prefix_tokens, g.no_embed_class, grid)
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
-def rollout(model_key: str, image_sha: str, fusion: str, last_layer: int, _cap: vit_core.Capture) -> np.ndarray:
-    g = _cap.geometry
-    return analyses.attention_rollout(_cap.pattern, g.num_prefix_tokens, g.grid, fusion, last_layer,
-                                      has_class_token=g.has_class_token)
-
-
 def analysis_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageChoice,
                     cap: vit_core.Capture) -> dict[str, np.ndarray]:
     """Every array of the export format (`vit_core.export.analysis_arrays`: the same keys and values), from the
-    entries the views read: the attention distances, the rollout of the Attention tab's defaults (mean fusion, every
-    layer), the filter PCA and the position similarity on the model's own grid. A function of plain arguments:
-    called from a download button's thread."""
+    entries the views read: each catalog lens of every image's export with its default settings (the attention
+    distances, the rollout of the Attention tab's defaults: mean fusion, every layer; the capture's own fields from
+    the capture), the filter PCA and the position similarity on the model's own grid. A function of plain
+    arguments: called from a download button's thread."""
     g = loaded.geometry
-    return (export.image_arrays(cap, distances=attention_distances(request, image, cap),
-                                rollout=rollout(request.key, image.sha, "mean", g.num_layers - 1, cap))
+    computed = {one.name: lens_arrays(request, loaded, image, cap, one) for one in lenses.catalog()
+                if one.export == "image" and one.name != CAPTURE_LENS}
+    return (export.image_arrays(cap, computed=computed)
             | export.model_arrays(filters_pca(request.key, loaded), pos_similarity(request.key, tuple(g.grid), loaded)))
 
 
@@ -526,19 +584,9 @@ def page_lenses(sources: tuple[str, ...]) -> tuple[tuple[lenses.Lens, ...], str 
         return (), str(e)
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
-def _lens_result(model_key: str, image_sha: str, lens_name: str, _loaded: LoadedModel, _image: Image.Image,
-                 _lens: lenses.Lens) -> tuple[dict[str, np.ndarray], str | None]:
-    try:
-        cap = vit_core.run_with_capture(_loaded, _image, sites=_lens.sites)  # its own pass: the shared one records no extras
-        return lenses.arrays_of(_lens, cap), None
-    except vit_core.ViTLensError as e:
-        return {}, str(e)
-
-
-def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, one: lenses.Lens
+def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, one: lenses.Lens
                 ) -> tuple[dict[str, np.ndarray], str | None]:
-    """One lens's arrays (`<lens>.<key>`) on this image, per (model, image, lens), and None; or {} and the sentence of
-    its failure. One generic cache for every lens: a lens is found by its name, its sites say what the pass records."""
-    return _lens_result(request.key, image.sha, f"{one.source}:{one.name}", loaded,
-                        full_image(image, loaded.decode_min_side), one)
+    """`one`'s arrays keyed `<lens>.<key>` on this image and None (`lens_arrays` with its default settings); or {}
+    and the sentence of its failure, for the Lenses tab to show."""
+    result = _lens_entry(request, loaded, image, cap, one, {})
+    return {f"{one.name}.{key}": array for key, array in result.arrays.items()}, result.failure

@@ -305,10 +305,10 @@ def _all_heads(ctx: ViewContext) -> None:
 
 
 def _layers(ctx: ViewContext) -> None:
-    g, cap = ctx.loaded.geometry, ctx.cap
+    g = ctx.loaded.geometry
 
     def rollout(last: int) -> np.ndarray:  # (gh, gw), the Attention tab's cached entry
-        return caches.rollout(ctx.request.key, ctx.image.sha, "mean", last, cap)
+        return attention.rollout_map(ctx, "mean", last)
 
     place = arrange(ctx, attention.rollout_figure(ctx, g.num_layers - 1))
     with place.controls:

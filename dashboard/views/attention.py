@@ -118,15 +118,23 @@ def _attention_maps(ctx: ViewContext) -> None:
 ROLLOUT_DISPLAY_SIDE = 384  # pixels: the rollout overlay is shown smaller than the attention map
 
 
+def rollout_map(ctx: ViewContext, fusion: str, last: int) -> np.ndarray:
+    """The rollout map (gh, gw) of layers 0..`last` with `fusion`: the catalog's rollout lens, whose default is every
+    layer (last_layer None), so that this tab's default, the lesson's and the export share one cached entry."""
+    last_layer = None if last == ctx.loaded.geometry.num_layers - 1 else int(last)
+    return caches.lens_arrays(ctx.request, ctx.loaded, ctx.image, ctx.cap, "rollout", fusion=fusion,
+                              last_layer=last_layer)["rollout"]
+
+
 def _rollout_overlay(ctx: ViewContext, fusion: str, last: int, encoding: str) -> bytes:
     g, cap = ctx.loaded.geometry, ctx.cap
-    rollout = caches.rollout(ctx.request.key, ctx.image.sha, fusion, last, cap)  # (gh, gw)
+    rollout = rollout_map(ctx, fusion, last)  # (gh, gw)
     scale = figures.display_scale(cap.input_image.shape[1], ROLLOUT_DISPLAY_SIDE)
     return figures.encode(figures.enlarge(figures.overlay(cap.input_image, rollout, g.patch_size), scale), encoding)
 
 
 def _rollout_map_png(ctx: ViewContext, fusion: str, last: int) -> bytes:
-    rollout = caches.rollout(ctx.request.key, ctx.image.sha, fusion, last, ctx.cap)  # (gh, gw)
+    rollout = rollout_map(ctx, fusion, last)  # (gh, gw)
     return figures.map_png(rollout, f"rollout map {shape(rollout.shape, batch=False)}, unscaled",
                            cmap=figures.ATTENTION_CMAP, label="share of the token")
 
@@ -157,10 +165,17 @@ def _rollout(ctx: ViewContext) -> None:
 MAX_BATCH_IMAGES = 32  # the distance tab's batch uploader: images added to the average in one go
 
 
+def attention_distances(ctx: ViewContext) -> tuple[np.ndarray, np.ndarray]:
+    """This image's mean attention distances (L, H), as defined (prefix attention left out) and with each patch row
+    renormalised over the patches: the catalog's mean_attention_distance lens, cached (`caches.lens_arrays`)."""
+    arrays = caches.lens_arrays(ctx.request, ctx.loaded, ctx.image, ctx.cap, "mean_attention_distance")
+    return arrays["mean_attention_distance"], arrays["mean_attention_distance_renorm"]
+
+
 def record_attention_distances(ctx: ViewContext) -> tuple[np.ndarray, np.ndarray]:
-    """This image's mean attention distances (L, H) (`caches.attention_distances`), also recorded in the session's
+    """This image's mean attention distances (L, H) (`attention_distances`), also recorded in the session's
     history (the latest image of the latest model last)."""
-    result = caches.attention_distances(ctx.request, ctx.image, ctx.cap)
+    result = attention_distances(ctx)
     session.remember_distances(ctx.request.key, ctx.image.sha, result)
     return result
 
@@ -181,7 +196,7 @@ def _distance_png(ctx: ViewContext, renormalized: bool, history_shas: tuple[str,
     (analysed with this model in this session) and the uniform-attention line."""
     g, index = ctx.loaded.geometry, int(renormalized)
     history = session.distance_history(ctx.request.key)
-    current = caches.attention_distances(ctx.request, ctx.image, ctx.cap)[index]  # (L, H)
+    current = attention_distances(ctx)[index]  # (L, H)
     average = analyses.average_over_images([history[sha][index] for sha in history_shas])  # (L, H)
     fig = plots.attention_distance_figure(current, analyses.uniform_attention_distance(g.grid, g.patch_size),
                                           average=average, num_images=len(history_shas))
@@ -212,7 +227,7 @@ def distance_view(ctx: ViewContext) -> None:
                 except ImageError as e:
                     st.warning(f"{markdown_literal(upload.name)}: {markdown_literal(str(e))}")
     history = session.distance_history(ctx.request.key)
-    current = caches.attention_distances(ctx.request, ctx.image, cap)[int(renorm)]  # (L, H)
+    current = attention_distances(ctx)[int(renorm)]  # (L, H)
     uniform = analyses.uniform_attention_distance(g.grid, g.patch_size)
     png = cached_figure(_distance_png, ctx, renorm, tuple(history))  # the images averaged, in the order they came
     convention = "renormalised over patches" if renorm else "prefix attention left out"

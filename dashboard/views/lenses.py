@@ -93,7 +93,7 @@ def _array_panel(ctx: ViewContext, key: str, array: np.ndarray, arrays: dict[str
 
 
 def lens_view(ctx: ViewContext, one: lenses.Lens) -> None:
-    arrays, failure = caches.lens_result(ctx.request, ctx.loaded, ctx.image, one)
+    arrays, failure = caches.lens_result(ctx.request, ctx.loaded, ctx.image, ctx.cap, one)
     if failure:
         st.error(failure)
         return

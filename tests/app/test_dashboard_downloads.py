@@ -47,8 +47,7 @@ def test_the_npz_is_the_exports_own_file_from_what_the_caches_hold(tiny_env, run
     name = examples.default_example(loaded.name)
     image = caches.decode(name, caches.example_bytes(name))
     cap = caches.shared_capture(request, loaded, image)  # the session's own capture, from the shared cache
-    g = loaded.geometry
-    caches.rollout(request.key, image.sha, "mean", g.num_layers - 1, cap)  # the Attention tab's (its figure may be cached)
+    caches.lens_arrays(request, loaded, image, cap, "rollout")  # the Attention tab's defaults (its figure may be cached)
     caches.filters_pca(request.key, loaded)  # the Filters tab's
     judged = caches.latest_judgement(request, image)  # the Why? tab's maps, for the target the export takes
     caches.relevance(request, loaded, image, cap, judged.target if judged else explain.resolve_target(loaded, cap.logits))
