@@ -11,13 +11,13 @@ beyond its key comes in as an underscore argument, which Streamlit does not hash
   (evicted after every capture nobody holds); the decoded pictures the forward passes start from are bounded
   by bytes too (`PICTURE_BUDGET`, a sixteenth of that, at least 256 MiB);
 - every per-image analysis that is a lens (vit_core.lenses: the catalog's mean attention distance, rollout,
-  attention logits, ..., and the lenses of the server's lens files) in one store, `lens_arrays`, keyed by what the
+  logit lens, attention logits, and the lenses of the server's lens files) in one store, `lens_arrays`, keyed by what the
   lens declares: (model, image, lens, its settings' values), bounded by bytes (`LENS_BUDGET`, a quarter of the
   captures'). A lens reads the shared capture; only one whose sites go beyond it runs a pass of its own;
 - small per-model analyses (filter PCA, position similarity): the views and the `.npz` export read the same
   entries as the lenses' (`analysis_arrays`), nothing is computed twice;
 - figures, keyed by what their builder takes (`dashboard.figure_keys`);
-- the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the logit lens,
+- the "why" analyses (`vit_core.explain`): relevance maps per (model, image, target), the per-patch logit lens,
   interventions per (model, image, intervention); the tests of the maps (`explain.judge`: curves, SRG, SaCo,
   localisation) and their sanity checks, computed on request with a progress bar, in small stores bounded by
   their number of entries, per (model, image, target, steps, object).
@@ -350,12 +350,6 @@ def chosen_relevance(request: ModelRequest, loaded: LoadedModel, image: ImageCho
     return chosen
 
 
-@st.cache_resource(max_entries=24, show_spinner=False)
-def logit_lens(model_key: str, image_sha: str, _loaded: LoadedModel, _cap: vit_core.Capture) -> np.ndarray:
-    """The logit lens of a capture: float32 (L+1, C), row l = the head applied after block l (row 0: the embeddings)."""
-    return explain.logit_lens(_loaded, _cap)
-
-
 @st.cache_resource(max_entries=48, show_spinner=False)
 def patch_logit_lens(model_key: str, image_sha: str, layer: int, _loaded: LoadedModel,
                      _cap: vit_core.Capture) -> np.ndarray:
@@ -467,7 +461,8 @@ def explanation_arrays(request: ModelRequest, loaded: LoadedModel, image: ImageC
     judged = latest_judgement(request, image)
     target = judged.target if judged is not None else explain.resolve_target(loaded, cap.logits)
     arrays = export.explanation_arrays(relevance(request, loaded, image, cap, target),
-                                       logit_lens(request.key, image.sha, loaded, cap), explain.token_norms(cap),
+                                       lens_arrays(request, loaded, image, cap, "logit_lens")["logit_lens"],
+                                       explain.token_norms(cap),
                                        None if judged is None else judged.curves)
     return arrays if judged is None else arrays | export.judgement_arrays(judged)
 

@@ -455,7 +455,7 @@ def _further(ctx: ViewContext) -> None:
     figure = lens.lens_figure(ctx) if g.num_classes else None
     place = arrange(ctx, figure, last_step_layout())
     if figure is not None:
-        tops = caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap).argmax(axis=1)  # (L+1,)
+        tops = lens.logit_lens_rows(ctx).argmax(axis=1)  # (L+1,)
         show_figure(place, figure)
         say(place, steps.going_further(g, ctx.loaded.label(int(tops[-1])), top_layer_from(tops)), "10")
     with place.question:

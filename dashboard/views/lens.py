@@ -27,8 +27,14 @@ def lens_classes(probs: np.ndarray, k: int = LENS_CLASSES, limit: int = MAX_LENS
     return (final + others)[:limit]
 
 
+def logit_lens_rows(ctx: ViewContext) -> np.ndarray:
+    """The logit lens float32 (L+1, C), row l = the head applied after block l (row 0: the embeddings): the catalog's
+    logit_lens lens, cached for every session (`caches.lens_arrays`)."""
+    return caches.lens_arrays(ctx.request, ctx.loaded, ctx.image, ctx.cap, "logit_lens")["logit_lens"]
+
+
 def _lens_strip_png(ctx: ViewContext) -> bytes:
-    lens = caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap)  # (L+1, C)
+    lens = logit_lens_rows(ctx)  # (L+1, C)
     probs = analyses.softmax(lens)  # (L+1, C)
     classes = lens_classes(probs)
     return lens_figures.logit_lens_strip_png(probs[:, classes], [ctx.loaded.label(c) for c in classes],
@@ -50,7 +56,7 @@ def logit_lens_view(ctx: ViewContext) -> None:
     if no_head(ctx):
         st.markdown(text.LOGIT_LENS)
         return
-    lens = caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap)  # (L+1, C)
+    lens = logit_lens_rows(ctx)  # (L+1, C)
     show_picture(cached_figure(_lens_strip_png, ctx), "lens_strip", f"{ctx.stem}_logit_lens",
                  caption=f"logit lens {shape(lens.shape, batch=False)}: the top classes after each block")
     tops = lens.argmax(axis=1)  # (L+1,)
