@@ -11,9 +11,9 @@ beyond its key comes in as an underscore argument, which Streamlit does not hash
   (evicted after every capture nobody holds); the decoded pictures the forward passes start from are bounded
   by bytes too (`PICTURE_BUDGET`, a sixteenth of that, at least 256 MiB);
 - every per-image analysis that is a lens (vit_core.lenses: the catalog's mean attention distance, rollout,
-  logit lens, attention logits, and the lenses of the server's lens files) in one store, `lens_arrays`, keyed by what the
-  lens declares: (model, image, lens, its settings' values), bounded by bytes (`LENS_BUDGET`, a quarter of the
-  captures'). A lens reads the shared capture; only one whose sites go beyond it runs a pass of its own;
+  logit lens, attention logits, and the lenses of the server's lens files) in one store, `lens_arrays`, keyed by
+  what the lens declares: (model, image, lens, its settings' values), bounded by bytes (`LENS_BUDGET`, a quarter
+  of the captures'). A lens reads the shared capture; only one whose sites go beyond it runs a pass of its own;
 - small per-model analyses (filter PCA, position similarity): the views and the `.npz` export read the same
   entries as the lenses' (`analysis_arrays`), nothing is computed twice;
 - figures, keyed by what their builder takes (`dashboard.figure_keys`);
