@@ -104,8 +104,8 @@ def _tile_side() -> int:
 
 def _rollout_and_lens(ctx: ViewContext, request_b, loaded_b, cap_b, which: Comparable) -> None:
     ga, gb = ctx.loaded.geometry, loaded_b.geometry
-    rollout_a = caches.rollout(ctx.request.key, ctx.image.sha, "mean", ga.num_layers - 1, ctx.cap)  # (gh, gw)
-    rollout_b = caches.rollout(request_b.key, ctx.image.sha, "mean", gb.num_layers - 1, cap_b)
+    rollout_a = caches.lens_arrays(ctx.request, ctx.loaded, ctx.image, ctx.cap, "rollout")["rollout"]  # (gh, gw)
+    rollout_b = caches.lens_arrays(request_b, loaded_b, ctx.image, cap_b, "rollout")["rollout"]  # mean, all blocks
     png = compare_figures.triplet_png(ctx.cap.input_image, rollout_a, ga.patch_size, cap_b.input_image, rollout_b,
                                       gb.patch_size, ("A: rollout", "B: rollout", "B - A" if which.grid else "grids differ"),
                                       side=_tile_side())
@@ -114,8 +114,9 @@ def _rollout_and_lens(ctx: ViewContext, request_b, loaded_b, cap_b, which: Compa
         st.info(dict(which.skipped)["kl"])
         return
     top = int(np.argmax(ctx.cap.logits))
-    prob_a = analyses.softmax(caches.logit_lens(ctx.request.key, ctx.image.sha, ctx.loaded, ctx.cap))[:, top]  # (La+1,)
-    prob_b = analyses.softmax(caches.logit_lens(request_b.key, ctx.image.sha, loaded_b, cap_b))[:, top]  # (Lb+1,)
+    lens_a = caches.lens_arrays(ctx.request, ctx.loaded, ctx.image, ctx.cap, "logit_lens")["logit_lens"]  # (La+1, C)
+    lens_b = caches.lens_arrays(request_b, loaded_b, ctx.image, cap_b, "logit_lens")["logit_lens"]  # (Lb+1, C)
+    prob_a, prob_b = analyses.softmax(lens_a)[:, top], analyses.softmax(lens_b)[:, top]  # (La+1,), (Lb+1,)
     show_picture(compare_figures.lens_both_png(prob_a, prob_b, ctx.loaded.label(top), width_px=column_px([1, 1], 0)),
                  "compare_lens", "compare_logit_lens",
                  caption=f"Logit lens: the probability of A's answer ({ctx.loaded.label(top)}) after each block")
