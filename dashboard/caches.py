@@ -579,9 +579,9 @@ def page_lenses(sources: tuple[str, ...]) -> tuple[tuple[lenses.Lens, ...], str 
         return (), str(e)
 
 
-def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, one: lenses.Lens
-                ) -> tuple[dict[str, np.ndarray], str | None]:
-    """`one`'s arrays keyed `<lens>.<key>` on this image and None (`lens_arrays` with its default settings); or {}
-    and the sentence of its failure, for the Lenses tab to show."""
-    result = _lens_entry(request, loaded, image, cap, one, {})
+def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture, one: lenses.Lens,
+                settings: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], str | None]:
+    """`one`'s arrays keyed `<lens>.<key>` on this image with `settings` over its defaults, and None (`lens_arrays`);
+    or {} and the sentence of its failure, for the Lenses tab to show."""
+    result = _lens_entry(request, loaded, image, cap, one, dict(settings or {}))
     return {f"{one.name}.{key}": array for key, array in result.arrays.items()}, result.failure

@@ -3,11 +3,14 @@ with (`vit-lens dashboard --lens FILE.py`, $VIT_LENS_LENSES), picked by name: on
 tab row still fits a projector's 1280 px however many lenses a server has. Each array is drawn by its shape: a (gh, gw) or (N,)
 map over the crop, an (L, H) heatmap of blocks and heads, an (L, H, T, T) matrix with layer, head and query controls
 (one query's row over the image), (C,) bars with the class labels, anything else a table; every array downloadable.
+A lens that declares settings (`@lens(..., settings={"block": -1})`) gets a control for each, and its results are
+cached per value (`caches.lens_result`).
 """
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import streamlit as st
@@ -92,8 +95,41 @@ def _array_panel(ctx: ViewContext, key: str, array: np.ndarray, arrays: dict[str
     st.download_button(f"{key}.npy", _npy(array), file_name=f"{ctx.stem}_{key}.npy", key=f"lens_download_{key}")
 
 
+def _none_or_number(typed: str) -> Any:
+    """A setting whose default is None, as typed: empty is None, else an int, a float or the text itself."""
+    typed = typed.strip()
+    for kind in (int, float):
+        try:
+            return kind(typed) if typed else None
+        except ValueError:
+            pass
+    return typed
+
+
+def settings_ui(one: lenses.Lens) -> dict[str, Any]:
+    """A control for each setting `one` declares, by its default's type (a toggle for a bool, a number for an int or
+    a float, a text for a str or None), keyed by the lens and the setting; returns the values chosen."""
+    if not one.settings:
+        return {}
+    columns = st.columns(min(len(one.settings), 4))
+    chosen: dict[str, Any] = {}
+    for i, (name, default) in enumerate(one.settings):
+        place, key = columns[i % len(columns)], f"lens_{one.name}_setting_{name}"
+        if isinstance(default, bool):
+            chosen[name] = place.toggle(name, value=default, key=key)
+        elif isinstance(default, int):
+            chosen[name] = int(place.number_input(name, value=default, step=1, key=key))
+        elif isinstance(default, float):
+            chosen[name] = float(place.number_input(name, value=default, key=key))
+        elif isinstance(default, str):
+            chosen[name] = place.text_input(name, value=default, key=key)
+        else:  # None: the lens's own default, unless a number or a text is typed
+            chosen[name] = _none_or_number(place.text_input(name, value="", key=key, placeholder="None (its default)"))
+    return chosen
+
+
 def lens_view(ctx: ViewContext, one: lenses.Lens) -> None:
-    arrays, failure = caches.lens_result(ctx.request, ctx.loaded, ctx.image, ctx.cap, one)
+    arrays, failure = caches.lens_result(ctx.request, ctx.loaded, ctx.image, ctx.cap, one, settings_ui(one))
     if failure:
         st.error(failure)
         return

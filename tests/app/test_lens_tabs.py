@@ -87,3 +87,34 @@ def test_a_lens_file_that_cant_be_imported_is_one_sentence_in_a_tab(tiny_env, tm
     monkeypatch.setenv("VIT_LENS_LENSES", str(bad))
     at = run_app(view="Lenses")
     assert [e.value for e in at.error] == [f"--lens {bad}: can't import it (RuntimeError: half written)."]
+
+
+SETTINGS_FILE = '''
+import numpy as np
+from vit_core.lenses import lens
+
+@lens("block_norms", settings={"block": -1, "squared": False, "scale": 1.0, "note": "x", "limit": None})
+def block_norms(cap, block, squared, scale, note, limit):
+    g = cap.geometry
+    norms = np.linalg.norm(cap.tokens[block][g.num_prefix_tokens:], axis=-1) * scale  # (N,)
+    return {"norms": (norms ** 2 if squared else norms).reshape(g.grid)}  # (gh, gw)
+'''
+
+
+def test_a_lenss_settings_get_a_control_each_and_each_value_its_own_result(tiny_env, tmp_path, monkeypatch):
+    path = tmp_path / "settings_lens.py"
+    path.write_text(SETTINGS_FILE)
+    monkeypatch.setenv("VIT_LENS_LENSES", str(path))
+    at = pick(run_app(view="Lenses"), "block_norms")
+    assert not at.error, [e.value for e in at.error]
+    keys = {w.key for kind in ("number_input", "toggle", "text_input") for w in at.get(kind)}
+    assert {f"lens_block_norms_setting_{name}" for name in ("block", "squared", "scale", "note", "limit")} <= keys
+    last = [url for im in at.get("image") for url in im.value]
+    at.number_input(key="lens_block_norms_setting_block").set_value(0).run()
+    first = [url for im in at.get("image") for url in im.value]
+    assert not at.error and first != last  # block 0's norms, not the last block's
+    at.toggle(key="lens_block_norms_setting_squared").set_value(True).run()
+    assert not at.error and [url for im in at.get("image") for url in im.value] != first
+    at.number_input(key="lens_block_norms_setting_block").set_value(99).run()  # the tiny model has 2 blocks
+    assert [e.value for e in at.error] == ["lens 'block_norms' failed: IndexError: index 99 is out of bounds for axis 0 "
+                                           "with size 3"]
