@@ -24,6 +24,7 @@ from vit_core.lenses.attention_logits import query_row
 
 BUILT_IN = tuple(lenses.BUILTIN)  # the built-in lenses, offered first
 TOP_CLASSES = 10  # a (C,) array's bars: its largest values
+SETTINGS_PER_ROW = 4  # a lens's setting controls: as narrow as a number needs, in rows of this many
 MATRIX_MAP_SIDE = 228  # pixels: a query's row under the lens picker and the sliders stays within a projector's 720 px
 
 
@@ -111,7 +112,7 @@ def settings_ui(one: lenses.Lens) -> dict[str, Any]:
     a float, a text for a str or None), keyed by the lens and the setting; returns the values chosen."""
     if not one.settings:
         return {}
-    columns = st.columns(min(len(one.settings), 4))
+    columns = st.columns(SETTINGS_PER_ROW)
     chosen: dict[str, Any] = {}
     for i, (name, default) in enumerate(one.settings):
         place, key = columns[i % len(columns)], f"lens_{one.name}_setting_{name}"
