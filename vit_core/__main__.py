@@ -9,8 +9,8 @@
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
     compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b]
-            --out DIR [--labels FILE] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--table csv|parquet]
-            [--shards N | --shard I/N]
+            --out DIR [--labels FILE] [--explain [--steps S] [--tests all|T,...]] [--batch-size B] [--device DEVICE]
+            [--limit N] [--workers W] [--table csv|parquet] [--shards N | --shard I/N]
     concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
             [--seed S] [--out DIR] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--memory-gb G]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
@@ -261,6 +261,12 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
     source_b = compare.add_mutually_exclusive_group()
     source_b.add_argument("--weights-b", type=Path, help="model B's local weights file")
     source_b.add_argument("--random-init-b", action="store_true", help="model B with random weights (seed 0)")
+    compare.add_argument("--explain", action="store_true",
+                         help="add each model's judge (every relevance method's deletion / insertion AUC and verdict "
+                              "against a random order, as dataset --explain) and say which verdicts changed")
+    _add_steps_argument(compare)
+    compare.add_argument("--tests", type=_tests, default=EXPORT_TESTS, metavar="all|T[,T...]",
+                         help=f"with --explain: the faithfulness tests per image (default: {','.join(EXPORT_TESTS)})")
     compare.add_argument("--batch-size", type=_positive, metavar="B",
                          help="images per decoded batch (default: 8 on a CPU, 64 on a GPU)")
     compare.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
@@ -1060,6 +1066,9 @@ def export_web(args: argparse.Namespace) -> int:
 def compare(args: argparse.Namespace) -> int:
     """`compare`: the arguments checked before any model loads (the folder, --out outside it, both models' names and
     files, --shard), then both models loaded and `_compare_run`."""
+    if not args.explain and (args.steps != DEFAULT_STEPS or args.tests != EXPORT_TESTS):
+        _fail("--steps and --tests need --explain")
+        return EXIT_FAILURES
     if not args.folder.is_dir():
         _fail(f"{args.folder}: not a folder")
         return EXIT_FAILURES
@@ -1105,6 +1114,8 @@ def _compare_with_b(args: argparse.Namespace, loaded: LoadedModel, out: OutputFo
         option = "--weights-b" if args.weights_b is not None else "--model-b"
         _fail(f"{option} {args.weights_b or args.model_b}: {e}")
         return EXIT_FAILURES
+    if _steps_refused(args, loaded) or _steps_refused(argparse.Namespace(**{**vars(args), "model": args.model_b}), loaded_b):
+        return EXIT_FAILURES
     return _compare_run(args, loaded, with_names_of(loaded_b, loaded), out)
 
 
@@ -1113,14 +1124,15 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
     and when every shard is done the files written; one line per failure, Ctrl-C in one line."""
     from tqdm import tqdm
 
-    from .compare import plan_compare, run_pair_shards, todo_of, write_files
+    from .compare import Explain, plan_compare, run_pair_shards, todo_of, write_files
     from .dataset import default_batch_size
     from .dataset.progress import ProgressLines
 
+    explain = Explain(args.steps, tuple(args.tests)) if args.explain else None
     try:
         run = plan_compare(loaded, loaded_b, args.folder, args.out, limit=args.limit,
                            num_shards=args.shard[1] if args.shard else args.shards, weights=(args.weights, args.weights_b),
-                           labels=(args.labels, args.labels))
+                           labels=(args.labels, args.labels), explain=explain)
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
         return EXIT_FAILURES
@@ -1139,7 +1151,7 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
                     lines.update(done, of)
 
             run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
-                            progress=progress)
+                            progress=progress, explain=explain)
     except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
         _fail(f"interrupted; {len(run.store.done(run.shards))} of {len(run.shards)} shards kept in {args.out}, rerun to "
               "finish")
@@ -1167,6 +1179,10 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
 
     summary = json.loads(files["compare.json"])
     print(compare_line(summary, a.skipped, args.out), flush=True)
+    if "explain" in summary:
+        changed = summary["explain"]["verdict_changed"]
+        print("verdicts against random that changed from A to B: " + ", ".join(
+            f"{key.removeprefix('beats_random_')} {v['changed']} of {v['images']}" for key, v in changed.items()), flush=True)
     return EXIT_FAILURES if failures else 0
 
 

@@ -297,3 +297,23 @@ def test_compare_refuses_weights_that_do_not_fit_model_b_and_other_inputs_before
         assert status == 2 and said in err and len(err.strip().splitlines()) == 1
     status, _, err = _run(capsys, "compare", folder, *SHAPES, "--out", folder / "inside")
     assert status == 2 and "inside FOLDER" in err
+
+
+def test_compare_explain_adds_each_models_judge_as_dataset_explain_does_and_counts_the_verdicts_changed(folder, tmp_path,
+                                                                                                       capsys):
+    explain = ("--explain", "--steps", "2", "--limit", "2", "--device", "cpu", "--workers", "0")
+    status, _, _ = _run(capsys, "dataset", folder, *SHAPES, *explain, "--out", tmp_path / "alone")
+    assert status == 0
+    status, out, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, *explain, "--out", tmp_path / "both")
+    assert status == 0 and "verdicts against random that changed from A to B" in out
+    assert _files(tmp_path / "both" / "a") == _files(tmp_path / "alone")
+    summary = json.loads((tmp_path / "both" / "compare.json").read_text())
+    a = json.loads((tmp_path / "both" / "a" / "dataset.json").read_text())
+    b_rows = (tmp_path / "both" / "b" / "images.csv").read_text().splitlines()
+    a_rows = (tmp_path / "both" / "a" / "images.csv").read_text().splitlines()
+    changed = summary["explain"]["verdict_changed"]
+    assert changed and all(v["images"] == 2 for v in changed.values())
+    for key, v in changed.items():  # the count, from the two per-image tables
+        ia, ib = a_rows[0].split(",").index(key), b_rows[0].split(",").index(key)
+        assert v["changed"] == sum(ra.split(",")[ia] != rb.split(",")[ib] for ra, rb in zip(a_rows[1:], b_rows[1:], strict=True))
+    assert summary["explain"]["means"][next(iter(changed))]["a"] == a["explained"][next(iter(changed))]["mean"]

@@ -9,12 +9,22 @@ docs/spec/interface.md, "Two models").
 - `files`: compare.csv, compare.npz, compare.json, compare.png.
 """
 
-from .engine import Comparable, CompareStore, Pair, comparable, reduce_pairs, reduce_sources_pair, run_pair_shards, with_names_of
+from .engine import (
+           Comparable,
+           CompareStore,
+           Explain,
+           Pair,
+           comparable,
+           reduce_pairs,
+           reduce_sources_pair,
+           run_pair_shards,
+           with_names_of,
+)
 from .files import compare_files
 from .measures import attention_js, linear_cka, pearson, prediction_kl
 from .runs import CompareRun, compare_sources, finished, plan_compare, todo_of, write_files
 from .sums import CompareTotals, FixedSums
 
-__all__ = ["Comparable", "CompareRun", "CompareStore", "CompareTotals", "FixedSums", "Pair", "attention_js",
+__all__ = ["Comparable", "CompareRun", "CompareStore", "CompareTotals", "Explain", "FixedSums", "Pair", "attention_js",
            "comparable", "compare_files", "compare_sources", "finished", "linear_cka", "pearson", "plan_compare", "prediction_kl",
            "reduce_pairs", "reduce_sources_pair", "run_pair_shards", "todo_of", "with_names_of", "write_files"]

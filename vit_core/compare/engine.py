@@ -228,6 +228,30 @@ def add_pair(totals: CompareTotals, a: PairRecorder, b: PairRecorder, images: in
     totals.rollout_correlation.extend(correlation)
 
 
+@dataclass(frozen=True)
+class Explain:
+    """`--explain`'s settings: the deletion / insertion steps and the tests (dataset's explained_values)."""
+
+    steps: int
+    tests: tuple[str, ...]
+
+
+def _explained(loaded: LoadedModel, sources: Sequence[tuple[str, Any]], indices: list[int], explain: Explain,
+               totals: Totals) -> dict[int, dict[str, float]]:
+    """Each image's explained_values for one model, in index order; an image that can't be explained has {} and a
+    failure line in `totals`, as dataset's reduce_sources does."""
+    from ..dataset import explained_values
+
+    out = {}
+    for index in indices:
+        try:
+            out[index] = explained_values(loaded, sources[index][1], explain.steps, tests=explain.tests)
+        except ImageError as e:
+            out[index] = {}
+            totals.failures.append((sources[index][0], f"No explanation: {e}"))
+    return out
+
+
 def _slice(values: BatchValues, start: int, stop: int) -> BatchValues:
     return BatchValues(**{f.name: None if getattr(values, f.name) is None else getattr(values, f.name)[start:stop]
                           for f in dataclasses.fields(BatchValues)})
@@ -279,20 +303,21 @@ class Pair:
         return comparable(self.a.geometry, self.b.geometry)
 
 
-def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None
-                 ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None,
+                 explain: Explain | None = None) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """`reduce_sources_pair` of a folder's run (the plans' images and labels)."""
     yield from reduce_sources_pair(pair.a, pair.b, pair.plan_a.sources(), (pair.plan_a.labels, pair.plan_b.labels),
-                                   batches, workers=workers, progress=progress)
+                                   batches, workers=workers, progress=progress, explain=explain)
 
 
 def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]],
                         labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None], batches: Sequence[range],
-                        *, workers: int = 0, progress: Progress | None = None
+                        *, workers: int = 0, progress: Progress | None = None, explain: Explain | None = None
                         ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """For each batch (indices into `sources`, (name, bytes or path) each, in order): its indices, A's and B's totals
     (as `dataset`'s reduce_sources makes them: the same bits) and the comparison's totals over the images both models
-    could read. `labels`: each model's true class per source (or None)."""
+    could read. `labels`: each model's true class per source (or None). `explain`: each model's `--explain` scalars
+    of each image too (dataset's explained_values, as `dataset --explain` adds them)."""
     logit_lens = tuple(ls is not None and any(x is not None for x in ls) for ls in labels)
     distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
     pair = Pair(a, b, None, None)
@@ -321,11 +346,14 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
                 for k, (i, _) in enumerate(alone):
                     values.setdefault(i, (None, None))
                     values[i] = tuple(_slice(v, k, k + 1) if s == side else values[i][s] for s in range(2))
+        explained = {side: _explained(loaded, sources, sorted(i for i in values if values[i][side] is not None),
+                                      explain, totals[side]) for side, loaded in enumerate((a, b))} if explain else None
         for index in sorted(values):  # rows in the run's order, one image at a time: the sums are exact
             for side in range(2):
                 if values[index][side] is not None:
                     label = labels[side][index] if logit_lens[side] else None
-                    totals[side].add_batch([sources[index][0]], [label] if logit_lens[side] else None, values[index][side])
+                    totals[side].add_batch([sources[index][0]], [label] if logit_lens[side] else None, values[index][side],
+                                           [explained[side][index]] if explained else None)
         done += len(batch)
         report(done, total)
         yield list(batch), totals[0], totals[1], compared
@@ -406,7 +434,7 @@ class CompareStore:
 
 
 def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], files_sha256: str, *, batch_size: int,
-                    workers: int = 0, progress: Progress | None = None) -> None:
+                    workers: int = 0, progress: Progress | None = None, explain: Explain | None = None) -> None:
     """Analyse the shards `todo` with both models in this process; each shard's three parts written when it is done."""
     device = describe_device(pair.a.device)
     owner, batches = {}, []
@@ -420,7 +448,7 @@ def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], file
         if shard.size == 0:
             _, ta, tb, tc = pending.pop(shard.number)
             store.write(shard, (ta, tb), tc, device, files_sha256)
-    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress):
+    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress, explain=explain):
         number = owner[indices[0]]
         shard, sa, sb, sc = pending[number]
         sa.merge(ta)

@@ -87,7 +87,23 @@ def compare_summary(a: DatasetResult, b: DatasetResult, totals: CompareTotals, w
         "cka_sums": f"each image's float64 sums rounded to multiples of 2**-{FRACTION_BITS}, added exactly",
         "layers": LAYERS,
         "skipped": [{"comparison": name, "reason": reason} for name, reason in which.skipped],
+        **({"explain": explain_summary(a, b, totals)} if a.explained or b.explained else {}),
     }
+
+
+def explain_summary(a: DatasetResult, b: DatasetResult, totals: CompareTotals) -> dict[str, Any]:
+    """With --explain: each judge scalar's mean over images for A and B (`<test>_<method>`, `beats_random_...`), and
+    per verdict (`beats_random_<test>_<method>`) the images, of those both models judged, where it differs."""
+    keys = list(dict.fromkeys([*a.explained, *b.explained]))
+    rows_a = {f: row for f, row in zip(a.totals.rows.file, a.totals.rows.explained, strict=True)}
+    rows_b = {f: row for f, row in zip(b.totals.rows.file, b.totals.rows.explained, strict=True)}
+    changed = {}
+    for key in (k for k in keys if k.startswith("beats_random_")):
+        judged = [f for f in totals.file if key in rows_a.get(f, {}) and key in rows_b.get(f, {})]
+        changed[key] = {"images": len(judged), "changed": sum(rows_a[f][key] != rows_b[f][key] for f in judged)}
+    return {"means": {key: {"a": json_number(a.explained.get(key, float("nan"))),
+                            "b": json_number(b.explained.get(key, float("nan")))} for key in keys},
+            "verdict_changed": changed}
 
 
 def compare_png(arrays: dict[str, np.ndarray], title: str = "") -> bytes:

@@ -25,7 +25,7 @@ from ..dataset import (
 from ..images.files import OutputFolder
 from ..loading.model import LoadedModel
 from ..runtime.devices import describe_device
-from .engine import MODELS, CompareStore, Pair, Progress, merged_compare, pair_manifest, reduce_sources_pair
+from .engine import MODELS, CompareStore, Explain, Pair, Progress, merged_compare, pair_manifest, reduce_sources_pair
 from .files import compare_files
 from .sums import CompareTotals
 
@@ -49,7 +49,7 @@ class CompareRun:
 
 def plan_compare(a: LoadedModel, b: LoadedModel, folder: Path, out: Path, *, limit: int | None = None,
                  num_shards: int | None = None, weights: tuple[Path | None, Path | None] = (None, None),
-                 labels: tuple[Path | None, Path | None] = (None, None)) -> CompareRun:
+                 labels: tuple[Path | None, Path | None] = (None, None), explain: Explain | None = None) -> CompareRun:
     """The run's plan and its manifests opened in `out` (written, or checked against those there: PartsError says what
     differs). Raises DatasetError without images, ShardError for more shards than images."""
     store = CompareStore(out)
@@ -59,7 +59,8 @@ def plan_compare(a: LoadedModel, b: LoadedModel, folder: Path, out: Path, *, lim
              for loaded, side in zip((a, b), MODELS, strict=True)]
     if not plans[0].paths:
         raise DatasetError(NO_IMAGES)
-    manifests = [manifest_of(loaded, plan, weights_file=w, labels_file=lab, limit=limit)
+    settings = {"explain": True, "steps": explain.steps, "tests": explain.tests} if explain else {}
+    manifests = [manifest_of(loaded, plan, weights_file=w, labels_file=lab, limit=limit, **settings)
                  for loaded, plan, w, lab in zip((a, b), plans, weights, labels, strict=True)]
     manifest = pair_manifest(*manifests)
     store.open(manifest)
