@@ -1163,10 +1163,11 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
         _fail(_os_reason(e))
         return EXIT_FAILURES
     done = run.store.done(run.shards)
-    if len(done) < len(run.shards):
+    if len(done) < len(run.shards):  # this run's failures, one line each, as dataset's _shards_written says them
+        failures = _compare_failures(run, todo)
         print(f"{len(done)} of {len(run.shards)} shards done in {args.out}; the results are written when all are (run "
               "the others into the same folder)", flush=True)
-        return 0
+        return EXIT_FAILURES if failures else 0
     try:
         a, b, files = write_files(run, out, args.table)
     except (ViTLensError, OSError) as e:
@@ -1184,6 +1185,25 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
         print("verdicts against random that changed from A to B: " + ", ".join(
             f"{key.removeprefix('beats_random_')} {v['changed']} of {v['images']}" for key, v in changed.items()), flush=True)
     return EXIT_FAILURES if failures else 0
+
+
+def _compare_failures(run, todo: list) -> int:
+    """The failures of both models in the shards `todo`, one line each on stderr (an image once); their count."""
+    from .dataset import PartsError
+
+    failed: dict[str, str] = {}
+    for shard in todo:
+        for store in run.store.stores:
+            try:
+                totals, _ = store.read(shard, run.files_sha256)
+            except PartsError as e:
+                failed.setdefault(str(store.part_path(shard)), str(e))
+                continue
+            for name, reason in totals.failures:
+                failed.setdefault(name, reason)
+    for name, reason in failed.items():
+        _fail(f"{name}: {reason}")
+    return len(failed)
 
 
 def compare_line(summary: dict, skipped: tuple, out: Path) -> str:

@@ -271,9 +271,12 @@ def test_compare_in_two_shards_and_shard_by_shard_gives_the_same_bits(folder, al
     assert status == 2
     assert _files(tmp_path / "two" / "a") == alone[0] and _files(tmp_path / "two" / "b") == alone[1]
     assert _files(tmp_path / "two") == _files(compared)
+    said = {}
     for shard in ("2/2", "1/2"):  # one shared folder: the run that finds both shards there writes the results
-        status, out, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "one", "--device",
-                              "cpu", "--workers", "0", "--shard", shard, "--batch-size", "1")
+        status, out, said[shard] = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "one",
+                                        "--device", "cpu", "--workers", "0", "--shard", shard, "--batch-size", "1")
+        assert status == 2  # square/notes.png, in shard 2 (sorted last among the six files), said once by each run
+    assert "notes.png" in said["2/2"] and said["2/2"].count("\n") == 1
     assert "5 images compared" in out
     assert _files(tmp_path / "one") == _files(compared) and _files(tmp_path / "one" / "a") == alone[0]
     status, out, _ = _run(capsys, "compare", folder, *SHAPES, *SHAPES_RANDOM, "--out", tmp_path / "one", "--device",
