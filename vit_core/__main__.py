@@ -204,6 +204,12 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                           help=f"passes over the training tokens (default {CONCEPTS_EPOCHS})")
     concepts.add_argument("--seed", type=_not_negative, default=0, metavar="S",
                           help="the training's seed: the same seed, tokens and threads give the same bits (default 0)")
+    concepts.add_argument("--lr", type=_not_negative_float, metavar="RATE",
+                          help="Adam's learning rate (default: the rule of docs/spec/analyses.md, from F, the batch "
+                               "and the run's steps)")
+    concepts.add_argument("--stability", action="store_true",
+                          help="also train at seed S + 1 and report how many features both seeds find (concepts.json: "
+                               "stability, stable_share)")
     concepts.add_argument("--batch-size", type=_positive, metavar="B", help="images per decoded batch (default: 8 on a "
                           "CPU, 64 on a GPU)")
     concepts.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
@@ -926,12 +932,14 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         print(f"{len(done)} of {len(plan.shards)} shards collected in {store.path}; the concepts are learned when all are "
               "(run the others into the same --out)", flush=True)
         return 0
-    settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed)
+    settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed,
+                                learning_rate=args.lr or None)
     try:
         with _stage_bars() as progress:
             files, summary = concepts_files(loaded, plan, store, args.layer, settings,
                                             memory_budget=int(args.memory_gb * 2 ** 30), progress=progress,
-                                            collect_seconds=time.perf_counter() - started if todo else None)
+                                            collect_seconds=time.perf_counter() - started if todo else None,
+                                            stability=args.stability)
         written = [out.write(name, data) for name, data in files.items()]
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
@@ -940,7 +948,10 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         _fail(f"{failure['file']}: {failure['reason']}")
     print(f"{summary['images']:,} images ({summary['held_out_images']:,} held out), {features:,} features, k = {args.k}: "
           f"held-out fvu {summary['fvu']:.3f}, dead {summary['dead_fraction']:.1%}, spliced top-1 agreement "
-          f"{summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g} -> {', '.join(map(str, written))}",
+          f"{summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g}, steerable "
+          f"{summary['steerable_share']:.1%}"
+          + (f", stability {summary['stability']:.3f} ({summary['stable_share']:.1%} stable)" if args.stability else "")
+          + f" -> {', '.join(map(str, written))}",
           flush=True)
     return EXIT_FAILURES if summary["failures"] else 0
 

@@ -30,6 +30,7 @@ from dashboard.views.context import (
 from vit_core import analyses, settings
 from vit_core.concepts import Concepts, ConceptsError
 from vit_core.concepts.folders import offered_folders, outside_files, typed_folder
+from vit_core.concepts.quality import STABLE_COSINE
 from vit_core.loading.model import LoadedModel
 
 FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
@@ -185,6 +186,22 @@ def folder_note(picked: PickedConcepts) -> None:
         st.caption(f"{outside:,} top patches name files outside the folder the concepts were learned from: skipped.")
 
 
+def feature_marks(entry: dict[str, Any]) -> str:
+    """Sentences on a feature from its concepts.json entry: stable or not (`--stability`: the largest cosine between
+    its decoder column and a second dictionary's, at seed + 1, above STABLE_COSINE or not), and whether removing it
+    changes some held-out image's top-1 ("" where the entry says neither)."""
+    marks = []
+    if isinstance(entry.get("stability"), (int, float)):
+        cosine = float(entry["stability"])
+        marks.append(f"**Unstable**: a second dictionary (seed + 1) has no feature closer than cosine {cosine:.2f}"
+                     if cosine <= STABLE_COSINE else f"Stable: a second dictionary (seed + 1) has it at cosine {cosine:.2f}")
+    if entry.get("steers") is True:
+        marks.append("Removing it changes the top-1 of some held-out image")
+    elif entry.get("steers") is False:
+        marks.append("Removing it changed no held-out image's top-1")
+    return "".join(f" {mark}." for mark in marks)
+
+
 def folder_feature(picked: PickedConcepts, feature: int) -> dict[str, Any]:
     """concepts.json's entry of `feature` ({} where there is none)."""
     features = picked.summary.get("features", [])
@@ -215,7 +232,8 @@ def concepts_view(ctx: ViewContext) -> None:
             st.image(cached_figure(folder_crops_png, ctx.model, path, concepts_key, feature), output_format="PNG")
             st.caption(f"Feature **#{feature}**: fires on {entry.get('firing_rate', float('nan')):.2%} of the folder's "
                        f"patches, mean activation {entry.get('mean_activation', float('nan')):.3g}; here its total "
-                       f"activation is {float(seen.maps[list(seen.strongest).index(feature)].sum()):.3g}.")
+                       f"activation is {float(seen.maps[list(seen.strongest).index(feature)].sum()):.3g}."
+                       + feature_marks(entry))
     if not len(seen.strongest):
         st.info("No feature fires on this image.")
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from dashboard import session
 from dashboard.image_choice import ImageChoice
 from dashboard.models import ModelRequest
 from dashboard.views import LESSON_VIEWS, RESEARCH_VIEWS
-from dashboard.views.concepts import TYPED
+from dashboard.views.concepts import TYPED, feature_marks
 from dashboard.views.context import ViewContext
 from support.dataset_folder import shapes_concepts
 from vit_core.concepts import image_concepts, load_concepts, logits_with_concept_removed
@@ -109,12 +110,23 @@ def test_the_tab_shows_the_images_features_and_removes_one(concepts_dir, offered
     assert len(at.get("image")) >= 2 * len(seen.strongest)  # each feature's map and its top patches
     captions = " ".join(c.value for c in at.caption)
     assert all(f"#{f}" in captions for f in seen.strongest.tolist())
+    summary = json.loads((concepts_dir / "concepts.json").read_text())
+    assert all(feature_marks(summary["features"][f]) in captions for f in seen.strongest.tolist())
     feature = int(seen.strongest[0])
     at.selectbox(key=session.K_CONCEPT_REMOVED).set_value(feature).run()
     assert_healthy(at)
     after = vit_core.analyses.top_k(logits_with_concept_removed(ctx.loaded, ctx.cap, found, feature), ctx.loaded.labels, 5)
     shown = " ".join(m.value for m in at.markdown)
     assert f"After removing feature #{feature}" in shown and f"1. {after[0].label} ({after[0].prob:.1%})" in shown
+
+
+def test_a_feature_is_marked_unstable_at_cosine_0_9_or_less_and_says_whether_it_steers():
+    assert feature_marks({}) == ""
+    assert feature_marks({"stability": 0.9}).startswith(" **Unstable**") and "0.90" in feature_marks({"stability": 0.9})
+    assert feature_marks({"stability": 0.95, "steers": True}) == (
+        " Stable: a second dictionary (seed + 1) has it at cosine 0.95. Removing it changes the top-1 of some held-out "
+        "image.")
+    assert feature_marks({"steers": False}) == " Removing it changed no held-out image's top-1."
 
 
 def test_a_class_server_takes_no_path(monkeypatch, single_user):

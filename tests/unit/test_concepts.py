@@ -205,9 +205,29 @@ def test_seeded_training_is_bit_identical_when_rerun_also_in_another_process():
     """)
     tests = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tests,
-                         env={**__import__("os").environ, "PYTHONPATH": str(tests)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == first
+
+
+def test_the_rate_and_the_dead_window_follow_the_run_as_the_spec_gives_them():
+    """analyses.md, "Training": Gao et al.'s rate times sqrt(8192 / S) between 1 and 4, held for 80 % of the steps then
+    falling linearly to 0; --lr replaces the peak; the dead window 20 F / k tokens, at least a batch, at most 10^7."""
+    gao = 2e-4 / np.sqrt(2048 / 2 ** 14)
+    settings = TrainingSettings(num_features=2048, k=32)  # E = 4, B = 1,024
+    assert settings.steps(129_600) == 506.25
+    assert settings.lr(129_600) == pytest.approx(4 * gao)  # sqrt(8192 / 506.25) = 4.02: capped at 4
+    assert settings.lr(4 * 129_600) == pytest.approx(gao * np.sqrt(8192 / 2025))
+    assert settings.lr(10 ** 7) == pytest.approx(gao)  # a long run: Gao et al.'s rate as it is
+    assert TrainingSettings(2048, 32, learning_rate=1e-3).lr(129_600) == 1e-3
+    rates = [settings.rate_at(t, 129_600) for t in range(508)]  # S' = 507: decay from step 405.6
+    assert rates[:406] == [settings.lr(129_600)] * 406
+    assert rates[406] == pytest.approx(4 * gao * (507 - 406) / (507 - 405.6)) and rates[506] > 0 and rates[507] == 0
+    assert all(a >= b for a, b in zip(rates[:-1], rates[1:], strict=True))
+    assert settings.dead_window(129_600) == 1280
+    assert TrainingSettings(num_features=64, k=32).dead_window(10 ** 6) == 1024  # at least one batch
+    assert TrainingSettings(num_features=2 ** 24, k=8).dead_window(10 ** 9) == 10 ** 7
+    assert TrainingSettings(2048, 32, dead_after=77).dead_window(129_600) == 77
 
 
 def test_the_decoder_columns_stay_unit_norm_and_dead_features_get_the_auxk_gradient():
@@ -334,7 +354,7 @@ def test_the_command_writes_the_concepts_files(shapes, folder, tmp_path, capsys)
     assert "images (" in said
     # No silent stage after the collection: each one's progress lines (stdout is no terminal here), to its end.
     ends = [line.split(":")[0] for line in said.splitlines() if "(100%)" in line and "done in" in line]
-    assert ends == ["tokens", "training", "metrics", "features", "sheet"], said
+    assert ends == ["tokens", "training", "metrics", "steering", "features", "sheet"], said
     trained = 2 * 11 * shapes.geometry.num_patches  # epochs x training images x their patch tokens
     assert f"training: {trained:,} of {trained:,} tokens" in said and "metrics: 1 of 1 images" in said, said
     summary = json.loads((out / "concepts.json").read_text())
@@ -359,6 +379,37 @@ def test_the_command_writes_the_concepts_files(shapes, folder, tmp_path, capsys)
     plain = spliced_logits(shapes, x, LAYER, None).log_softmax(-1).double()
     spliced = spliced_logits(shapes, x, LAYER, reconstructed(concepts)).log_softmax(-1).double()
     assert summary["spliced_kl"] == pytest.approx(float((plain.exp() * (plain - spliced)).sum()), rel=1e-4, abs=1e-7)
+
+
+def test_stability_compares_the_dictionary_with_the_one_of_the_next_seed(shapes, folder, tmp_path, capsys):
+    """--stability: concepts.json's stability and stable_share are the alive features' largest decoder cosines to the
+    dictionary trained at seed + 1 on the same tokens (trained again here), and steerable_share their steers."""
+    from dataclasses import replace
+
+    from vit_core.concepts.learn import held_out_metrics, tokens_of
+    from vit_core.concepts.quality import decoder_match
+
+    out = tmp_path / "concepts"
+    assert core_cli.main(["concepts", str(folder), "--model", "vit-lens/shapes-vit", "--layer", str(LAYER), "--features",
+                          "48", "--k", "4", "--epochs", "1", "--workers", "0", "--seed", "3", "--stability",
+                          "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "stability: " in said and "stable)" in said.splitlines()[-1]
+    summary = json.loads((out / "concepts.json").read_text())
+    first = load_concepts(out)
+    plan = plan_run(shapes, folder)
+    tokens = tokens_of(TokenStore(out), plan, shapes.geometry.num_patches)
+    settings = TrainingSettings(num_features=48, k=4, epochs=1, seed=3)
+    second = learned_concepts(shapes, tokens, LAYER, replace(settings, seed=4))
+    match = decoder_match(first.sae, second.sae)
+    alive = held_out_metrics(first, tokens)["alive"]
+    assert alive.any()
+    assert [f["stability"] for f in summary["features"]] == pytest.approx(match.tolist(), abs=1e-6)
+    assert summary["stability"] == pytest.approx(match[alive].mean())
+    assert summary["stable_share"] == pytest.approx((match[alive] > 0.9).mean())
+    steers = np.array([f["steers"] for f in summary["features"]])
+    assert summary["steerable_share"] == pytest.approx(steers[alive].mean()) and not steers[~alive].any()
+    assert summary["learning_rate"] == settings.lr(tokens.count(held=False))
 
 
 def test_the_command_refuses_what_it_cant_use(folder, tmp_path, capsys):

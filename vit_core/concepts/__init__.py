@@ -79,17 +79,22 @@ __all__ = [
 
 
 # The stages after the collection, in their order, each with what its progress counts (concepts_files' `progress`).
-STAGES = {"training": "tokens", "metrics": "images", "features": "tokens", "sheet": "features"}
+STAGES = {"training": "tokens", "stability": "tokens", "metrics": "images", "steering": "images", "features": "tokens",
+          "sheet": "features"}
 
 
 def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,
                    memory_budget: int = MEMORY_BUDGET, workers: int = 0,
                    progress: Callable[[str, int, int], None] | None = None,
-                   collect_seconds: float | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
+                   collect_seconds: float | None = None, stability: bool = False) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every shard's tokens (all collected) -> the autoencoder trained, measured and drawn: the files of
     docs/spec/interface.md "Concepts" (name -> bytes) and concepts.json's content (without its features, for a
-    summary line). progress(stage, done, of) as each stage goes: STAGES names them and their units."""
+    summary line). `stability`: a second autoencoder trained at seed + 1 and compared. progress(stage, done, of) as
+    each stage goes: STAGES names them and their units."""
     import json
+    from dataclasses import replace
+
+    from .quality import decoder_match, stability_of, steerable, steerable_share
 
     def stage(name: str) -> Callable[[int, int], None] | None:
         return (lambda done, of: progress(name, done, of)) if progress else None
@@ -102,9 +107,19 @@ def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer:
     concepts = clock.time("train", lambda: learned_concepts(loaded, tokens, layer, settings, memory_budget,
                                                             stage("training")))
     held = clock.time("held_out", lambda: held_out_metrics(concepts, tokens))
+    quality, match = {}, None
+    if stability:
+        seeded = replace(settings, seed=settings.seed + 1)
+        second = clock.time("stability", lambda: learned_concepts(loaded, tokens, layer, seeded, memory_budget,
+                                                                  stage("stability")))
+        match = decoder_match(concepts.sae, second.sae)
+        quality |= stability_of(match, held["alive"])
     splice = clock.time("splice", lambda: splice_metrics(loaded, concepts, plan, workers, progress=stage("metrics")))
+    steers = clock.time("steering", lambda: steerable(loaded, concepts, plan, held["alive"], workers,
+                                                      progress=stage("steering")))
+    quality = {"steerable_share": steerable_share(steers, held["alive"]), **quality}
     stats = clock.time("features", lambda: feature_statistics(concepts, tokens, progress=stage("features")))
-    features = features_json(stats, plan.names, loaded.geometry.grid)
+    features = features_json(stats, plan.names, loaded.geometry.grid, steers, match)
     cache: dict = {}
     strongest = strongest_features(features, SHEET_FEATURES)
     sheet_done = stage("sheet")
@@ -120,7 +135,7 @@ def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer:
     rows = clock.time("sheet", lambda: [sheet_row(number, f) for number, f in enumerate(strongest)])
     sheet = contact_sheet_png(rows)
     summary = summary_of(loaded, plan, concepts, settings, held, splice, features, store.failures(plan.shards),
-                         clock.seconds)
+                         clock.seconds, tokens.count(held=False), quality)
     files = {CONCEPTS_FILE: concepts_bytes(concepts), SUMMARY_FILE: json.dumps(summary, indent=1).encode(),
              SHEET_FILE: sheet}
     return files, {key: value for key, value in summary.items() if key != "features"}

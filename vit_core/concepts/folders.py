@@ -229,15 +229,17 @@ def _count(value: Any, high: int) -> bool:
 
 def check_summary(summary: Any, num_features: int, grid: tuple[int, int] | None, name: str = SUMMARY_FILE) -> None:
     """concepts.json's content as docs/spec/interface.md ("Concepts") gives it, for F features: an object; fvu,
-    spliced_top1_agreement (0..1) and held_out_images numbers where present; folder a string; at most F features,
-    each {index, firing_rate (0..1), mean_activation (>= 0), top: at most MAX_TOP {file (a string), row, col (in the
+    spliced_top1_agreement (0..1), held_out_images, steerable_share and stable_share (0..1) and stability (-1..1)
+    numbers where present; folder a string; at most F features, each {index, firing_rate (0..1), mean_activation
+    (>= 0), steers (a bool) and stability (-1..1) where present, top: at most MAX_TOP {file (a string), row, col (in the
     grid, when `grid` is given), activation}}. Raises ConceptsError naming the first part that is not."""
     def refuse(what: str) -> ConceptsError:
         return ConceptsError(f"{name} is damaged: {what}.")
 
     if not isinstance(summary, dict):
         raise refuse("it is not a JSON object")
-    for key, low, high in (("fvu", 0, math.inf), ("spliced_top1_agreement", 0, 1), ("held_out_images", 0, math.inf)):
+    for key, low, high in (("fvu", 0, math.inf), ("spliced_top1_agreement", 0, 1), ("held_out_images", 0, math.inf),
+                           ("steerable_share", 0, 1), ("stability", -1, 1), ("stable_share", 0, 1)):
         if key in summary and not _number(summary[key], low, high):
             raise refuse(f"its {key} is not a number in range")
     if not isinstance(summary.get("folder", ""), str):
@@ -250,6 +252,8 @@ def check_summary(summary: Any, num_features: int, grid: tuple[int, int] | None,
         if not (isinstance(entry, dict) and entry.get("index", f) == f and _number(entry.get("firing_rate", 0), 0, 1)
                 and _number(entry.get("mean_activation", 0), 0)):
             raise refuse(f"feature {f}'s entry is not one of its feature")
+        if not (isinstance(entry.get("steers", False), bool) and _number(entry.get("stability", 0), -1, 1)):
+            raise refuse(f"feature {f}'s steers or stability is not a yes/no and a cosine")
         top = entry.get("top", [])
         if not isinstance(top, list) or len(top) > MAX_TOP:
             raise refuse(f"feature {f}'s top patches are not a list of at most {MAX_TOP}")

@@ -209,7 +209,8 @@ def feature_statistics(concepts: Concepts, tokens: Tokens, top: int = TOP_ACTIVA
 
 
 def held_out_metrics(concepts: Concepts, tokens: Tokens) -> dict[str, float]:
-    """fvu and dead_fraction over the held-out images' tokens (both in normalised units: the scale cancels in fvu)."""
+    """fvu and dead_fraction over the held-out images' tokens (both in normalised units: the scale cancels in fvu),
+    and "alive": bool (F,), the features > 0 on some held-out token."""
     error = sum_squares = 0.0
     total = torch.zeros(concepts.sae.d_model, dtype=torch.float64)
     count = 0
@@ -226,10 +227,10 @@ def held_out_metrics(concepts: Concepts, tokens: Tokens) -> dict[str, float]:
             sum_squares += float(x_n.double().pow(2).sum())
             count += len(x_n)
     if count == 0:
-        return {"fvu": float("nan"), "dead_fraction": float("nan"), "held_out_tokens": 0}
+        return {"fvu": float("nan"), "dead_fraction": float("nan"), "held_out_tokens": 0, "alive": fired.numpy()}
     variance = sum_squares - float(total.pow(2).sum()) / count  # sum ||x - mean||^2 over the held-out tokens
     return {"fvu": error / variance if variance > 0 else float("nan"),
-            "dead_fraction": float((~fired).double().mean()), "held_out_tokens": count}
+            "dead_fraction": float((~fired).double().mean()), "held_out_tokens": count, "alive": fired.numpy()}
 
 
 def splice_metrics(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, workers: int = 0,
@@ -260,16 +261,23 @@ def splice_metrics(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, worke
             "spliced_kl": divergence / count if count else float("nan"), "held_out_images": count}
 
 
-def features_json(stats: FeatureStatistics, names: Sequence[str], grid: tuple[int, int]) -> list[dict[str, Any]]:
+def features_json(stats: FeatureStatistics, names: Sequence[str], grid: tuple[int, int],
+                  steers: np.ndarray | None = None, match: np.ndarray | None = None) -> list[dict[str, Any]]:
     """concepts.json's "features": per feature its index, firing rate, mean activation and top activations
-    {file, row, col, activation} (only those > 0: a feature that fires on fewer tokens has fewer)."""
+    {file, row, col, activation} (only those > 0: a feature that fires on fewer tokens has fewer); with `steers`
+    (bool (F,)) whether it steers, with `match` (float (F,), --stability) its largest cosine to the second seed's."""
     features = []
     for f in range(stats.firing_rate.shape[0]):
         top = [{"file": names[int(stats.top_image[i, f])], "row": int(stats.top_patch[i, f]) // grid[1],
                 "col": int(stats.top_patch[i, f]) % grid[1], "activation": round(float(stats.top_activation[i, f]), 6)}
                for i in range(stats.top_activation.shape[0]) if stats.top_activation[i, f] > 0]
-        features.append({"index": f, "firing_rate": float(stats.firing_rate[f]),
-                         "mean_activation": float(stats.mean_activation[f]), "top": top})
+        entry = {"index": f, "firing_rate": float(stats.firing_rate[f]),
+                 "mean_activation": float(stats.mean_activation[f]), "top": top}
+        if steers is not None:
+            entry["steers"] = bool(steers[f])
+        if match is not None:
+            entry["stability"] = round(float(match[f]), 6)
+        features.append(entry)
     return features
 
 
@@ -281,17 +289,21 @@ def strongest_features(features: list[dict[str, Any]], count: int) -> list[int]:
 
 def summary_of(loaded: LoadedModel, plan: RunPlan, concepts: Concepts, settings: TrainingSettings,
                held: dict[str, float], splice: dict[str, float], features: list[dict[str, Any]],
-               failures: list[tuple[str, str]], seconds: dict[str, float]) -> dict[str, Any]:
-    """concepts.json (docs/spec/interface.md, "Concepts")."""
+               failures: list[tuple[str, str]], seconds: dict[str, float], train_tokens: int,
+               quality: dict[str, float] | None = None) -> dict[str, Any]:
+    """concepts.json (docs/spec/interface.md, "Concepts"); `train_tokens`: the tokens trained on per epoch;
+    `quality`: steerable_share, and with --stability stability and stable_share."""
     return {
         "model": loaded.name, "weights": loaded.weights, "layer": concepts.layer,
         "folder": str(plan.folder.resolve()), "images": len(plan.names), "held_out_images": int(held_out(plan.names).sum()),
         "num_features": concepts.sae.num_features, "k": concepts.sae.k, "d_model": concepts.sae.d_model,
-        "epochs": settings.epochs, "batch_tokens": settings.batch_tokens, "learning_rate": settings.lr(),
+        "epochs": settings.epochs, "batch_tokens": settings.batch_tokens, "learning_rate": settings.lr(train_tokens),
+        "steps": round(settings.steps(train_tokens), 2), "dead_after": settings.dead_window(train_tokens),
         "seed": settings.seed, "normalisation": {"mean_norm": float(np.linalg.norm(concepts.normalisation.mean)),
                                                   "scale": concepts.normalisation.scale},
         "fvu": held["fvu"], "dead_fraction": held["dead_fraction"], "held_out_tokens": held["held_out_tokens"],
         "spliced_top1_agreement": splice["spliced_top1_agreement"], "spliced_kl": splice["spliced_kl"],
+        **(quality or {}),
         "failures": [{"file": name, "reason": reason} for name, reason in failures],
         "seconds": {key: round(value, 2) for key, value in seconds.items()},
         "features": features,

@@ -143,19 +143,54 @@ def initialised_sae(d_model: int, num_features: int, k: int, seed: int) -> TopKS
     return sae
 
 
+RATE_STEPS = 8192  # S_0: the run length (Adam steps) from which on Gao et al.'s rate is used as it is (analyses.md)
+RATE_FACTOR = 4.0  # at most 4 x Gao et al.'s rate: the largest factor measured (docs/performance.md, "Concepts")
+DECAY = 0.2  # the rate falls linearly to 0 over the last fifth of the steps (analyses.md)
+DEAD_FIRINGS = 20  # a feature is dead after the tokens in which an average one fires 20 times (analyses.md)
+
+
 @dataclass(frozen=True)
 class TrainingSettings:
     num_features: int
     k: int
     epochs: int = 4
     batch_tokens: int = 1024
-    learning_rate: float | None = None  # default: Gao et al.'s 2e-4 / sqrt(F / 2^14)
+    learning_rate: float | None = None  # default: the rule of `lr`
     seed: int = 0
     k_aux: int | None = None  # default: D / 2, as Gao et al.
-    dead_after: int | None = None  # default: the training tokens, at most 10 million (Gao et al.)
+    dead_after: int | None = None  # default: the rule of `dead_window`
+    rate_steps: int = RATE_STEPS
+    dead_firings: float = DEAD_FIRINGS
+    decay: float = DECAY  # the last share of the steps over which the rate falls linearly to 0
 
-    def lr(self) -> float:
-        return self.learning_rate or 2e-4 / math.sqrt(self.num_features / 2 ** 14)
+    def steps(self, train_tokens: int) -> float:
+        """S, the run's Adam steps: E epochs of the training tokens in batches of B."""
+        return self.epochs * train_tokens / self.batch_tokens
+
+    def lr(self, train_tokens: int) -> float:
+        """The peak rate: --lr, else Gao et al.'s 2e-4 / sqrt(F / 2^14) times sqrt(S_0 / S), between 1 and
+        RATE_FACTOR (docs/spec/analyses.md, "Training"): a run of fewer steps S takes larger ones."""
+        if self.learning_rate:
+            return self.learning_rate
+        base = 2e-4 / math.sqrt(self.num_features / 2 ** 14)
+        return base * min(RATE_FACTOR, math.sqrt(max(1.0, self.rate_steps / max(self.steps(train_tokens), 1e-9))))
+
+    def rate_at(self, step: int, train_tokens: int) -> float:
+        """The rate of step `step` (0-based): `lr` for the first 1 - DECAY of the S' = ceil(S) steps, then falling
+        linearly to 0 at step S' (0 past it)."""
+        total = math.ceil(self.steps(train_tokens))
+        decay_from = total * (1 - self.decay)
+        if not self.decay or step < decay_from:
+            return self.lr(train_tokens)
+        return self.lr(train_tokens) * max(0.0, (total - step) / (total - decay_from))
+
+    def dead_window(self, train_tokens: int) -> int:
+        """The training tokens after which a feature that has not fired is dead: `dead_after`, else the tokens in
+        which a feature of the mean firing rate k / F fires DEAD_FIRINGS times, at least one batch, at most
+        Gao et al.'s 10^7 (docs/spec/analyses.md, "Training")."""
+        if self.dead_after:
+            return self.dead_after
+        return int(min(10_000_000, max(self.batch_tokens, math.ceil(self.dead_firings * self.num_features / self.k))))
 
 
 TokenBatches = Iterator[torch.Tensor]  # minibatches of normalised training tokens, (B, D) float32
@@ -173,39 +208,48 @@ def auxk_loss(sae: TopKSAE, pre: torch.Tensor, residual: torch.Tensor, dead: tor
     return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
 
 
+def run_minibatches(batches_of_epoch, settings: TrainingSettings) -> Iterator[torch.Tensor]:
+    """Every minibatch (B, D) of a run in its order: `settings.epochs` epochs of `batches_of_epoch(epoch, generator)`,
+    all shuffled by one generator seeded with seed + 1 (the benchmark feeds other trainers the same minibatches)."""
+    generator = torch.Generator().manual_seed(settings.seed + 1)
+    for epoch in range(settings.epochs):
+        yield from batches_of_epoch(epoch, generator)
+
+
 def train_sae(batches_of_epoch, d_model: int, train_tokens: int, settings: TrainingSettings,
               progress=None) -> TopKSAE:
     """A TopK SAE trained on the minibatches `batches_of_epoch(epoch, generator)` yields (normalised tokens (B, D)),
     for `settings.epochs` epochs; bit-identical for the same tokens, settings and torch threads (every random draw
     comes from one generator seeded with `settings.seed`). progress(step) after each step."""
     sae = initialised_sae(d_model, settings.num_features, settings.k, settings.seed)
-    optimiser = torch.optim.Adam(sae.parameters(), lr=settings.lr(), betas=(0.9, 0.999), eps=6.25e-10)
-    generator = torch.Generator().manual_seed(settings.seed + 1)
+    rate = settings.lr(train_tokens)
+    optimiser = torch.optim.Adam(sae.parameters(), lr=rate, betas=(0.9, 0.999), eps=6.25e-10)
     k_aux = settings.k_aux or max(1, d_model // 2)
-    dead_after = settings.dead_after or min(train_tokens, 10_000_000)
+    dead_after = settings.dead_window(train_tokens)
     since_fired = torch.zeros(settings.num_features, dtype=torch.long)  # (F,): tokens since each feature last fired
     step = 0
-    for epoch in range(settings.epochs):
-        for x_n in batches_of_epoch(epoch, generator):
-            pre = sae.pre_activations(x_n)  # (B, F)
-            values, indices = pre.topk(sae.k, dim=-1)  # (B, k): z's non-zero entries, and where they are
-            values = F.relu(values)
-            reconstruction = sparse_decode(sae, values, indices) + sae.b_pre  # (B, D): sae.decode of the same z
-            residual = x_n - reconstruction
-            loss = residual.pow(2).sum(-1).mean() / d_model
-            fired = torch.zeros(settings.num_features, dtype=torch.bool)
-            fired[indices[values > 0]] = True  # (F,)
-            since_fired = torch.where(fired, 0, since_fired + len(x_n))
-            dead = since_fired >= dead_after
-            loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, residual.detach(), dead, k_aux)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            sae.project_decoder_gradient()
-            optimiser.step()
-            sae.normalise_decoder()
-            step += 1
-            if progress:
-                progress(step)
+    for x_n in run_minibatches(batches_of_epoch, settings):
+        pre = sae.pre_activations(x_n)  # (B, F)
+        values, indices = pre.topk(sae.k, dim=-1)  # (B, k): z's non-zero entries, and where they are
+        values = F.relu(values)
+        reconstruction = sparse_decode(sae, values, indices) + sae.b_pre  # (B, D): sae.decode of the same z
+        residual = x_n - reconstruction
+        loss = residual.pow(2).sum(-1).mean() / d_model
+        fired = torch.zeros(settings.num_features, dtype=torch.bool)
+        fired[indices[values > 0]] = True  # (F,)
+        since_fired = torch.where(fired, 0, since_fired + len(x_n))
+        dead = since_fired >= dead_after
+        loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, residual.detach(), dead, k_aux)
+        for group in optimiser.param_groups:
+            group["lr"] = settings.rate_at(step, train_tokens)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        sae.project_decoder_gradient()
+        optimiser.step()
+        sae.normalise_decoder()
+        step += 1
+        if progress:
+            progress(step)
     return sae.eval()
 
 

@@ -1,0 +1,99 @@
+"""How far a dictionary can be trusted: whether another seed finds the same features (stability) and whether its
+features steer the prediction (the steerable share).
+
+Definitions: docs/spec/analyses.md, "Concepts" ("Stability", "Steerable share"). Shapes: D width, F features,
+T tokens (prefix and patches), N patches, C classes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..dataset.analyze import consecutive_batches
+from ..dataset.reductions import image_loader
+from ..dataset.runs import RunPlan
+from ..explain.passes import model_pass
+from ..loading.model import LoadedModel
+from .collect import held_out, residual_after
+from .sae import Concepts, TopKSAE
+
+STABLE_COSINE = 0.9  # a feature is stable when another seed's dictionary has a column this close to its own
+REMOVALS_AT_ONCE = 64  # rows of one image, each with one feature removed, run through the later blocks at once
+
+
+def decoder_match(first: TopKSAE, second: TopKSAE) -> np.ndarray:
+    """float64 (F1,): per feature of `first`, the largest cosine between its decoder column and any column of
+    `second` (columns normalised here, so the cosine is exact whatever their stored norm)."""
+    a = torch.nn.functional.normalize(first.W_dec.detach().double(), dim=0)  # (D, F1)
+    b = torch.nn.functional.normalize(second.W_dec.detach().double(), dim=0)  # (D, F2)
+    return (a.T @ b).max(dim=1).values.clamp(-1, 1).numpy()  # (F1, F2) -> (F1,)
+
+
+def stability_of(match: np.ndarray, alive: np.ndarray) -> dict[str, float]:
+    """`stability`: the mean of `match` (F,) over the alive features (bool (F,)); `stable_share`: the share of them
+    whose match is above STABLE_COSINE. NaN for both without an alive feature."""
+    if not alive.any():
+        return {"stability": float("nan"), "stable_share": float("nan")}
+    return {"stability": float(match[alive].mean()), "stable_share": float((match[alive] > STABLE_COSINE).mean())}
+
+
+def logits_after(loaded: LoadedModel, h: torch.Tensor, layer: int) -> torch.Tensor:
+    """The logits (B, C) of the residual stream h (B, T, D) after block `layer`: the later blocks, the final norm and
+    the head, as the model's own forward runs them. Call inside `model_pass`."""
+    model = loaded.model
+    for block in model.blocks[layer + 1:]:
+        h = block(h)
+    return model.forward_head(model.norm(h))
+
+
+def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candidates: np.ndarray) -> np.ndarray:
+    """Which of the `candidates` (int (m,) features) change this image's top-1 when removed: h (T, D) is its residual
+    stream after the concepts' layer, each removal x - s z_f d_f on its patch tokens (the spec's "remove this
+    concept"), run REMOVALS_AT_ONCE at a time. -> bool (m,). Call inside `model_pass`."""
+    p = loaded.geometry.num_prefix_tokens
+    patches = h[p:].float().cpu()  # (N, D)
+    z = concepts.codes(patches)  # (N, F)
+    plain = int(logits_after(loaded, h[None].to(loaded.device), concepts.layer).argmax(-1)[0])
+    steers = np.zeros(len(candidates), dtype=bool)
+    for first in range(0, len(candidates), REMOVALS_AT_ONCE):
+        chosen = torch.as_tensor(candidates[first:first + REMOVALS_AT_ONCE])  # (r,)
+        shares = concepts.normalisation.scale * z[:, chosen].T[:, :, None] * concepts.sae.W_dec[:, chosen].T[:, None, :]
+        removed = h[None].repeat(len(chosen), 1, 1).cpu()  # (r, T, D)
+        removed[:, p:] = patches[None] - shares  # (r, N, D): one feature less on each row
+        top = logits_after(loaded, removed.to(h.dtype).to(loaded.device), concepts.layer).argmax(-1).cpu()  # (r,)
+        steers[first:first + len(chosen)] = (top != plain).numpy()
+    return steers
+
+
+def steerable(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, alive: np.ndarray, workers: int = 0,
+              batch_size: int = 8, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """bool (F,): the alive features whose removal changes the top-1 of at least one held-out image on whose patches
+    they fire (z_f > 0). A feature found steering is not tried on later images. progress(images, of) per batch."""
+    mask = held_out(plan.names)
+    sources = [source for source, held in zip(plan.sources(), mask, strict=True) if held]
+    found = np.zeros(len(alive), dtype=bool)
+    done = 0
+    if progress:
+        progress(0, len(sources))
+    batches = consecutive_batches(0, len(sources), batch_size)
+    for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers, batches=batches):
+        done += len(decoded) + len(failed)
+        if x is not None:
+            with model_pass(loaded):
+                residual = residual_after(loaded, x.to(loaded.device), concepts.layer)  # (B, T, D)
+                for h in residual:
+                    fires = (concepts.codes(h[loaded.geometry.num_prefix_tokens:].float().cpu()) > 0).any(dim=0).numpy()
+                    candidates = np.flatnonzero(fires & alive & ~found)  # (m,)
+                    if len(candidates):
+                        found[candidates[image_steers(loaded, concepts, h, candidates)]] = True
+        if progress:
+            progress(done, len(sources))
+    return found
+
+
+def steerable_share(found: np.ndarray, alive: np.ndarray) -> float:
+    """The share of the alive features (bool (F,)) that steer (`steerable`); NaN without an alive feature."""
+    return float(found[alive].mean()) if alive.any() else float("nan")
