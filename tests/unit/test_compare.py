@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +191,51 @@ def test_a_model_against_itself_has_cka_one_on_the_diagonal_js_zero_and_kl_zero(
     np.testing.assert_allclose(np.diag(cka), 1, atol=1e-12)
     assert np.all(totals.js.mean == 0) and np.all(np.asarray(totals.kl) == 0)
     np.testing.assert_allclose(totals.rollout_correlation, 1, atol=1e-12)
+
+
+def _all_arrays(a, b, folder: Path) -> dict[str, np.ndarray]:
+    """Every array of a comparison's totals and of each model's, keyed by where it came from."""
+    plans = [plan_run(m, folder) for m in (a, b)]
+    out = {}
+    for k, (_, ta, tb, tc) in enumerate(reduce_pairs(Pair(a, b, *plans), consecutive_batches(0, len(plans[0].paths), 2))):
+        for name, totals in (("a", ta.arrays()), ("b", tb.arrays()), ("compare", tc.arrays())):
+            out |= {f"{k}/{name}/{key}": value for key, value in totals.items()}
+    return out
+
+
+def test_compare_beside_another_sessions_captures_on_the_same_models_leaves_both_their_own_bits(two_tiny, folder):
+    """A class server: another session's forwards on A and B while compare runs on them. Compare records on replicas
+    of its own, so neither sees the other's hooks: both finish, and each has the bits it has when alone."""
+    a, b = two_tiny
+    image = drawn_image(7)
+    expected = _all_arrays(a, b, folder)
+    caps_alone = [run_with_capture(m, image) for m in (a, b)]
+    fused = [[blk.attn.fused_attn for blk in m.model.blocks] for m in (a, b)]
+    stop, errors, caps = threading.Event(), [], []
+
+    def other_session() -> None:
+        try:
+            while not stop.is_set() or len(caps) < 4:
+                caps.append(run_with_capture((a, b)[len(caps) % 2], image))
+        except Exception as e:  # noqa: BLE001 - the failure is asserted below
+            errors.append(e)
+
+    thread = threading.Thread(target=other_session)
+    thread.start()
+    try:
+        got = _all_arrays(a, b, folder)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive() and errors == []
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    for k, cap in enumerate(caps):
+        np.testing.assert_array_equal(cap.logits, caps_alone[k % 2].logits)
+        np.testing.assert_array_equal(cap.pattern, caps_alone[k % 2].pattern)
+    assert [[blk.attn.fused_attn for blk in m.model.blocks] for m in (a, b)] == fused  # no flag of compare's left
+    assert all(not m.model._forward_hooks for m in (a, b))
 
 
 def test_geometries_that_differ_skip_what_cannot_be_compared_with_a_sentence_each(two_tiny):

@@ -36,6 +36,7 @@ from ..dataset import (
     reduce_batch,
 )
 from ..dataset.runs import shard_start
+from ..dataset.workers import replica
 from ..errors import CaptureError, ImageError
 from ..export import json_bytes, npz_bytes
 from ..hooks import attention_recorded, register, tokens_recorded
@@ -262,7 +263,9 @@ def paired_values(a: LoadedModel, b: LoadedModel, xa: torch.Tensor, xb: torch.Te
                   totals: CompareTotals) -> tuple[BatchValues, BatchValues]:
     """Images xa (B, 3, Ha, Wa) and xb (B, 3, Hb, Wb) (the same B images for each model) through dataset's
     `reduce_batch` of each model, one forward's worth (`forward_images`) at a time, with the comparison recorded in the
-    same forwards and added to `totals`; each model's per-image values."""
+    same forwards and added to `totals`; each model's per-image values. `a` and `b` are the caller's own `replica`s:
+    the recording hooks sit between reduce_batch's passes, which take the model's lock only for each pass, so on a
+    shared model another session's forward could land in that gap (and its hooks in ours)."""
     size = forward_images(a.device)
     parts_a, parts_b = [], []
     for first in range(0, len(xa), size):
@@ -322,6 +325,7 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
     distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
     pair = Pair(a, b, None, None)
     which = pair.which
+    own = (replica(a), replica(b))  # hooks and fused_attn flags of our own, the weights shared (see paired_values)
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
     for batch, items in zip(batches, pair_loader(pair.a, pair.b, sources, batches, workers), strict=True):
@@ -335,7 +339,7 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
         both = [(i, xa, xb) for i, xa, xb in items if not isinstance(xa, str) and not isinstance(xb, str)]
         values: dict[int, tuple[BatchValues | None, BatchValues | None]] = {}
         if both:
-            va, vb = paired_values(pair.a, pair.b, torch.stack([x for _, x, _ in both]), torch.stack([x for _, _, x in both]),
+            va, vb = paired_values(*own, torch.stack([x for _, x, _ in both]), torch.stack([x for _, _, x in both]),
                                    logit_lens, distances, [sources[i][0] for i, _, _ in both], which, compared)
             values |= {i: (_slice(va, k, k + 1), _slice(vb, k, k + 1)) for k, (i, _, _) in enumerate(both)}
         for side, loaded in enumerate((pair.a, pair.b)):  # an image only one model could read: that model's alone
