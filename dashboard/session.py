@@ -77,6 +77,8 @@ _MANY_CONCEPTS = "_many_concepts"  # SetConceptsRun: the last set whose concepts
 _INPUT_REFUSAL = "_input_refusal"  # the input this script run refused, for the main area: see keep_input_refusal
 _OBJECTS = "_objects"  # image sha -> KnownObject: where the object is, for a drawing or a shape example
 MAX_KNOWN_OBJECTS = 4  # per session: the latest images whose object it knows (a mask of the image's size each)
+_COMPARE_SET = "_compare_set"  # the Compare tab: (A's key, B's key) whose set comparison was asked for
+_COMPARE_OPENED = "_compare_opened"  # the Compare tab: (name, bytes) of the set image opened above, or None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,3 +432,26 @@ def decode_lock() -> threading.Lock:
     """This session's lock around its image decodes: one decode in flight per session (a second tab is a second
     session), so one student's files hold at most one of the server's MAX_CONCURRENT_DECODES slots."""
     return st.session_state.setdefault(_DECODE_LOCK, threading.Lock())
+
+
+# ----------------------------------------------------------------------------------------------
+# The Compare tab
+
+
+def compare_set_asked() -> tuple[str, str] | None:
+    """(A's key, B's key) of the pair whose comparison over the set this session asked for, or None."""
+    return st.session_state.get(_COMPARE_SET)
+
+
+def ask_compare_set(keys: tuple[str, str]) -> None:
+    st.session_state[_COMPARE_SET] = keys
+
+
+def compare_opened() -> tuple[str, bytes] | None:
+    """The set image (name, its bytes) that the Compare tab shows above instead of the sidebar's, or None."""
+    return st.session_state.get(_COMPARE_OPENED)
+
+
+def open_compare_image(name: str | None, data: bytes | None = None) -> None:
+    """on_click callback: show set image `name` above in the Compare tab (None: the sidebar's image again)."""
+    st.session_state[_COMPARE_OPENED] = None if name is None else (name, data)

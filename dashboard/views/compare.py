@@ -5,15 +5,19 @@ For the image: both predictions and their KL, A | B | B - A of one attention row
 rollout, and the logit lens of both. For a set of drawn Shapes: the CKA of every pair of residual rows, the heads
 whose attention changed most, both models' mean attention distance in one chart, the images whose answer changed.
 The offline story is the first choice: the Shapes ViT against its own random init shows what training made of it.
+Model B and the attention row's controls are bound to the URL beside the sidebar's model and the tab, so the page's
+link keeps both models and the view; a changed image of the set clicked is shown above instead of the sidebar's image.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import streamlit as st
 
 import vit_core
-from dashboard import caches, compare_models, models
+from dashboard import caches, compare_models, models, session
 from dashboard.figures import compare as compare_figures
 from dashboard.literal import markdown_literal as md  # class names come from uploaded label files
 from dashboard.views.context import ViewContext, column_px, show_picture
@@ -22,7 +26,11 @@ from vit_core import analyses
 from vit_core.compare import Comparable, comparable
 from vit_core.compare.files import compare_arrays, heads_most_changed
 
-K_MODEL_B, K_LAYER, K_HEAD, K_QUERY, K_SET = "compare_model_b", "compare_layer", "compare_head", "compare_query", "compare_set"
+# The URL's parameters of a link to this tab (with the sidebar's `model` and the tab's `view`).
+K_MODEL_B, K_LAYER, K_HEAD, K_QUERY = "model_b", "compare_layer", "compare_head", "compare_query"
+K_SET = "compare_set"  # the set's Compare button (its key's prefix)
+K_OPEN, K_BACK = "compare_open", "compare_back"  # a changed image's Open button (its key's prefix), Back to the sidebar's
+CHANGED_SHOWN = 8  # changed images shown with a button each
 CLASS_TOKEN = "class token"
 TOP = 3  # predictions listed per model
 MOST_CHANGED_SHOWN = 5
@@ -36,8 +44,13 @@ def compare_view(ctx: ViewContext) -> None:
     options = [compare_models.RANDOM_INIT_OF_A, *(n for n in models.model_choices() if n != models.UPLOAD_WEIGHTS)]
     labels = models.model_choices()
     picker, *predicted = st.columns(3)
-    choice = picker.selectbox("Model B", options, key=K_MODEL_B, format_func=lambda n: labels.get(n, n),
+    choice = picker.selectbox("Model B", options, key=K_MODEL_B, format_func=lambda n: labels.get(n, n), bind="query-params",
                               help="Random init of A: A's architecture with random weights (what training changed)")
+    try:
+        ctx = _opened(ctx)
+    except vit_core.ViTLensError as e:
+        st.error(str(e))
+        return
     try:
         with st.spinner("Loading model B and running it on this image..."):
             request_b, loaded_b = compare_models.model_b(choice, ctx.request, ctx.loaded)
@@ -54,6 +67,21 @@ def compare_view(ctx: ViewContext) -> None:
     _rollout_and_lens(ctx, request_b, loaded_b, cap_b, which)
     st.divider()
     _over_a_set(ctx, request_b, loaded_b, which)
+
+
+def _opened(ctx: ViewContext) -> ViewContext:
+    """The page's context on the set image opened from the changed ones (A's capture of it), said above with a button
+    back to the sidebar's image; `ctx` itself when none is open."""
+    opened = session.compare_opened()
+    if opened is None:
+        return ctx
+    name, data = opened
+    image = caches.decode(name, data)
+    said, back = st.columns([4, 1])
+    said.info(f"Showing **{md(name)}**, an image of the set below whose answer changed, instead of the sidebar's "
+              f"{md(ctx.image.name)}.", icon=":material/compare:")
+    back.button("Back to the sidebar's image", key=K_BACK, on_click=session.open_compare_image, args=(None,))
+    return dataclasses.replace(ctx, cap=caches.shared_capture(ctx.request, ctx.loaded, image), image=image)
 
 
 def _predictions(ctx: ViewContext, loaded_b, cap_b, columns) -> None:
@@ -78,14 +106,14 @@ def _agreement(ctx: ViewContext, cap_b, which: Comparable) -> None:
 def _attention(ctx: ViewContext, loaded_b, cap_b, which: Comparable) -> None:
     ga, gb = ctx.loaded.geometry, loaded_b.geometry
     left, middle, right = st.columns(3)
-    layer = left.slider("Block", 0, min(ga.num_layers, gb.num_layers) - 1, key=K_LAYER)
-    head = middle.slider("Head", 0, min(ga.num_heads, gb.num_heads) - 1, key=K_HEAD)
+    layer = left.slider("Block", 0, min(ga.num_layers, gb.num_layers) - 1, key=K_LAYER, bind="query-params")
+    head = middle.slider("Head", 0, min(ga.num_heads, gb.num_heads) - 1, key=K_HEAD, bind="query-params")
     queries = ([CLASS_TOKEN] if ga.has_class_token and gb.has_class_token else []) + \
         ([f"patch {k}" for k in range(ga.num_patches)] if ga.grid == gb.grid else [])
     if not queries:
         st.info("A and B share no query token (their grids differ and one has no class token): no attention row to compare.")
         return
-    query = right.selectbox("Query", queries, key=K_QUERY)
+    query = right.selectbox("Query", queries, key=K_QUERY, bind="query-params")
     rows = []
     for cap, g in ((ctx.cap, ga), (cap_b, gb)):
         q = 0 if query == CLASS_TOKEN else g.num_prefix_tokens + int(query.split()[1])
@@ -124,17 +152,17 @@ def _rollout_and_lens(ctx: ViewContext, request_b, loaded_b, cap_b, which: Compa
 
 def _over_a_set(ctx: ViewContext, request_b, loaded_b, which: Comparable) -> None:
     st.markdown(f"**Over a set:** {compare_models.SET_SIZE} drawn Shapes (the same images for every pair of models).")
-    asked = st.session_state.get(K_SET) == (ctx.request.key, request_b.key)
+    asked = session.compare_set_asked() == (ctx.request.key, request_b.key)
     if not asked:
         if st.button(f"Compare A and B on {compare_models.SET_SIZE} drawn Shapes", key=f"{K_SET}_run",
                      icon=":material/compare:"):
-            st.session_state[K_SET] = (ctx.request.key, request_b.key)
+            session.ask_compare_set((ctx.request.key, request_b.key))
             asked = True
         else:
             return
     try:
         with st.spinner("Running both models over the set..."):
-            a, b, totals, _ = compare_models.set_comparison(ctx.request.key, request_b.key, ctx.loaded, loaded_b)
+            a, b, totals, sources = compare_models.set_comparison(ctx.request.key, request_b.key, ctx.loaded, loaded_b)
     except vit_core.ViTLensError as e:
         st.error(str(e))
         return
@@ -156,10 +184,12 @@ def _over_a_set(ctx: ViewContext, request_b, loaded_b, which: Comparable) -> Non
                 f"block {h['block']}, head {h['head']}: {h['js']:.3f}" for h in heads))
     for name, reason in which.skipped:
         st.caption(f"{name}: {reason}")
-    _changed_images(a, b, totals, which)
+    _changed_images(a, b, totals, which, dict(sources))
 
 
-def _changed_images(a, b, totals, which: Comparable) -> None:
+def _changed_images(a, b, totals, which: Comparable, images: dict[str, bytes]) -> None:
+    """The set's agreement in a line, and the first CHANGED_SHOWN images whose answer changed, each with a button that
+    opens it above (`_opened`)."""
     if not which.classes:
         return
     rows_a = dict(zip(a.totals.rows.file, a.totals.rows.predicted, strict=True))
@@ -170,3 +200,10 @@ def _changed_images(a, b, totals, which: Comparable) -> None:
                 f"KL {kl:.3g} nats. Changed: " + (", ".join(f"{md(f)} ({md(a.class_name(rows_a[f]))} -> "
                                                              f"{md(b.class_name(rows_b[f]))})" for f in changed[:8])
                                                   + (" ..." if len(changed) > 8 else "") if changed else "none."))
+    if not changed:
+        return
+    for column, name in zip(st.columns(CHANGED_SHOWN), changed[:CHANGED_SHOWN], strict=False):
+        with column:
+            st.image(images[name], caption=name, width="stretch")
+            st.button("Open above", key=f"{K_OPEN}_{name}", help=f"Show {name} at the top of this tab", width="stretch",
+                      on_click=session.open_compare_image, args=(name, images[name]))

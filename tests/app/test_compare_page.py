@@ -3,12 +3,16 @@ page draws without an error, its numbers are the library's, and the set comparis
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
+from PIL import Image
 
 from conftest import assert_healthy, run_app
-from dashboard import compare_models
+from dashboard import compare_models, models
 from dashboard.figures import base
 from dashboard.figures import compare as compare_figures
+from dashboard.models import TEST_TINY
 from dashboard.views import compare as compare_view
 
 TAB = "Compare"
@@ -29,6 +33,51 @@ def test_the_compare_tab_shows_a_against_its_random_init_and_compares_them_over_
     assert len(at.get("image")) >= shown + 2  # the CKA heatmap and both models' distances
     at.slider(key=compare_view.K_LAYER).set_value(1).run()  # a control reruns its fragment only, without an error
     assert_healthy(at)
+    _a_changed_image_opens_above(at)
+
+
+def _kl_shown(at) -> float:
+    return float(at.metric[0].value.split()[0])
+
+
+def _a_changed_image_opens_above(at) -> None:
+    """Clicking a changed image's button shows it above: the page's numbers are then that image's (its KL is the one
+    of the two models' captures of it); Back shows the sidebar's image again."""
+    import vit_core
+    from dashboard import image_sets
+    from vit_core.compare import prediction_kl
+
+    opens = [b for b in at.button if b.key.startswith(f"{compare_view.K_OPEN}_")]
+    assert opens  # two random inits answer differently on some of the set
+    name = opens[0].key.removeprefix(f"{compare_view.K_OPEN}_")
+    sidebar_kl = _kl_shown(at)
+    opens[0].click().run()
+    assert_healthy(at)
+    assert any(name in info.value for info in at.info)
+    tiny = [vit_core.load_model("vit_tiny_patch16_224", pretrained=False, seed=seed, depth=2, device="cpu") for seed in (0, 1)]
+    data = dict(image_sets.shapes_set(tiny[0], compare_models.SET_SIZE, compare_models.SET_SEED).sources)[name]
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    caps = [vit_core.run_with_capture(m, image) for m in tiny]
+    assert at.metric[0].value == f"{float(prediction_kl(caps[0].logits, caps[1].logits)):.3g} nats"
+    assert _kl_shown(at) != sidebar_kl
+    at.button(key=compare_view.K_BACK).click().run()
+    assert_healthy(at)
+    assert not any(name in info.value for info in at.info) and _kl_shown(at) == sidebar_kl
+
+
+def test_a_link_keeps_model_b_and_the_view(tiny_env):
+    """`?view=Compare&model_b=<the test model's label>&compare_layer=1` (a bound selectbox keeps its option's label):
+    B is A itself (KL 0, the same top-1) at block 1, and the URL keeps B beside the sidebar's model and the tab."""
+    label = models.model_choices()[TEST_TINY]
+    at = run_app(view=TAB, model_b=label, compare_layer="1")
+    assert at.selectbox(key=compare_view.K_MODEL_B).value == TEST_TINY
+    assert at.slider(key=compare_view.K_LAYER).value == 1
+    assert _kl_shown(at) == 0 and at.metric[0].delta == "same top-1"
+    at.selectbox(key=compare_view.K_MODEL_B).set_value(compare_models.RANDOM_INIT_OF_A).run()
+    assert_healthy(at)
+    assert _kl_shown(at) > 0
+    at.selectbox(key=compare_view.K_MODEL_B).set_value(TEST_TINY).run()
+    assert at.query_params[compare_view.K_MODEL_B] == label and "Compare" in at.query_params["view"]
 
 
 def test_triplet_shows_the_difference_only_where_the_grids_match():
