@@ -585,3 +585,18 @@ def lens_result(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, 
     or {} and the sentence of its failure, for the Lenses tab to show."""
     result = _lens_entry(request, loaded, image, cap, one, dict(settings or {}))
     return {f"{one.name}.{key}": array for key, array in result.arrays.items()}, result.failure
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def random_init_model(architecture: str, labels: tuple[str, ...] | None,
+                      _build: Callable[[str, tuple[str, ...] | None], LoadedModel]) -> LoadedModel:
+    """The Compare tab's "random init of A" (`dashboard.compare_models` builds it), one per architecture and names."""
+    return _build(architecture, labels)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def set_comparison(key_a: str, key_b: str, _a: LoadedModel, _b: LoadedModel,
+                   _compare: Callable[[LoadedModel, LoadedModel], Any]) -> Any:
+    """The Compare tab's comparison of A and B over its set (`dashboard.compare_models` computes it), by both keys."""
+    return _compare(_a, _b)
+

@@ -1,13 +1,11 @@
-"""Model B of the Compare tab, and the comparisons it caches: the one place they are cached (dashboard.caches owns the
-One image page's model A and captures; B's capture of the image on screen goes through `caches.shared_capture` too).
+"""Model B of the Compare tab, and the comparison over a set: how they are built (dashboard.caches keeps them, as it
+keeps every cached result; B's capture of the image on screen goes through `caches.shared_capture` too).
 
 B is chosen like A: by name from the model list, or "random init of A" in one click: A's architecture with random
 weights (the Shapes ViT's is `vit_shapes_patch8_96`; the tiny test model's, another seed), with A's class names.
 """
 
 from __future__ import annotations
-
-import streamlit as st
 
 import vit_core
 from dashboard import caches, image_sets, models
@@ -32,7 +30,6 @@ def architecture_of(request: ModelRequest, loaded: LoadedModel) -> str:
     return (getattr(loaded.model, "pretrained_cfg", None) or {}).get("architecture") or request.name.split(".")[0]
 
 
-@st.cache_resource(max_entries=2, show_spinner=False)
 def _random_init(architecture: str, labels: tuple[str, ...] | None) -> LoadedModel:
     if architecture == TEST_TINY:  # the test model is itself a random init (seed 0): B is seed 1
         loaded = vit_core.load_model("vit_tiny_patch16_224", pretrained=False, seed=1, depth=2, device=models.server_device())
@@ -51,17 +48,21 @@ def model_b(choice: str, request_a: ModelRequest, loaded_a: LoadedModel) -> tupl
     """B's request (its cache key) and model for the picker's `choice`. Raises vit_core errors with a sentence."""
     if choice == RANDOM_INIT_OF_A:
         architecture = architecture_of(request_a, loaded_a)
-        loaded = _random_init(architecture, loaded_a.labels)
+        loaded = caches.random_init_model(architecture, loaded_a.labels, _random_init)
         return ModelRequest(f"{architecture} (random init of A)", weights_id="random-init-of-a"), loaded
     request = ModelRequest(choice)
     return request, with_names_of(caches.load(request), loaded_a)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def set_comparison(key_a: str, key_b: str, _a: LoadedModel, _b: LoadedModel
+def set_comparison(key_a: str, key_b: str, a: LoadedModel, b: LoadedModel
                    ) -> tuple[DatasetResult, DatasetResult, CompareTotals, tuple[tuple[str, bytes], ...]]:
     """A and B over SET_SIZE drawn Shapes (seed SET_SEED): each model's dataset result, the comparison's totals and
-    the images (name, PNG bytes). Keyed by both models' cache keys."""
+    the images (name, PNG bytes). Cached by both models' cache keys (`caches.set_comparison`)."""
+    return caches.set_comparison(key_a, key_b, a, b, _compared)
+
+
+def _compared(_a: LoadedModel, _b: LoadedModel
+              ) -> tuple[DatasetResult, DatasetResult, CompareTotals, tuple[tuple[str, bytes], ...]]:
     drawn = image_sets.shapes_set(_a, SET_SIZE, SET_SEED)
     mapping_a, mapping_b = image_sets.shapes_labels(_a), image_sets.shapes_labels(_b)
     labels_b = None
