@@ -417,6 +417,18 @@ def _refused_before_loading(args: argparse.Namespace) -> bool:
     return refused
 
 
+def _shard_parsed(args: argparse.Namespace) -> bool:
+    """`--shard I/N` read into `args.shard` (None without it); False after a one-line failure for one that isn't."""
+    from .dataset import ShardError, parse_shard
+
+    try:
+        args.shard = parse_shard(args.shard) if args.shard else None
+    except ShardError as e:
+        _fail(str(e))
+        return False
+    return True
+
+
 def _too_few_images(folder: Path, needed: int, message: str) -> bool:
     """Says in one line whether FOLDER holds fewer than `needed` images (True: the command stops), before torch is
     imported; the run's listing (dataset.plan_run) says the same of what remains after --limit and the run's own
@@ -703,12 +715,7 @@ def _engine_options_checked(args: argparse.Namespace) -> bool:
     if args.engine != "ray" and ray_only:
         _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
         return False
-    from .dataset import ShardError, parse_shard
-
-    try:
-        args.shard = parse_shard(args.shard) if args.shard else None
-    except ShardError as e:
-        _fail(str(e))
+    if not _shard_parsed(args):
         return False
     if args.engine == "ray":
         from .dataset.ray_engine import RayMissingError, import_ray
@@ -1103,12 +1110,7 @@ def compare(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _too_few_images(args.folder, 1, NO_IMAGES):
         return EXIT_FAILURES
-    from .dataset import ShardError, parse_shard
-
-    try:
-        args.shard = parse_shard(args.shard) if args.shard else None
-    except ShardError as e:
-        _fail(str(e))
+    if not _shard_parsed(args):
         return EXIT_FAILURES
     return _with_model(args, _compare_with_b)
 
