@@ -165,7 +165,8 @@ def test_explained_aucs_equal_the_per_image_faithfulness():
     loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=0, depth=2, img_size=64)  # 4 x 4 patches: fast
     sources = drawn_sources(3, size=(80, 96))
     seen = []
-    result = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=3, progress=lambda d, t: seen.append((d, t)))
+    result = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=3, progress=lambda d, t: seen.append((d, t)),
+                             forwards=2)
     expected_deletion, expected_insertion = {}, {}
     for _, data in sources:
         image = Image.open(io.BytesIO(data))
@@ -183,6 +184,9 @@ def test_explained_aucs_equal_the_per_image_faithfulness():
     assert arrays["deletion_auc_random"].dtype == np.float64 and arrays["deletion_auc_random"].shape == ()
     assert {f"insertion_auc_{name}" for name in expected_deletion} <= set(arrays)
     assert recording_hooks_on(loaded.model) == 0 and hooks_on(loaded.model) == 0
+    alone = analyze_dataset(loaded, sources, batch_size=2, explain=True, steps=3, forwards=1)
+    for key, value in result.arrays().items():  # two forwards at once or one: the same bits, explanations included
+        assert np.asarray(value).tobytes() == np.asarray(alone.arrays()[key]).tobytes(), key
 
 
 # ---------------------------------------------------------------------------------- files, folders, failures
@@ -419,3 +423,21 @@ def test_on_an_accelerator_every_forward_has_the_same_images_padded_with_zeros(t
     assert all(len(v) == 5 for v in whole.values())
     for key, value in whole.items():
         assert value.tobytes() == alone[key].tobytes(), key
+
+
+def test_a_pools_forwards_run_at_one_torch_thread_and_the_callers_count_is_kept(tiny):
+    """Each worker's forward runs at one torch thread, also after its first operator (torch gives a thread the count
+    last set by any thread when that thread first reads it), and the caller's count is what it was."""
+    from vit_core.dataset import forward_pool
+
+    caller = torch.get_num_threads()
+    seen = []
+
+    def run(model, item):
+        model.model(torch.zeros(1, 3, 224, 224))  # the thread's first operators
+        return torch.get_num_threads()
+
+    with forward_pool(tiny, 2) as pool:
+        seen = pool.map(run, range(4))
+    assert seen == [1, 1, 1, 1]
+    assert torch.get_num_threads() == caller

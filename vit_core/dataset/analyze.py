@@ -136,9 +136,7 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
     loader = image_loader(loaded, sources, 0, workers, batches=batches, crops=bool(lenses))
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
-    # With explain, one forward at a time: beside a pool of two or more forwards, the judge's values differed from the
-    # same judge run alone (tests/app/test_dashboard_many.py), and the cause is not yet known.
-    width = 1 if explain else model_workers(loaded.device, forwards)
+    width = model_workers(loaded.device, forwards)
     with forward_pool(loaded, max(1, min(width, total))) as pool:  # none idle
         for batch, decoded in zip(batches, loader, strict=True):
             indices, x, failed = decoded[:3]

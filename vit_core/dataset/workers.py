@@ -73,6 +73,9 @@ def replica(loaded: LoadedModel) -> LoadedModel:
 def _one_torch_thread(started: threading.Barrier) -> None:
     """A worker thread's start: one torch thread for every operator it runs (torch's count is per thread: OpenMP's
     and MKL's), then wait until every worker has started, so that each worker is its own thread."""
+    # torch sets a thread's count once, lazily, at its first call that reads it: to the count last set by any
+    # thread. Read it first, or that first operator would undo the count set here (the caller sets its own back).
+    torch.get_num_threads()
     torch.set_num_threads(1)
     started.wait()
 
