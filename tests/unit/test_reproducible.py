@@ -46,8 +46,8 @@ def assert_same_npz(a: Path, b: Path) -> None:
 
 
 def test_analyze_twice_at_other_thread_counts_writes_the_same_bytes(tmp_path):
-    """The capture, the relevance maps (gradient passes at the machine's thread count: runtime.gradient_threads), the faithfulness
-    tests (perturbed forwards at one thread each, in batches of one shape) and the verdicts."""
+    """The capture, the relevance maps (gradient passes at one fixed thread count: runtime.gradient_threads), the
+    faithfulness tests (perturbed forwards at one thread each, in batches of one shape) and the verdicts."""
     drawn_image(7, (150, 200)).save(tmp_path / "photo.png")
     for threads in (1, 2):
         vit_lens("analyze", tmp_path / "photo.png", *SHAPES, "--explain", "--tests", "all", "--out", tmp_path / f"t{threads}",
