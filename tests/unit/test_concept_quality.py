@@ -99,7 +99,8 @@ def test_steerable_features_are_those_some_held_out_image_steers(shapes, concept
     plan = plan_run(shapes, folder)
     alive = np.ones(concepts.sae.num_features, dtype=bool)
     alive[::2] = False  # the dead are never tried
-    found = steerable(shapes, concepts, plan, alive, batch_size=3)
+    found = steerable(shapes, concepts, plan, alive, batch_size=3, forwards=2)
+    assert steerable(shapes, concepts, plan, alive, batch_size=2, forwards=1).tolist() == found.tolist()  # images apart
     expected = np.zeros_like(alive)
     for path, held in zip(plan.paths, held_out(plan.names), strict=True):
         if not held:

@@ -15,6 +15,7 @@ import torch
 from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
+from ..dataset.workers import forward_pool, map_forwards, model_workers
 from ..explain.passes import model_pass
 from ..loading.model import LoadedModel
 from .collect import held_out, residual_after
@@ -69,28 +70,36 @@ def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candi
 
 
 def steerable(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, alive: np.ndarray, workers: int = 0,
-              batch_size: int = 8, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+              batch_size: int = 8, progress: Callable[[int, int], None] | None = None,
+              forwards: int | None = None) -> np.ndarray:
     """bool (F,): the alive features whose removal changes the top-1 of at least one held-out image on whose patches
-    they fire (z_f > 0). A feature found steering is not tried on later images. progress(images, of) per batch."""
+    they fire (z_f > 0). Every image tries every alive feature that fires on it, so images are independent: on a CPU
+    `forwards` of them at once (default `model_workers`), each on its own thread at one torch thread, as the dataset
+    engine runs its forwards (the same bits whatever their number). progress(images, of) per batch."""
     mask = held_out(plan.names)
     sources = [source for source, held in zip(plan.sources(), mask, strict=True) if held]
     found = np.zeros(len(alive), dtype=bool)
     done = 0
     if progress:
         progress(0, len(sources))
+
+    def one_image(model: LoadedModel, x: torch.Tensor) -> np.ndarray:  # x (1, 3, H, W) -> the features it steers
+        with model_pass(model):
+            h = residual_after(model, x.to(model.device), concepts.layer)[0]  # (T, D)
+            fires = (concepts.codes(h[model.geometry.num_prefix_tokens:].float().cpu()) > 0).any(dim=0).numpy()
+            candidates = np.flatnonzero(fires & alive)  # (m,)
+            return candidates[image_steers(model, concepts, h, candidates)] if len(candidates) else candidates
+
     batches = consecutive_batches(0, len(sources), batch_size)
-    for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers, batches=batches):
-        done += len(decoded) + len(failed)
-        if x is not None:
-            with model_pass(loaded):
-                residual = residual_after(loaded, x.to(loaded.device), concepts.layer)  # (B, T, D)
-                for h in residual:
-                    fires = (concepts.codes(h[loaded.geometry.num_prefix_tokens:].float().cpu()) > 0).any(dim=0).numpy()
-                    candidates = np.flatnonzero(fires & alive & ~found)  # (m,)
-                    if len(candidates):
-                        found[candidates[image_steers(loaded, concepts, h, candidates)]] = True
-        if progress:
-            progress(done, len(sources))
+    width = max(1, min(model_workers(loaded.device, forwards), len(sources)))
+    with forward_pool(loaded, width) as pool:
+        for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers, batches=batches):
+            done += len(decoded) + len(failed)
+            if x is not None:
+                for steering in map_forwards(pool, loaded, one_image, list(x.split(1))):
+                    found[steering] = True
+            if progress:
+                progress(done, len(sources))
     return found
 
 
