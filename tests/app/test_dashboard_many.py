@@ -464,13 +464,16 @@ def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monk
     assert run.files["dataset.json"] and json.loads(run.files["dataset.json"])["num_images"] == 8
 
 
-def test_the_budget_is_looked_at_after_every_image(tiny_model):
+def test_the_budget_is_looked_at_after_every_judged_image_and_every_round_of_forwards(tiny_model, monkeypatch):
     """A judged image on ViT-B/16 takes seconds: the red team's 32-image run went 140 s over its 300 s when the budget
-    was looked at every 16 images."""
-    ticks = iter(range(0, 10_000, 100))
-    image_set = shapes_set(tiny_model, 6, 0)
-    run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, image_set, budget_s=250, clock=lambda: next(ticks))
-    assert run.result.num_images == 2  # started at 0; 100 and 200 s before the first two images, 300 before the third
+    was looked at every 16 images. Unjudged, a look after each round of the engine's W forwards at once."""
+    monkeypatch.setenv("VIT_LENS_MODEL_WORKERS", "3")
+    image_set = shapes_set(tiny_model, 8, 0)
+    for explain, analysed in ((True, 2), (False, 6)):
+        ticks = iter(range(0, 10_000, 100))
+        run = image_sets.run_set(ModelRequest("test-tiny"), tiny_model, image_set, budget_s=250,
+                                 clock=lambda ticks=ticks: next(ticks), explain=explain)
+        assert run.result.num_images == analysed  # started at 0; 100 and 200 s before the first two chunks, then 300
 
 
 @pytest.mark.parametrize("server_mb, shown_mb", [(25, 25), (400, 100)])
