@@ -102,8 +102,8 @@ ONEDNN_LINEAR = Setting("VIT_LENS_ONEDNN_LINEAR", "mode", "off",
 GRADIENT_THREADS = Setting("VIT_LENS_GRADIENT_THREADS", "number", "1",
                            "torch threads of a gradient pass (relevance maps, LRP), the same in every process whatever "
                            "its own thread setting (a backward's sums can depend on the thread count); 0 = the CPUs a "
-                           "process may use on this machine. 1 gives the same maps on every machine and never waits "
-                           "for a busy core.", "library")
+                           "process may use on this machine. 1 gives the same maps whatever CPUs a machine has and "
+                           "never waits for a busy core.", "library")
 CAPTURE_MB = Setting("VIT_LENS_CAPTURE_MB", "number", "0",
                      "MB the server's shared captures may take; 0 = a quarter of the memory, 512 to 8192 MB.", "server")
 HUGE_PAGES = Setting("VIT_LENS_HUGE_PAGES", "flag", "off",

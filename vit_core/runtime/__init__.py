@@ -105,6 +105,6 @@ def gradient_threads() -> int:
     """torch threads for a gradient pass: $VIT_LENS_GRADIENT_THREADS (default 1; 0: the CPUs a process may use here,
     `cpu_quota`). A backward's kernels may split their sums by thread count (torch's softmax backward does), so the
     count is one fixed number, not the process's own thread setting: the CLI, a Ray worker and the dashboard's
-    server make the same maps, bit for bit. One by default: the same maps on every machine, and a pass that never
-    waits at a barrier for a thread that another process took the core from (docs/performance.md)."""
+    server make the same maps, bit for bit. One by default: the same maps whatever CPUs a machine has, and a pass that
+    never waits at a barrier for a thread that another process took the core from (docs/performance.md)."""
     return settings.GRADIENT_THREADS.number() or cpu_quota()
