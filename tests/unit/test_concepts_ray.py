@@ -16,7 +16,7 @@ from vit_core.teaching.data import draw_set
 ray = pytest.importorskip("ray", reason='the Ray engine\'s tests need Ray: pip install "vit-lens[ray]"')
 
 from vit_core.concepts.ray_collect import collect_shards_on_ray  # noqa: E402
-from vit_core.dataset.ray_engine import ModelSpec, RayPlan  # noqa: E402
+from vit_core.dataset.ray_engine import ModelSpec, RayPlan, workers_at_this_niceness  # noqa: E402
 
 LAYER = 1
 SPEC = ModelSpec("vit-lens/shapes-vit")
@@ -24,8 +24,9 @@ SPEC = ModelSpec("vit-lens/shapes-vit")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    with workers_at_this_niceness():  # as the engine's own Ray: its workers not starved beside other work
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()
 

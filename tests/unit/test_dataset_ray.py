@@ -21,7 +21,13 @@ from vit_core.dataset import PartStore, manifest_of, merged_result, plan_run, ru
 
 ray = pytest.importorskip("ray", reason='the Ray engine\'s tests need Ray: pip install "vit-lens[ray]"')
 
-from vit_core.dataset.ray_engine import ModelSpec, RayPlan, ReduceStage, run_shards_on_ray  # noqa: E402
+from vit_core.dataset.ray_engine import (  # noqa: E402
+    ModelSpec,
+    RayPlan,
+    ReduceStage,
+    run_shards_on_ray,
+    workers_at_this_niceness,
+)
 
 SPEC = ModelSpec("vit_tiny_patch16_224", pretrained=False, kwargs={"depth": 2})  # what each worker builds
 
@@ -29,12 +35,22 @@ SPEC = ModelSpec("vit_tiny_patch16_224", pretrained=False, kwargs={"depth": 2}) 
 @pytest.fixture(scope="module")
 def local_ray():
     """One Ray for the module: 2 CPUs, no dashboard; the engine uses it as it is and leaves it running."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    with workers_at_this_niceness():  # as the engine's own Ray: its workers not starved beside other work
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     # The test module's own classes (CrashOnce) travel by value: Ray's workers can't import this file by name.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray
     ray.shutdown()
+
+
+def test_a_local_rays_workers_run_at_the_drivers_niceness(local_ray):
+    """Ray's default niceness of 15 leaves its workers a few percent of a core beside any other work on this machine."""
+    @ray.remote
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert ray.get(niceness.remote()) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @pytest.fixture(scope="module")

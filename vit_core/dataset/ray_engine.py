@@ -208,10 +208,29 @@ class ReduceStage:
 
 
 @contextlib.contextmanager
+def workers_at_this_niceness() -> Iterator[None]:
+    """Inside the block, a Ray started on this machine runs its workers at this process's niceness. Ray's default
+    (15) is for a cluster's background tasks: beside any other work (two busy processes, a browser) its workers get a
+    few percent of a core and a run on this machine crawls; Ray's own job manager starts its jobs at 0 the same way
+    (the raylet reads `RAY_worker_niceness` when it starts)."""
+    key = "RAY_worker_niceness"
+    before = os.environ.get(key)
+    os.environ[key] = str(os.getpriority(os.PRIO_PROCESS, 0)) if hasattr(os, "getpriority") else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+@contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Ray connected for the block: the cluster at `address` (e.g. "ray://head:10001" or "auto"), else a Ray
     started on this machine with `num_cpus` (default: this process's CPU quota), no dashboard, shut down after.
-    A Ray already initialised in this process (a notebook's, a test's) is used as it is and left running."""
+    A Ray started here runs its workers at this process's niceness (`workers_at_this_niceness`). A Ray already
+    initialised in this process (a notebook's, a test's) is used as it is and left running."""
     ray = import_ray()
     if ray.is_initialized():
         yield ray
@@ -222,7 +241,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         if address:
             ray.init(address=address, **quiet)
         else:
-            ray.init(num_cpus=num_cpus or cpu_quota(), **quiet)
+            with workers_at_this_niceness():
+                ray.init(num_cpus=num_cpus or cpu_quota(), **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise RayRunError(f"Ray could not start{f' at {address}' if address else ''}: {e}") from None
     _quiet_ray_data_console()
