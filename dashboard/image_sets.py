@@ -54,11 +54,10 @@ MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_MEMBERS * 1024
 # forward's threads are not all on the page's thread, and what the budget bounds is how long it holds the server.
 RUN_BUDGET_S = 300.0
 # Images analysed between two looks at the budget (and between two chances for a job's stop: process.explanation_job):
-# on a CPU (None) as many as the engine runs at once (dataset.model_workers: one forward each, W in flight), and one
-# when judged (each image's explanation runs alone and takes seconds on ViT-B/16); on an accelerator one padded
-# forward's worth.
-RUN_CHUNK: int | None = None
-RUN_CHUNK_ACCELERATOR = 64
+# on a CPU 32, each chunk one run of the engine (its W forwards at once: 128 Shapes took 1.8 s in chunks of 32, 2.5-3.0 s
+# in chunks of 2, docs/performance/2026-12-07.md), and 18 s of ViT-B/16 beside two busy processes at most; one when
+# judged (each image's explanation runs alone and takes seconds on ViT-B/16); on an accelerator one padded forward's worth.
+RUN_CHUNK, RUN_CHUNK_JUDGED, RUN_CHUNK_ACCELERATOR = 32, 1, 64
 SHAPES_DEFAULT = 128  # images in a Shapes batch: the paper's Fig. 7 right averages over 128 images
 _MB = 2**20
 
@@ -345,8 +344,8 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     relevance maps judged too (`vit-lens dataset --explain`: the deletion and insertion tests, and for the images whose
     object the set knows, the localisation metrics), so the result says which method to trust over the set.
 
-    The set is analysed in chunks (RUN_CHUNK: the engine's forwards at once, one image when judged; RUN_CHUNK_ACCELERATOR
-    off the CPU), each chunk's totals merged
+    The set is analysed in chunks (RUN_CHUNK images, RUN_CHUNK_JUDGED when judged, RUN_CHUNK_ACCELERATOR off the CPU),
+    each chunk's totals merged
     into the run's (vit_core.dataset's mergeable totals: the same result as one pass); once `budget_s` seconds of wall
     time are spent the run stops after its current chunk and keeps what it finished, the rest counted as not analysed
     (`ManyRun.stopped`)."""
@@ -354,10 +353,7 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     sources, labels = image_set.sources, image_set.labels
     totals = dataset.Totals()
     done = 0
-    if loaded.device.type != "cpu":
-        size = RUN_CHUNK_ACCELERATOR
-    else:
-        size = RUN_CHUNK or (1 if explain else dataset.model_workers(loaded.device))
+    size = RUN_CHUNK_ACCELERATOR if loaded.device.type != "cpu" else RUN_CHUNK_JUDGED if explain else RUN_CHUNK
     for first in range(0, len(sources), size):
         if clock() - start > budget_s:
             break

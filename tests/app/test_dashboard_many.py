@@ -464,10 +464,10 @@ def test_a_run_over_its_budget_stops_and_keeps_what_it_finished(tiny_model, monk
     assert run.files["dataset.json"] and json.loads(run.files["dataset.json"])["num_images"] == 8
 
 
-def test_the_budget_is_looked_at_after_every_judged_image_and_every_round_of_forwards(tiny_model, monkeypatch):
+def test_the_budget_is_looked_at_after_every_judged_image_and_every_chunk(tiny_model, monkeypatch):
     """A judged image on ViT-B/16 takes seconds: the red team's 32-image run went 140 s over its 300 s when the budget
-    was looked at every 16 images. Unjudged, a look after each round of the engine's W forwards at once."""
-    monkeypatch.setenv("VIT_LENS_MODEL_WORKERS", "3")
+    was looked at every 16 images. Unjudged, after every chunk of RUN_CHUNK."""
+    monkeypatch.setattr(image_sets, "RUN_CHUNK", 3)
     image_set = shapes_set(tiny_model, 8, 0)
     for explain, analysed in ((True, 2), (False, 6)):
         ticks = iter(range(0, 10_000, 100))
