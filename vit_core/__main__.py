@@ -102,6 +102,7 @@ EXPORT_TESTS = ("deletion_auc", "insertion_auc")  # vit_core.export.EXPORT_TESTS
 NO_IMAGES = "There are no images to analyse."
 TOO_FEW_FOR_CONCEPTS = "learning concepts needs at least 2 images (one is held out)."
 CONCEPTS_K, CONCEPTS_EPOCHS, CONCEPTS_MEMORY_GB = 32, 4, 4.0  # `concepts`' defaults (vit_core.concepts.learn: MEMORY_BUDGET)
+CIRCUIT_IMAGES = 64  # vit_core.concepts.circuit.CIRCUIT_IMAGES, said here so that --help imports no torch
 
 
 def default_workers() -> int:
@@ -194,8 +195,13 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                                    "layer from a folder; write concepts.safetensors, concepts.json and a contact sheet")
     concepts.add_argument("folder", type=Path, metavar="FOLDER", help="images under it, recursively")
     _add_model_arguments(concepts)
-    concepts.add_argument("--layer", type=_not_negative, required=True, metavar="L",
-                          help="the residual stream after block L (0-based) is what the features describe")
+    concepts.add_argument("--layer", type=_layers, required=True, metavar="L[,L...]",
+                          help="the residual stream after block L (0-based) is what the features describe; 2 or 3 "
+                               "increasing blocks (e.g. 1,2,3): one dictionary per block into DIR/layer-L from one "
+                               "collection, and DIR/circuit.json, which features of one block feed which of the next")
+    concepts.add_argument("--circuit-images", type=_positive, default=CIRCUIT_IMAGES, metavar="N",
+                          help="with several blocks: the circuit is measured on the first N held-out images (default "
+                               f"{CIRCUIT_IMAGES})")
     concepts.add_argument("--features", type=_positive, metavar="F",
                           help="the autoencoder's features (default: 8 x the model's width)")
     concepts.add_argument("--k", type=_positive, default=CONCEPTS_K, metavar="K",
@@ -322,6 +328,16 @@ def _not_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"can't be negative, got {value}")
     return value
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    """--layer: one block, or up to MAX_LAYERS increasing blocks separated by commas."""
+    from .concepts.circuit import MAX_LAYERS
+
+    layers = tuple(_not_negative(part) for part in text.split(","))
+    if not 1 <= len(layers) <= MAX_LAYERS or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
+        raise argparse.ArgumentTypeError(f"give 1 to {MAX_LAYERS} blocks in increasing order, got {text}")
+    return layers
 
 
 def _not_negative_float(text: str) -> float:
@@ -715,6 +731,9 @@ def _engine_options_checked(args: argparse.Namespace) -> bool:
     if args.engine != "ray" and ray_only:
         _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
         return False
+    if args.command == "concepts" and args.engine == "ray" and len(args.layer) > 1:
+        _fail(f"--layer {','.join(map(str, args.layer))}: several blocks are collected by --engine local only")
+        return False
     if not _shard_parsed(args):
         return False
     if args.engine == "ray":
@@ -892,28 +911,33 @@ UNREADABLE_FOLDER = "A folder that can't be read"  # vit_core.images.listing's r
 
 
 def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolder) -> int:
-    """`concepts` once the model is loaded: the shards not collected yet collected (each kept when done), and when
-    every shard is there the autoencoder trained and its files written."""
-    from .concepts import TokenStore, TrainingSettings, concepts_files
+    """`concepts` once the model is loaded: the shards not collected yet collected (each kept when done, for every
+    block at once), and when every shard is there each block's autoencoder trained and its files written (into DIR,
+    or DIR/layer-L for several blocks), then with several blocks the circuit between them (DIR/circuit.json)."""
+    from .concepts import TokenStore, TrainingSettings
     from .concepts.collect import check_layer, manifest_of
     from .concepts.learn import features_refused
     from .dataset import DatasetError, plan_run
 
-    store = TokenStore(args.out)
+    layers = args.layer
+    folders = [args.out] if len(layers) == 1 else [args.out / f"layer-{layer}" for layer in layers]
+    stores = [TokenStore(folder) for folder in folders]
     try:
-        check_layer(loaded, args.layer)
+        for layer in layers:
+            check_layer(loaded, layer)
         features = args.features or 8 * loaded.geometry.embed_dim
         if args.k > features:
             raise DatasetError(f"--k {args.k}: at most --features ({features}) features can be active.")
         too_many = features_refused(features, loaded.geometry.embed_dim, TrainingSettings(features, args.k).batch_tokens)
         if too_many:  # before anything is collected: F x D bounded by the machine's memory
             raise DatasetError(too_many)
-        found = store.manifest()
+        found = stores[0].manifest()
         plan = plan_run(loaded, args.folder, limit=args.limit, num_shards=args.shard[1] if args.shard else args.shards,
                         resumed_shards=(found or {}).get("shards"))
         if len(plan.paths) < 2:
             raise DatasetError(f"{len(plan.paths)} image(s): {TOO_FEW_FOR_CONCEPTS}")
-        store.open(manifest_of(loaded, plan, args.layer, args.limit))
+        for store, layer in zip(stores, layers, strict=True):
+            store.open(manifest_of(loaded, plan, layer, args.limit))
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
         return EXIT_FAILURES
@@ -921,46 +945,101 @@ def _concepts_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFold
         if reason.startswith(UNREADABLE_FOLDER):
             _fail(f"{name}: {reason}")
     asked = [plan.shards[args.shard[0] - 1]] if args.shard else list(plan.shards)
-    todo = [shard for shard in asked if shard.number not in store.done(plan.shards)]
+    collected = set.intersection(*(store.done(plan.shards) for store in stores))
+    todo = [shard for shard in asked if shard.number not in collected]
     if len(todo) < len(asked):
-        print(f"{len(asked) - len(todo)} of {len(asked)} shards already collected in {store.path}: skipped", flush=True)
+        print(f"{len(asked) - len(todo)} of {len(asked)} shards already collected in {stores[0].path}: skipped", flush=True)
     started = time.perf_counter()
     try:
-        _collect_concept_tokens(args, loaded, plan, store, todo)
+        _collect_concept_tokens(args, loaded, plan, stores, todo)
     except KeyboardInterrupt:
-        _fail(f"interrupted; {len(store.done(plan.shards))} of {len(plan.shards)} shards kept in {store.path}, rerun to "
-              "finish")
+        _fail(f"interrupted; {len(stores[0].done(plan.shards))} of {len(plan.shards)} shards kept in {stores[0].path}, "
+              "rerun to finish")
         return EXIT_INTERRUPTED
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
         return EXIT_FAILURES
-    done = store.done(plan.shards)
+    done = set.intersection(*(store.done(plan.shards) for store in stores))
     if len(done) < len(plan.shards):
-        print(f"{len(done)} of {len(plan.shards)} shards collected in {store.path}; the concepts are learned when all are "
-              "(run the others into the same --out)", flush=True)
+        print(f"{len(done)} of {len(plan.shards)} shards collected in {stores[0].path}; the concepts are learned when all "
+              "are (run the others into the same --out)", flush=True)
         return 0
     settings = TrainingSettings(num_features=features, k=args.k, epochs=args.epochs, seed=args.seed,
                                 learning_rate=args.lr or None)
+    collect_seconds = time.perf_counter() - started if todo else None
+    failures, dictionaries = 0, []
+    for folder, store, layer in zip(folders, stores, layers, strict=True):
+        learned = _concepts_of_layer(args, loaded, plan, store, layer, settings, out if folder == args.out else None,
+                                     folder, collect_seconds, prefix="" if len(layers) == 1 else f"block {layer}: ")
+        if learned is None:
+            return EXIT_FAILURES
+        failures += learned[1]
+        dictionaries.append(learned[0])
+    if len(layers) > 1 and not _circuit_written(args, loaded, plan, dictionaries, out):
+        return EXIT_FAILURES
+    return EXIT_FAILURES if failures else 0
+
+
+def _concepts_of_layer(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, store, layer: int, settings,
+                       out: OutputFolder | None, folder: Path, collect_seconds: float | None, prefix: str):
+    """One block's autoencoder trained and its files written into `out` (or `folder`, made here): (its Concepts, its
+    failures' count), or None when it failed (said)."""
+    from .concepts import concepts_files, load_concepts
+    from .images.files import OutputFolder
+
     try:
         with _stage_bars() as progress:
-            files, summary = concepts_files(loaded, plan, store, args.layer, settings,
+            files, summary = concepts_files(loaded, plan, store, layer, settings,
                                             memory_budget=int(args.memory_gb * 2 ** 30), progress=progress,
-                                            collect_seconds=time.perf_counter() - started if todo else None,
-                                            stability=args.stability)
-        written = [out.write(name, data) for name, data in files.items()]
+                                            collect_seconds=collect_seconds, stability=args.stability)
+        if out is None:
+            folder.mkdir(parents=True, exist_ok=True)
+            with OutputFolder(folder) as written_to:
+                written = [written_to.write(name, data) for name, data in files.items()]
+        else:
+            written = [out.write(name, data) for name, data in files.items()]
+        learned = load_concepts(written[0].parent)
     except (ViTLensError, OSError) as e:
         _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
-        return EXIT_FAILURES
-    for failure in summary["failures"]:
-        _fail(f"{failure['file']}: {failure['reason']}")
-    print(f"{summary['images']:,} images ({summary['held_out_images']:,} held out), {features:,} features, k = {args.k}: "
-          f"held-out fvu {summary['fvu']:.3f}, dead {summary['dead_fraction']:.1%}, spliced top-1 agreement "
-          f"{summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g}, steerable "
+        return None
+    if prefix:
+        print(f"{prefix}concepts -> {folder}", flush=True)
+    if not prefix or layer == args.layer[0]:
+        for failure in summary["failures"]:
+            _fail(f"{failure['file']}: {failure['reason']}")
+    print(f"{prefix}{summary['images']:,} images ({summary['held_out_images']:,} held out), {settings.num_features:,} "
+          f"features, k = {args.k}: held-out fvu {summary['fvu']:.3f}, dead {summary['dead_fraction']:.1%}, spliced "
+          f"top-1 agreement {summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g}, steerable "
           f"{summary['steerable_share']:.1%}"
           + (f", stability {summary['stability']:.3f} ({summary['stable_share']:.1%} stable)" if args.stability else "")
           + f" -> {', '.join(map(str, written))}",
           flush=True)
-    return EXIT_FAILURES if summary["failures"] else 0
+    return learned, len(summary["failures"])
+
+
+def _circuit_written(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, dictionaries: list,
+                     out: OutputFolder) -> bool:
+    """DIR/circuit.json from the dictionaries of the listed blocks (vit_core.concepts.circuit), and a line saying it."""
+    import json
+
+    from .concepts.circuit import CIRCUIT_FILE, circuit_json, circuit_of
+
+    workers = default_workers() if args.workers is None else args.workers
+    started = time.perf_counter()
+    try:
+        with _stage_bars() as progress:
+            pairs = circuit_of(loaded, plan, dictionaries, workers, progress=lambda done, of: progress("circuit", done, of),
+                               images=args.circuit_images)
+        content = circuit_json(pairs, args.layer)
+        content["seconds"] = round(time.perf_counter() - started, 3)
+        path = out.write(CIRCUIT_FILE, json.dumps(content, indent=1).encode())
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return False
+    strong = sum(edge["removal_effect"] >= 0.5 for edge in content["edges"])
+    print(f"circuit of blocks {', '.join(map(str, args.layer))}: {len(content['edges']):,} edges ({strong:,} with a removal "
+          f"effect of at least 0.5) in {content['seconds']:.1f} s -> {path}", flush=True)
+    return True
 
 
 @contextlib.contextmanager
@@ -996,11 +1075,13 @@ def _stage_bars() -> Iterator[Callable[[str, int, int], None]]:
             bar.close()
 
 
-def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, store, todo: list[Shard]) -> None:
-    """The shards `todo` collected by the engine asked for, with tqdm's bar on a terminal and progress lines otherwise."""
+def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, stores: list,
+                            todo: list[Shard]) -> None:
+    """The shards `todo` collected by the engine asked for (the local engine: every listed block at once into its
+    store), with tqdm's bar on a terminal and progress lines otherwise."""
     from tqdm import tqdm
 
-    from .concepts import collect_shards
+    from .concepts.collect import collect_layers
     from .dataset import default_batch_size
     from .dataset.progress import ProgressLines
 
@@ -1015,7 +1096,7 @@ def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan:
 
         if args.engine == "local":
             workers = default_workers() if args.workers is None else args.workers
-            collect_shards(loaded, plan, args.layer, store, todo, batch_size=batch_size, workers=workers,
+            collect_layers(loaded, plan, args.layer, stores, todo, batch_size=batch_size, workers=workers,
                            progress=progress)
             return
         from .concepts.ray_collect import collect_shards_on_ray
@@ -1023,10 +1104,10 @@ def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan:
 
         spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
                          pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
-        with ray_output_to(store.path / RAY_LOG), ray_session(args.address) as ray:
+        with ray_output_to(stores[0].path / RAY_LOG), ray_session(args.address) as ray:
             workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
             threads = None if args.address else max(1, cpu_quota() // workers.model_workers)
-            collect_shards_on_ray(spec, loaded, plan, args.layer, store, todo, workers=workers, batch_size=batch_size,
+            collect_shards_on_ray(spec, loaded, plan, args.layer[0], stores[0], todo, workers=workers, batch_size=batch_size,
                                   threads=threads, progress=progress)
 
 

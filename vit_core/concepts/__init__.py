@@ -12,7 +12,8 @@ Definitions: docs/spec/analyses.md, "Concepts"; files and the command: docs/spec
 - `image`: one image's strongest features and reconstruction error, from its capture;
 - `sets`: a set of images' strongest features, their top patches in the set, its reconstruction error, and one
   concept removed over the set (the share of top-1s unchanged, the mean KL);
-- `crops`: the top patches as pictures, and the contact sheet.
+- `crops`: the top patches as pictures, and the contact sheet;
+- `circuit`: the features of consecutive listed blocks joined by attribution and measured removal (circuit.json).
 
     from vit_core.concepts import load_concepts, image_concepts, logits_with_concept_removed
     concepts = load_concepts("out/concepts.safetensors")
@@ -80,7 +81,7 @@ __all__ = [
 
 # The stages after the collection, in their order, each with what its progress counts (concepts_files' `progress`).
 STAGES = {"training": "tokens", "stability": "tokens", "metrics": "images", "steering": "images", "features": "tokens",
-          "sheet": "features"}
+          "sheet": "features", "circuit": "images"}
 
 
 def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,

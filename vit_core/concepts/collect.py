@@ -60,17 +60,33 @@ def check_layer(loaded: LoadedModel, layer: int) -> None:
 def residual_after(loaded: LoadedModel, x: torch.Tensor, layer: int) -> torch.Tensor:
     """The residual stream after block `layer` (before the final norm: `Capture.tokens[layer + 1]`), running only
     blocks 0..layer. (B, 3, H, W) on the model's device -> (B, T, D). Call inside `model_pass`."""
+    return residuals_after(loaded, x, (layer,))[0]
+
+
+def residuals_after(loaded: LoadedModel, x: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
+    """The residual stream after each of the increasing blocks `layers`, from one pass through blocks 0..max(layers):
+    (B, 3, H, W) -> one (B, T, D) per layer, each the same bits as `residual_after` of that layer alone."""
     model = loaded.model
     tokens = model.norm_pre(model.patch_drop(embedded_tokens(model, x)))  # (B, T, D), entering block 0
-    for block in model.blocks[:layer + 1]:
+    found = []
+    for number, block in enumerate(model.blocks[:max(layers) + 1]):
         tokens = block(tokens)
-    return tokens
+        if number in layers:
+            found.append(tokens)
+    return found
 
 
 def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int, pool: ForwardPool | None = None) -> np.ndarray:
     """The patch tokens after block `layer` of a batch x (B, 3, H, W): float32 (B, N, D) on the host. Forwards of
     `forward_images` images each (a short one padded with zero images), so an image's bits don't depend on its batch;
     on `pool`'s workers, several at once (the dataset engine's `forward_pool`), else one after another here."""
+    return patch_tokens_of_layers(loaded, x, (layer,), pool)[0]
+
+
+def patch_tokens_of_layers(loaded: LoadedModel, x: torch.Tensor, layers: Sequence[int],
+                           pool: ForwardPool | None = None) -> list[np.ndarray]:
+    """`patch_tokens` after each of the increasing blocks `layers`, from one forward per chunk: one float32 (B, N, D)
+    per layer."""
     size, count, p = forward_images(loaded.device), len(x), loaded.geometry.num_prefix_tokens
     chunks = []
     for first in range(0, count, size):
@@ -79,11 +95,13 @@ def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int, pool: Forward
             chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
         chunks.append(chunk)
 
-    def tokens_of(model: LoadedModel, chunk: torch.Tensor) -> torch.Tensor:
+    def tokens_of(model: LoadedModel, chunk: torch.Tensor) -> list[torch.Tensor]:
         with model_pass(model):
-            return residual_after(model, chunk.to(model.device), layer)[:, p:].float().cpu()  # (F, N, D)
+            found = residuals_after(model, chunk.to(model.device), layers)
+            return [h[:, p:].float().cpu() for h in found]  # per layer (F, N, D)
 
-    return torch.cat(map_forwards(pool, loaded, tokens_of, chunks))[:count].numpy()
+    done = map_forwards(pool, loaded, tokens_of, chunks)
+    return [torch.cat([per_chunk[i] for per_chunk in done])[:count].numpy() for i in range(len(layers))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,32 +299,46 @@ def collect_shards(loaded: LoadedModel, plan: RunPlan, layer: int, store: TokenS
                    progress: Progress | None = None) -> None:
     """The patch tokens after block `layer` of the shards `todo` of `plan`, in this process: decoded by the dataset
     engine's loader (`workers` processes, batches that stop at the shards' edges), each shard written when done."""
-    check_layer(loaded, layer)
+    collect_layers(loaded, plan, (layer,), (store,), todo, batch_size=batch_size, workers=workers,
+                   chunk_bytes=chunk_bytes, progress=progress)
+
+
+def collect_layers(loaded: LoadedModel, plan: RunPlan, layers: Sequence[int], stores: Sequence[TokenStore],
+                   todo: Sequence[Shard], *, batch_size: int, workers: int = 0, chunk_bytes: int = CHUNK_BYTES,
+                   progress: Progress | None = None) -> None:
+    """`collect_shards` for several increasing blocks at once: one decoding and one forward per image, the tokens
+    after block layers[i] written to stores[i] (each the layout of a single block's collection)."""
+    for layer in layers:
+        check_layer(loaded, layer)
     sources, names = plan.sources(), plan.names
     batches, owner = [], {}
     for shard in todo:
         for batch in consecutive_batches(shard.start, shard.stop, batch_size):
             owner[batch.start] = shard
             batches.append(batch)
-    writers = {shard.number: store.writer(shard, chunk_bytes) for shard in todo}
+    writers = {shard.number: [store.writer(shard, chunk_bytes) for store in stores] for shard in todo}
     remaining = {shard.number: shard.size for shard in todo}
     for shard in todo:
         if shard.size == 0:
-            writers[shard.number].finish()
+            for writer in writers[shard.number]:
+                writer.finish()
     total, done = sum(shard.size for shard in todo), 0
     loader = image_loader(loaded, sources, 0, workers, batches=batches)
     with forward_pool(loaded, model_workers(loaded.device)) as pool:
         for batch, (indices, x, failed) in zip(batches, loader, strict=True):
             shard = owner[batch.start]
-            writer = writers[shard.number]
-            writer.failures += [(names[i], reason) for i, reason in failed]
+            for writer in writers[shard.number]:
+                writer.failures += [(names[i], reason) for i, reason in failed]
             if x is not None:
-                for index, tokens in zip(indices.tolist(), patch_tokens(loaded, x, layer, pool), strict=True):
-                    writer.add(index, tokens)
+                for writer, tokens in zip(writers[shard.number], patch_tokens_of_layers(loaded, x, layers, pool),
+                                          strict=True):
+                    for index, image_tokens in zip(indices.tolist(), tokens, strict=True):
+                        writer.add(index, image_tokens)
             remaining[shard.number] -= len(batch)
             if remaining[shard.number] == 0:
-                writer.finish()
-                _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
+                for writer, store in zip(writers[shard.number], stores, strict=True):
+                    writer.finish()
+                    _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
             done += len(batch)
             if progress:
                 progress(done, total)

@@ -1,0 +1,269 @@
+"""Concepts traced across layers: which features of one listed block feed which features of the next, by attribution
+(a gradient, summed) and by removal (measured), over the held-out images.
+
+Definitions: docs/spec/analyses.md, "Concepts" ("Circuit"). For consecutive listed blocks a < b with dictionaries
+(s_a, d_u, z_u) and (s_b, W_enc, z_v), on one image with patch tokens x (N, D) after block a:
+
+    attribution(u -> v) = sum over the tokens t where z_v(t) > 0 of sum over the patch tokens t' of
+                          z_u(t') * d pre_v(t) / d z_u(t')
+                        = sum_t sum_t' z_u(t') s_a d_u . d pre_v(t) / d x(t')
+
+with x = s_a (W_dec z + b_pre) + mu + e, the reconstruction's error e held constant, run through blocks a+1..b; pre_v
+is v's encoder pre-activation. One backward pass per feature v that fires on the image gives its gradient
+d (sum_t pre_v(t)) / d x (N, D), REMOVALS_AT_ONCE such rows at a time. The removal of u is x - s_a z_u d_u on the
+patch tokens (the spec's "remove this concept"), run through blocks a+1..b and encoded at b.
+
+Shapes: T tokens (prefix and patches), N patches, D width, Fa / Fb the two dictionaries' features.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..dataset.analyze import consecutive_batches
+from ..dataset.reductions import image_loader
+from ..dataset.runs import RunPlan
+from ..dataset.workers import forward_pool, map_forwards, model_workers
+from ..explain.passes import eval_mode, model_pass
+from ..loading.model import LoadedModel
+from ..runtime.devices import full_float32
+from .collect import held_out, residuals_after
+from .sae import Concepts, ConceptsError
+
+CIRCUIT_FILE = "circuit.json"
+CIRCUIT_FORMAT = "vit-lens circuit 1"
+EDGES_PER_FEATURE = 10  # upstream features kept per downstream feature, by |attribution|
+ROWS_AT_ONCE = 64  # rows of one image (one per feature) run through the blocks between two layers at once
+MAX_LAYERS = 3
+CIRCUIT_IMAGES = 64  # held-out images the circuit is measured on, at most: each costs a backward pass per feature
+
+
+def check_layers(layers: Sequence[int]) -> None:
+    """1 to MAX_LAYERS blocks, increasing. Raises ConceptsError in one sentence."""
+    if not 1 <= len(layers) <= MAX_LAYERS or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
+        raise ConceptsError(f"--layer {','.join(map(str, layers))}: give 1 to {MAX_LAYERS} blocks in increasing order.")
+
+
+@contextlib.contextmanager
+def gradient_pass(loaded: LoadedModel) -> Iterator[None]:
+    """A pass of the shared model with gradients to its inputs: its lock held, eval mode, ViT Lens's float32. The
+    parameters are left as they are (shared by the forward pool's replicas): callers ask `torch.autograd.grad` for the
+    input's gradient alone, so no parameter's `.grad` is written."""
+    with loaded.lock, torch.enable_grad(), eval_mode(loaded.model), full_float32(loaded.device):
+        yield
+
+
+def blocks_between(loaded: LoadedModel, h: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """The residual stream after block b of h (R, T, D) after block a: blocks a+1..b. -> (R, T, D)."""
+    for block in loaded.model.blocks[a + 1:b + 1]:
+        h = block(h)
+    return h
+
+
+def pre_activations(concepts: Concepts, tokens: torch.Tensor) -> torch.Tensor:
+    """Encoder pre-activations (..., F) of tokens (..., D) in the model's units, with gradients."""
+    return concepts.sae.pre_activations(concepts.normalisation.apply(tokens))
+
+
+def _patches(loaded: LoadedModel, h: torch.Tensor) -> torch.Tensor:
+    return h[..., loaded.geometry.num_prefix_tokens:, :]  # (..., T, D) -> (..., N, D)
+
+
+def removed_rows(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, z: torch.Tensor, features: torch.Tensor
+                 ) -> torch.Tensor:
+    """h (T, D) repeated once per feature u of `features` (r,), each row with s z_u d_u taken off its patch tokens
+    (z (N, F) the codes of h's patches): (r, T, D)."""
+    p = loaded.geometry.num_prefix_tokens
+    shares = concepts.normalisation.scale * z[:, features].T[:, :, None] * concepts.sae.W_dec[:, features].T[:, None, :]
+    rows = h[None].repeat(len(features), 1, 1)  # (r, T, D)
+    rows[:, p:] = h[None, p:] - shares.to(h.dtype)  # (r, N, D): one feature less on each row
+    return rows
+
+
+@dataclass(frozen=True)
+class ImageAttribution:
+    """One image's attributions between two dictionaries."""
+
+    downstream: np.ndarray  # int64 (m,): the features v of layer b that fire on the image (those asked for)
+    attribution: np.ndarray  # float64 (m, Fa): attribution(u -> v) on this image
+    fires: np.ndarray  # bool (N, Fb): where each feature of layer b fires on the image
+
+
+def image_attribution(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, h: torch.Tensor,
+                      wanted: np.ndarray | None = None) -> ImageAttribution:
+    """attribution(u -> v) on one image for every u and every v of `wanted` (bool (Fb,), default all) that fires on
+    it: h (T, D) is its residual stream after block a = upstream.layer. One backward per v, ROWS_AT_ONCE at a time;
+    the sum over t' runs over u's k non-zero codes per token only. Call inside `gradient_pass`."""
+    a, b = upstream.layer, downstream.layer
+    h = h.detach().float()
+    with torch.no_grad():
+        z_a = upstream.codes(_patches(loaded, h))  # (N, Fa)
+        z_b = downstream.codes(_patches(loaded, blocks_between(loaded, h[None], a, b)[0]))  # (N, Fb)
+    fires = z_b > 0  # (N, Fb)
+    wanted_here = fires.any(dim=0).numpy() & (wanted if wanted is not None else True)
+    features = np.flatnonzero(wanted_here)  # (m,)
+    values, indices = z_a.topk(upstream.sae.k, dim=-1)  # (N, k): z_a's non-zero entries are among these
+    directions = upstream.sae.W_dec.detach()[:, indices].double()  # (D, N, k)
+    found = np.zeros((len(features), upstream.sae.num_features))
+    for first in range(0, len(features), ROWS_AT_ONCE):
+        chosen = torch.as_tensor(features[first:first + ROWS_AT_ONCE])  # (r,)
+        rows = h[None].repeat(len(chosen), 1, 1).requires_grad_(True)  # (r, T, D)
+        after = _patches(loaded, blocks_between(loaded, rows, a, b))  # (r, N, D)
+        x_n = downstream.normalisation.apply(after) - downstream.sae.b_pre  # (r, N, D)
+        pre = torch.einsum("rnd,rd->rn", x_n, downstream.sae.W_enc[chosen]) + downstream.sae.b_enc[chosen][:, None]
+        (gradient,) = torch.autograd.grad((pre * fires[:, chosen].T).sum(), rows)  # (r, T, D)
+        gradient = _patches(loaded, gradient.detach()).double()  # (r, N, D)
+        along = torch.einsum("rnd,dnk->rnk", gradient, directions) * values.double()  # (r, N, k): z_u d_u . grad
+        per_feature = torch.zeros((len(chosen), upstream.sae.num_features), dtype=torch.float64)
+        per_feature.index_add_(1, indices.reshape(-1), along.reshape(len(chosen), -1))
+        found[first:first + len(chosen)] = upstream.normalisation.scale * per_feature.numpy()
+    return ImageAttribution(features.astype(np.int64), found, fires.numpy())
+
+
+def removal_sums(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, h: torch.Tensor,
+                 edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each edge (u, v) of `edges` (int (E, 2)) on one image: the sum of z_v over the tokens where v fires, plain
+    and with u removed at block a (h (T, D) after it) -> float64 (E,), (E,). An edge whose u does not fire on the
+    image has its removed sum equal to the plain one. Call inside `model_pass`."""
+    a, b = upstream.layer, downstream.layer
+    z_a = upstream.codes(_patches(loaded, h).float())  # (N, Fa)
+    z_b = downstream.codes(_patches(loaded, blocks_between(loaded, h[None], a, b)[0]).float())  # (N, Fb)
+    fires = (z_b > 0).double()  # (N, Fb)
+    plain = (z_b.double() * fires)[:, edges[:, 1]].sum(dim=0).numpy()  # (E,)
+    removed = plain.copy()
+    present = np.flatnonzero((z_a > 0).any(dim=0).numpy())
+    upstream_here = np.intersect1d(np.unique(edges[:, 0]), present)  # (U,): the removals that change something
+    for first in range(0, len(upstream_here), ROWS_AT_ONCE):
+        chosen = upstream_here[first:first + ROWS_AT_ONCE]  # (r,)
+        rows = removed_rows(loaded, upstream, h, z_a, torch.as_tensor(chosen))
+        z_removed = downstream.codes(_patches(loaded, blocks_between(loaded, rows, a, b)).float()
+                                     .reshape(-1, h.shape[-1])).reshape(len(chosen), -1, z_b.shape[1])  # (r, N, Fb)
+        for row, u in enumerate(chosen.tolist()):
+            these = np.flatnonzero(edges[:, 0] == u)
+            removed[these] = (z_removed[row].double() * fires)[:, edges[these, 1]].sum(dim=0).numpy()
+    return plain, removed
+
+
+def top_upstream(attribution: np.ndarray, alive: np.ndarray, count: int = EDGES_PER_FEATURE) -> np.ndarray:
+    """The edges: for each alive feature v (bool (Fb,)) its `count` features u with the largest |attribution(u -> v)|
+    (float64 (Fb, Fa)) among those where it is not 0, ties broken by the lower index -> int64 (E, 2) of (u, v), by v then
+    by rank."""
+    edges = []
+    for v in np.flatnonzero(alive).tolist():
+        size = np.abs(attribution[v])
+        order = np.lexsort((np.arange(len(size)), -size))  # largest first; equal ones by index
+        edges += [(u, v) for u in order[:count].tolist() if size[u] > 0]
+    return np.array(edges, dtype=np.int64).reshape(-1, 2)
+
+
+def circuit_sources(plan: RunPlan, images: int = CIRCUIT_IMAGES) -> list:
+    """The circuit's images: the held-out images (`held_out`), at most `images` of them, the first in the run's
+    sorted order."""
+    mask = held_out(plan.names)
+    return [source for source, held in zip(plan.sources(), mask, strict=True) if held][:images]
+
+
+def _each_held_out_image(loaded: LoadedModel, plan: RunPlan, images: int,
+                         run: Callable[[LoadedModel, torch.Tensor], Any], workers: int, batch_size: int,
+                         progress: Callable[[int, int], None] | None, done_before: int, of: int) -> Iterator[Any]:
+    """run(model, x (1, 3, H, W)) for each held-out image in order, on the dataset engine's forward pool (each image
+    alone at one torch thread, so the result does not depend on the pool's width)."""
+    sources = circuit_sources(plan, images)
+    batches = consecutive_batches(0, len(sources), batch_size)
+    width = max(1, min(model_workers(loaded.device), len(sources)))
+    done = done_before
+    with forward_pool(loaded, width) as pool:
+        for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers,
+                                               batches=batches):
+            done += len(decoded) + len(failed)
+            if x is not None:
+                yield from map_forwards(pool, loaded, run, list(x.split(1)))
+            if progress:
+                progress(done, of)
+
+
+@dataclass(frozen=True)
+class LayerPair:
+    """The circuit between two consecutive listed blocks."""
+
+    upstream: int  # block a
+    downstream: int  # block b
+    attribution: np.ndarray  # float64 (Fb, Fa), summed over the circuit's images
+    alive: np.ndarray  # bool (Fb,): fires on some token of the circuit's images at block b
+    edges: np.ndarray  # int64 (E, 2): (u, v)
+    plain: np.ndarray  # float64 (E,): sum of z_v over the held-out tokens where v fires
+    removed: np.ndarray  # float64 (E,): the same with u removed at block a
+
+    @property
+    def removal_effect(self) -> np.ndarray:
+        """float64 (E,): 1 - removed / plain (plain > 0 for every edge: v is alive)."""
+        return 1.0 - self.removed / self.plain
+
+
+def layer_pair(loaded: LoadedModel, plan: RunPlan, upstream: Concepts, downstream: Concepts, workers: int = 0,
+               batch_size: int = 8, progress: Callable[[int, int], None] | None = None,
+               images: int = CIRCUIT_IMAGES) -> LayerPair:
+    """The attributions over the circuit's images (`circuit_sources`: first pass), then the edges' removals (second
+    pass). progress(images done, of twice the circuit's images)."""
+    a, b = upstream.layer, downstream.layer
+    count = len(circuit_sources(plan, images))
+    total = np.zeros((downstream.sae.num_features, upstream.sae.num_features))
+    alive = np.zeros(downstream.sae.num_features, dtype=bool)
+    if progress:
+        progress(0, 2 * count)
+
+    def attributed(model: LoadedModel, x: torch.Tensor) -> ImageAttribution:
+        with gradient_pass(model):
+            with torch.no_grad():
+                h = residuals_after(model, x.to(model.device), (a,))[0][0]  # (T, D)
+            return image_attribution(model, upstream, downstream, h)
+
+    for seen in _each_held_out_image(loaded, plan, images, attributed, workers, batch_size, progress, 0, 2 * count):
+        total[seen.downstream] += seen.attribution  # in image order: the same sum whatever the pool
+        alive |= seen.fires.any(axis=0)
+    edges = top_upstream(total, alive)
+    plain, removed = np.zeros(len(edges)), np.zeros(len(edges))
+
+    def measured(model: LoadedModel, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        with model_pass(model):
+            h = residuals_after(model, x.to(model.device), (a,))[0][0]  # (T, D)
+            return removal_sums(model, upstream, downstream, h, edges)
+
+    if len(edges):
+        for image_plain, image_removed in _each_held_out_image(loaded, plan, images, measured, workers, batch_size, progress,
+                                                               count, 2 * count):
+            plain += image_plain
+            removed += image_removed
+    elif progress:
+        progress(2 * count, 2 * count)
+    return LayerPair(a, b, total, alive, edges, plain, removed)
+
+
+def circuit_of(loaded: LoadedModel, plan: RunPlan, dictionaries: Sequence[Concepts], workers: int = 0,
+               progress: Callable[[int, int], None] | None = None, images: int = CIRCUIT_IMAGES) -> list[LayerPair]:
+    """Each pair of consecutive dictionaries' circuit, in order. progress(images done, of all passes' images)."""
+    pairs = []
+    steps = 2 * len(circuit_sources(plan, images)) * (len(dictionaries) - 1)
+    for number, (upstream, downstream) in enumerate(zip(dictionaries, dictionaries[1:], strict=False)):
+        before = number * steps // max(1, len(dictionaries) - 1)
+        pairs.append(layer_pair(loaded, plan, upstream, downstream, workers, images=images,
+                                progress=(lambda done, of, before=before: progress(before + done, steps))
+                                if progress else None))
+    return pairs
+
+
+def circuit_json(pairs: Sequence[LayerPair], layers: Sequence[int]) -> dict[str, Any]:
+    """circuit.json's content (docs/spec/interface.md, "Concepts")."""
+    edges = []
+    for pair in pairs:
+        effect = pair.removal_effect
+        for (u, v), attribution, removal in zip(pair.edges.tolist(), pair.attribution[pair.edges[:, 1], pair.edges[:, 0]],
+                                                 effect, strict=True):
+            edges.append({"from": {"layer": pair.upstream, "feature": u}, "to": {"layer": pair.downstream, "feature": v},
+                          "attribution": float(attribution), "removal_effect": float(removal)})
+    return {"format": CIRCUIT_FORMAT, "layers": list(layers), "edges": edges}
