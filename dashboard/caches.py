@@ -550,6 +550,52 @@ def concept_removed_logits(request: ModelRequest, loaded: LoadedModel, image: Im
     return _concept_removed(request.key, image.sha, concepts_key, feature, loaded, found, cap)
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _circuit(path: str, stamp: int, num_features: int) -> dict:
+    from vit_core.concepts.folders import read_circuit
+
+    return read_circuit(Path(path), num_features)
+
+
+def loaded_circuit(path: str, num_features: int) -> dict:
+    """circuit.json at `path`, read and checked once per modification (vit_core.concepts.folders.read_circuit, every
+    block's F bounded by `num_features`). Raises ConceptsError."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = -1  # read_circuit says why
+    return _circuit(path, stamp, num_features)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _image_circuit(model_key: str, image_sha: str, concepts_keys: tuple[str, ...], _loaded: LoadedModel,
+                   _dictionaries: tuple, _cap: vit_core.Capture):
+    from vit_core.concepts.circuit import image_circuit as circuit_of_image
+
+    return circuit_of_image(_loaded, _dictionaries, explain.model_input(_loaded, _cap))
+
+
+def image_circuit(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                  concepts_keys: tuple[str, ...], dictionaries: tuple):
+    """The image's circuit through the listed blocks' dictionaries (vit_core.concepts.circuit.image_circuit)."""
+    return _image_circuit(request.key, image.sha, concepts_keys, loaded, dictionaries, cap)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _image_removal(model_key: str, image_sha: str, upstream_key: str, downstream_key: str, u: int, v: int,
+                   _loaded: LoadedModel, _upstream: concepts.Concepts, _downstream: concepts.Concepts,
+                   _cap: vit_core.Capture) -> tuple[np.ndarray, np.ndarray]:
+    from vit_core.concepts.circuit import image_removal as removal_on_image
+
+    return removal_on_image(_loaded, _upstream, _downstream, explain.model_input(_loaded, _cap), u, v)
+
+
+def image_removal(request: ModelRequest, loaded: LoadedModel, image: ImageChoice, cap: vit_core.Capture,
+                  keys: tuple[str, str], dictionaries: tuple, u: int, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """v's activation per patch (N,) of the image, plain and with u removed at u's block."""
+    return _image_removal(request.key, image.sha, *keys, u, v, loaded, *dictionaries, cap)
+
+
 @st.cache_resource(max_entries=128, show_spinner=False)
 def _feature_crops(model_key: str, concepts_key: str, feature: int, count: int, _loaded: LoadedModel,
                    _images: Path | None, _top: tuple) -> list[tuple[np.ndarray, float]]:

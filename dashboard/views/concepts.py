@@ -29,10 +29,11 @@ from dashboard.views.context import (
 )
 from vit_core import analyses, settings
 from vit_core.concepts import Concepts, ConceptsError
-from vit_core.concepts.folders import offered_folders, outside_files, typed_folder
+from vit_core.concepts.folders import check_circuit, circuit_beside, offered_folders, outside_files, typed_folder
 from vit_core.concepts.quality import STABLE_COSINE
 from vit_core.loading.model import LoadedModel
 
+K_CIRCUIT_EDGE, K_CIRCUIT_CLICK = "concept_circuit_edge", "concept_circuit_click"  # the edge chosen, the chart's clicks
 FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
 CROPS_SHOWN = 8
 MAP_PX = 160
@@ -240,6 +241,7 @@ def concepts_view(ctx: ViewContext) -> None:
     if no_head(ctx):
         return
     _removal(ctx, path, concepts_key, found, seen.strongest.tolist())
+    _circuit(ctx, picked)
     st.markdown(text.CONCEPTS)
 
 
@@ -257,3 +259,98 @@ def _removal(ctx: ViewContext, path: str, concepts_key: str, found, strongest: l
     b.markdown(f"**After removing feature #{feature}**\n\n" + _ranked(logits, ctx.loaded.labels))
     show_picture(cached_figure(_prediction_change_png, ctx, path, concepts_key, feature), "concept_change",
                  f"{ctx.stem}_without_feature_{feature}")
+
+
+@dataclass(frozen=True)
+class CircuitFolders:
+    """The run of several blocks the picked folder belongs to: its circuit.json and each block's dictionary."""
+
+    circuit: dict[str, Any]
+    keys: tuple[str, ...]  # caches.loaded_concepts's, per listed block
+    dictionaries: tuple[Concepts, ...]
+
+
+def _circuit_folders(ctx: ViewContext, picked: PickedConcepts) -> CircuitFolders | None:
+    """The circuit.json beside the picked DIR/layer-L and the dictionaries of its blocks, read and checked (each for
+    this model); None where there is none, or the one line that says why it can't be used."""
+    path = circuit_beside(Path(picked.path), picked.found.layer)
+    if path is None:
+        return None
+    try:
+        circuit = caches.loaded_circuit(str(path), picked.found.sae.num_features)
+        opened = [caches.loaded_concepts(str(path.parent / f"layer-{layer}")) for layer in circuit["layers"]]
+        check_circuit(circuit, {o.concepts.layer: o.concepts.sae.num_features for _, o in opened}, path.name)
+        for key, o in opened:
+            why = caches.concepts_model_check(key, o, ctx.loaded)
+            if o.concepts.model != ctx.loaded.name or o.concepts.sae.d_model != ctx.loaded.geometry.embed_dim or why:
+                raise ConceptsError(why or f"the dictionary of block {o.concepts.layer} is not this model's.")
+    except ConceptsError as e:
+        st.error(md(f"The circuit beside these concepts can't be shown: {e}"))
+        return None
+    return CircuitFolders(circuit, tuple(key for key, _ in opened), tuple(o.concepts for _, o in opened))
+
+
+def _edge_name(edge: str) -> str:
+    upstream, downstream = edge.split(">")
+    (a, u), (b, v) = upstream.split(":"), downstream.split(":")
+    return f"#{u} (block {a}) -> #{v} (block {b})"
+
+
+def _click_to_edge(options: list[str]) -> None:
+    """on_select callback: a click on an edge's middle marker chooses that edge."""
+    points = st.session_state[K_CIRCUIT_CLICK].selection.points
+    if points and isinstance(points[0].get("customdata"), list):
+        i, r, c = points[0]["customdata"]
+        chosen = next((o for o in options if o.startswith(f"{i}|{r}|{c}|")), None)
+        if chosen is not None:
+            st.session_state[K_CIRCUIT_EDGE] = chosen
+
+
+def _circuit(ctx: ViewContext, picked: PickedConcepts) -> None:
+    """Circuits: the image's patches -> its strongest features at each listed block -> the prediction, edges by
+    attribution on this image; an edge chosen (clicked, or in the list) shows the removal on this image: the
+    downstream feature's map with and without the upstream one."""
+    folders = _circuit_folders(ctx, picked)
+    if folders is None:
+        return
+    seen = caches.image_circuit(ctx.request, ctx.loaded, ctx.image, ctx.cap, folders.keys, folders.dictionaries)
+    layers = seen.layers
+    st.markdown(f"**Circuit across blocks {', '.join(map(str, layers))}**: this image's strongest features at each "
+                "block, joined by their attribution on it (blue: adds to the next one's pre-activation, red: "
+                "takes from it)")
+    options = [f"{i}|{r}|{c}|{layers[i]}:{seen.strongest[i][c]}>{layers[i + 1]}:{seen.strongest[i + 1][r]}"
+               for i, values in enumerate(seen.attribution)
+               for r, c in sorted(np.ndindex(values.shape), key=lambda rc, v=values: -abs(v[rc]))]
+    figure = concept_figures.circuit_figure(layers, seen.strongest, seen.totals, seen.attribution, seen.to_prediction,
+                                            ctx.loaded.label(seen.prediction))
+    st.plotly_chart(figure, key=K_CIRCUIT_CLICK, on_select=lambda: _click_to_edge(options), selection_mode="points",
+                    config={"displayModeBar": False})
+    if not options:
+        st.info("No two of the shown features are joined on this image.")
+        return
+    if st.session_state.get(K_CIRCUIT_EDGE) not in [None, *options]:
+        st.session_state[K_CIRCUIT_EDGE] = None
+    edge = st.selectbox("Remove the upstream feature of an edge (or click its middle)", [None, *options],
+                        key=K_CIRCUIT_EDGE, format_func=lambda o: "none" if o is None else _edge_name(o.split("|")[3]),
+                        help="subtracts s z_u d_u from every patch token after u's block and runs the blocks up to v's")
+    if edge is None:
+        return
+    i, r, c = (int(part) for part in edge.split("|")[:3])
+    u, v = int(seen.strongest[i][c]), int(seen.strongest[i + 1][r])
+    plain, removed = caches.image_removal(ctx.request, ctx.loaded, ctx.image, ctx.cap, folders.keys[i:i + 2],
+                                          folders.dictionaries[i:i + 2], u, v)
+    g = ctx.loaded.geometry
+    left, right = st.columns(2)
+    top = float(max(plain.max(), removed.max(), 0.0)) or 1.0
+    for column, activation, title in ((left, plain, f"#{v} as it is"), (right, removed, f"#{v} without #{u}")):
+        column.image(concept_figures.feature_map_image(ctx.cap.input_image, activation.reshape(g.grid), g.patch_size,
+                                                       MAP_PX, top), caption=title)  # one colour scale for both
+    change = 1 - float(removed.sum()) / float(plain.sum()) if plain.sum() > 0 else float("nan")
+    folder_effect = next((e["removal_effect"] for e in folders.circuit["edges"]
+                          if (e["from"]["layer"], e["from"]["feature"], e["to"]["layer"], e["to"]["feature"])
+                          == (layers[i], u, layers[i + 1], v)), None)
+    st.caption(f"On this image feature #{v}'s total activation goes from {plain.sum():.3g} to {removed.sum():.3g} "
+               f"(a removal effect of {change:.2f})"
+               + (f"; over the folder's held-out images the edge's removal effect is {folder_effect:.2f}."
+                  if folder_effect is not None else "; the folder's circuit does not list this edge (not among v's "
+                  "10 upstream features of largest attribution)."))

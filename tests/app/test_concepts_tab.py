@@ -207,3 +207,67 @@ def test_damaged_concepts_show_one_sentence_not_an_exception(concepts_dir, tmp_p
     at.selectbox(key=session.K_CONCEPTS).set_value("bad").run()
     assert_healthy(at)
     assert len(at.error) == 1 and "grid" in at.error[0].value and not at.exception
+
+
+@pytest.fixture(scope="module")
+def circuit_dir(tmp_path_factory) -> Path:
+    """`vit-lens concepts --layer 1,2` on 18 drawn Shapes: DIR/layer-1, DIR/layer-2 and DIR/circuit.json."""
+    from PIL import Image
+
+    from vit_core import __main__ as core_cli
+    from vit_core.teaching.data import LABELS, draw_set
+
+    images, out = tmp_path_factory.mktemp("circuit_images"), tmp_path_factory.mktemp("circuit") / "run"
+    drawn = draw_set(18, seed=5)
+    for i, image in enumerate(drawn.images):
+        (images / LABELS[drawn.labels[i]]).mkdir(exist_ok=True)
+        Image.fromarray(image).save(images / LABELS[drawn.labels[i]] / f"{i:02d}.png")
+    assert core_cli.main(["concepts", str(images), "--model", SHAPES, "--layer", "1,2", "--features", "64", "--k", "4",
+                          "--epochs", "2", "--workers", "0", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_circuits_view_shows_and_an_edge_shows_its_removal_on_the_image(circuit_dir, monkeypatch):
+    from dashboard.views.concepts import K_CIRCUIT_EDGE
+    from vit_core.concepts.circuit import image_circuit, image_removal
+    from vit_core.explain import model_input
+
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(circuit_dir / "layer-2"))
+    ctx = shapes_context()
+    at = run_view()
+    at.selectbox(key=session.K_CONCEPTS).set_value("layer-2").run()
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    shown = " ".join(m.value for m in at.markdown)
+    assert "Circuit across blocks 1, 2" in shown
+    dictionaries = [load_concepts(circuit_dir / "layer-1"), load_concepts(circuit_dir / "layer-2")]
+    seen = image_circuit(ctx.loaded, dictionaries, model_input(ctx.loaded, ctx.cap))
+    options = at.selectbox(key=K_CIRCUIT_EDGE).options
+    assert len(options) == 1 + len(seen.strongest[0]) * len(seen.strongest[1])
+    strongest = np.unravel_index(np.argmax(np.abs(seen.attribution[0])), seen.attribution[0].shape)
+    r, c = int(strongest[0]), int(strongest[1])
+    u, v = int(seen.strongest[0][c]), int(seen.strongest[1][r])
+    pictures = len(at.get("image"))
+    at.selectbox(key=K_CIRCUIT_EDGE).set_value(at.selectbox(key=K_CIRCUIT_EDGE).options[1]).run()  # the largest first
+    assert_healthy(at)
+    plain, removed = image_removal(ctx.loaded, *dictionaries, model_input(ctx.loaded, ctx.cap), u, v)
+    captions = " ".join(c.value for c in at.caption)
+    assert f"feature #{v}'s total activation goes from {plain.sum():.3g} to {removed.sum():.3g}" in captions, captions
+    assert len(at.get("image")) == pictures + 2  # v's map as it is and without u
+
+
+def test_a_damaged_circuit_is_said_in_one_sentence(circuit_dir, tmp_path, monkeypatch):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(circuit_dir, copy, ignore=shutil.ignore_patterns("tokens"))
+    circuit = json.loads((copy / "circuit.json").read_text())
+    circuit["edges"][0]["to"]["layer"] = 1  # from block 1 to block 1
+    (copy / "circuit.json").write_text(json.dumps(circuit))
+    monkeypatch.setenv("VIT_LENS_CONCEPTS", str(copy / "layer-2"))
+    at = run_view()
+    at.selectbox(key=session.K_CONCEPTS).set_value("layer-2").run()
+    assert_healthy(at)
+    said = [e.value.replace("\\", "") for e in at.error]  # md() escapes the colons
+    assert said == ["The circuit beside these concepts can't be shown: circuit.json is damaged: edge 0 is not one from a "
+                    "feature of a listed block to one of the next, with its attribution and removal effect."]

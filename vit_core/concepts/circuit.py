@@ -33,13 +33,13 @@ from ..explain.passes import eval_mode, model_pass
 from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
 from .collect import held_out, residuals_after
+from .folders import CIRCUIT_EDGES_PER_FEATURE, CIRCUIT_FILE, CIRCUIT_MAX_LAYERS
 from .sae import Concepts, ConceptsError
 
-CIRCUIT_FILE = "circuit.json"
 CIRCUIT_FORMAT = "vit-lens circuit 1"
-EDGES_PER_FEATURE = 10  # upstream features kept per downstream feature, by |attribution|
+EDGES_PER_FEATURE = CIRCUIT_EDGES_PER_FEATURE  # upstream features kept per downstream feature, by |attribution|
 ROWS_AT_ONCE = 64  # rows of one image (one per feature) run through the blocks between two layers at once
-MAX_LAYERS = 3
+MAX_LAYERS = CIRCUIT_MAX_LAYERS
 CIRCUIT_IMAGES = 64  # held-out images the circuit is measured on, at most: each costs a backward pass per feature
 
 
@@ -267,3 +267,80 @@ def circuit_json(pairs: Sequence[LayerPair], layers: Sequence[int]) -> dict[str,
             edges.append({"from": {"layer": pair.upstream, "feature": u}, "to": {"layer": pair.downstream, "feature": v},
                           "attribution": float(attribution), "removal_effect": float(removal)})
     return {"format": CIRCUIT_FORMAT, "layers": list(layers), "edges": edges}
+
+
+__all__ = ["CIRCUIT_FILE", "EDGES_PER_FEATURE", "MAX_LAYERS", "ImageCircuit", "LayerPair", "circuit_json", "circuit_of",
+           "image_attribution", "image_circuit", "image_removal", "layer_pair", "removal_sums", "top_upstream"]
+
+
+# ----------------------------------------------------------------------------------------------
+# One image's circuit (the Concepts tab)
+
+SHOWN_PER_LAYER = 5  # an image's strongest features shown per block
+
+
+@dataclass(frozen=True)
+class ImageCircuit:
+    """One image through the listed blocks: its strongest features at each, joined by their attributions on it."""
+
+    layers: tuple[int, ...]
+    strongest: list[np.ndarray]  # per block int64 (S,): the features of the largest total activation, largest first
+    totals: list[np.ndarray]  # per block float64 (S,): those totals, sum of z_f over the patches
+    maps: list[np.ndarray]  # per block float32 (S, N): their activations per patch
+    attribution: list[np.ndarray]  # per consecutive pair float64 (S_b, S_a): attribution(u -> v) on this image
+    to_prediction: np.ndarray  # float64 (S_last,): attribution of the last block's features to the top-1's logit
+    prediction: int  # the top-1 class
+
+
+def strongest_of(z: torch.Tensor, count: int) -> np.ndarray:
+    """The features (of codes z (N, F)) with the largest total activation over the patches, at most `count`, only
+    those that fire, ties by the lower index: int64 (S,)."""
+    totals = z.double().sum(dim=0).numpy()  # (F,)
+    order = np.lexsort((np.arange(len(totals)), -totals))
+    return order[:count][totals[order[:count]] > 0].astype(np.int64)
+
+
+def image_circuit(loaded: LoadedModel, dictionaries: Sequence[Concepts], x: torch.Tensor,
+                  shown: int = SHOWN_PER_LAYER) -> ImageCircuit:
+    """The circuit of one image x (1, 3, H, W): at each dictionary's block its `shown` strongest features; between
+    consecutive blocks the attribution of each shown u to each shown v on this image (`image_attribution`); from the
+    last block to the prediction, each shown feature's z_f times the gradient of the top-1's logit with respect to it,
+    summed over the patches (the same attribution with the logit in place of pre_v)."""
+    from .quality import logits_after
+
+    layers = tuple(c.layer for c in dictionaries)
+    with gradient_pass(loaded):
+        with torch.no_grad():
+            found = residuals_after(loaded, x.to(loaded.device), layers)
+            hs = [h[0].float() for h in found]  # per block (T, D)
+            codes = [c.codes(_patches(loaded, h)) for c, h in zip(dictionaries, hs, strict=True)]  # per block (N, F)
+            prediction = int(logits_after(loaded, found[-1], layers[-1]).argmax(-1)[0])
+        strongest = [strongest_of(z, shown) for z in codes]
+        attribution = []
+        for i, (upstream, downstream) in enumerate(zip(dictionaries, dictionaries[1:], strict=False)):
+            wanted = np.zeros(downstream.sae.num_features, dtype=bool)
+            wanted[strongest[i + 1]] = True
+            seen = image_attribution(loaded, upstream, downstream, hs[i], wanted)
+            rows = {int(v): r for r, v in enumerate(seen.downstream)}
+            attribution.append(np.stack([seen.attribution[rows[int(v)]][strongest[i]] for v in strongest[i + 1]])
+                               if len(strongest[i + 1]) else np.zeros((0, len(strongest[i]))))
+        last, h = dictionaries[-1], hs[-1].detach().clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(logits_after(loaded, h[None], layers[-1])[0, prediction], h)
+        along = _patches(loaded, gradient).double() @ last.sae.W_dec.detach()[:, strongest[-1]].double()  # (N, S)
+        to_prediction = last.normalisation.scale * (codes[-1][:, strongest[-1]].double() * along).sum(dim=0).numpy()
+    return ImageCircuit(layers, strongest, [z[:, s].double().sum(dim=0).numpy() for z, s in zip(codes, strongest, strict=True)],
+                        [z[:, s].T.numpy() for z, s in zip(codes, strongest, strict=True)], attribution, to_prediction,
+                        prediction)
+
+
+def image_removal(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, x: torch.Tensor, u: int, v: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """v's activation on each patch of one image x (1, 3, H, W), plain and with u removed at u's block (x - s z_u d_u
+    on the patch tokens, the spec's "remove this concept"): float32 (N,), (N,)."""
+    with model_pass(loaded):
+        h = residuals_after(loaded, x.to(loaded.device), (upstream.layer,))[0][0]  # (T, D)
+        z = upstream.codes(_patches(loaded, h).float())  # (N, Fa)
+        rows = torch.cat([h[None], removed_rows(loaded, upstream, h, z, torch.tensor([u]))])  # (2, T, D): plain, removed
+        after = _patches(loaded, blocks_between(loaded, rows, upstream.layer, downstream.layer)).float()  # (2, N, D)
+        plain, removed = (downstream.codes(after[i])[:, v].numpy() for i in range(2))
+    return plain, removed

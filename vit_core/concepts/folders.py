@@ -8,7 +8,9 @@ once, when it is opened, against bounds from the model and the machine.
 - `open_folder`: concepts.safetensors and concepts.json read as regular files of bounded size (never a FIFO, a
   device or /proc's endless files), every tensor finite, norm_scale > 0, F within `max_features`, concepts.json
   nested at most SUMMARY_DEPTH deep with the types and ranges docs/spec/interface.md gives (`check_summary`);
-- `image_path`: a top patch's file inside the folder the concepts were learned from, or None.
+- `image_path`: a top patch's file inside the folder the concepts were learned from, or None;
+- `circuit_beside`, `read_circuit`: the circuit.json of a run of several blocks, beside its DIR/layer-L folders, read
+  as a regular file of bounded size and checked (`check_circuit`).
 
 Every refusal is a ConceptsError of one sentence. Shapes: D width, F features, (gh, gw) the model's patch grid.
 """
@@ -305,3 +307,69 @@ def image_path(images: Path | None, file: str) -> Path | None:
 def outside_files(images: Path | None, top: Sequence[Mapping[str, Any]]) -> int:
     """How many of a feature's top patches name a file outside `images` (skipped, never read)."""
     return sum(image_path(images, t["file"]) is None for t in top)
+
+
+# ----------------------------------------------------------------------------------------------
+# A circuit across blocks (DIR/circuit.json beside DIR/layer-L)
+
+CIRCUIT_FILE = "circuit.json"
+CIRCUIT_DEPTH = 4  # {"edges": [{"from": {...}}]} is 4 levels deep
+CIRCUIT_EDGE_BYTES = 400  # an edge's entry, indented as the command writes it, with room to spare
+CIRCUIT_EDGES_PER_FEATURE = 10  # vit_core.concepts.circuit.EDGES_PER_FEATURE
+CIRCUIT_MAX_LAYERS = 3
+
+
+def circuit_beside(folder: Path, layer: int) -> Path | None:
+    """The circuit.json of the run whose block `layer` is the concepts folder `folder` (DIR/layer-L), or None."""
+    path = folder.parent / CIRCUIT_FILE
+    return path if folder.name == f"layer-{layer}" and os.path.lexists(path) else None
+
+
+def read_circuit(path: Path, num_features: int) -> dict[str, Any]:
+    """circuit.json at `path`, its size bounded by F (the features of the largest dictionary it may join) and its
+    nesting by CIRCUIT_DEPTH, checked by `check_circuit` with every block's F taken as `num_features`. Raises
+    ConceptsError."""
+    limit = 2**20 + CIRCUIT_EDGE_BYTES * CIRCUIT_EDGES_PER_FEATURE * num_features * (CIRCUIT_MAX_LAYERS - 1)
+    data = read_regular(path, limit)
+    try:
+        circuit = bounded_json.loads(data.decode("utf-8"), CIRCUIT_DEPTH)
+    except bounded_json.NestingError as e:
+        raise ConceptsError(f"{path.name} is damaged: {e}.") from None
+    except (UnicodeDecodeError, ValueError):
+        raise ConceptsError(f"{path.name} is damaged: it is not JSON.") from None
+    layers = circuit.get("layers") if isinstance(circuit, dict) else None
+    check_circuit(circuit, {layer: num_features for layer in layers} if isinstance(layers, list)
+                  and all(isinstance(layer, int) for layer in layers) else {}, path.name)
+    return circuit
+
+
+def check_circuit(circuit: Any, num_features: Mapping[int, int], name: str = CIRCUIT_FILE) -> None:
+    """circuit.json's content as docs/spec/interface.md ("Concepts") gives it: an object whose layers are 2 to
+    CIRCUIT_MAX_LAYERS increasing blocks, each a key of `num_features` (block -> F); its edges a list of at most
+    CIRCUIT_EDGES_PER_FEATURE per feature of each block but the first, each {from: {layer, feature}, to: {layer,
+    feature}, attribution, removal_effect} from one listed block to the next, features below their block's F, the
+    attribution finite and the removal effect finite and at most 1. Raises ConceptsError naming the first part that
+    is not."""
+    def refuse(what: str) -> ConceptsError:
+        return ConceptsError(f"{name} is damaged: {what}.")
+
+    if not isinstance(circuit, dict):
+        raise refuse("it is not a JSON object")
+    layers = circuit.get("layers")
+    if not (isinstance(layers, list) and 2 <= len(layers) <= CIRCUIT_MAX_LAYERS
+            and all(_count(layer, 2**31) for layer in layers)
+            and all(b > a for a, b in zip(layers, layers[1:], strict=False)) and all(layer in num_features for layer in layers)):
+        raise refuse(f"its layers are not 2 to {CIRCUIT_MAX_LAYERS} increasing blocks of its dictionaries")
+    edges = circuit.get("edges")
+    most = CIRCUIT_EDGES_PER_FEATURE * sum(num_features[layer] for layer in layers[1:])
+    if not isinstance(edges, list) or len(edges) > most:
+        raise refuse(f"its edges are not a list of at most {most:,}")
+    following = dict(zip(layers, layers[1:], strict=False))
+    for number, edge in enumerate(edges):
+        ends = [edge.get(end) if isinstance(edge, dict) else None for end in ("from", "to")]
+        if not (all(isinstance(end, dict) and end.get("layer") in num_features
+                    and _count(end.get("feature"), num_features[end["layer"]]) for end in ends)
+                and following.get(ends[0]["layer"]) == ends[1]["layer"]
+                and _number(edge.get("attribution")) and _number(edge.get("removal_effect"), high=1)):
+            raise refuse(f"edge {number} is not one from a feature of a listed block to one of the next, with its "
+                         "attribution and removal effect")
