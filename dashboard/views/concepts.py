@@ -345,12 +345,14 @@ def _circuit(ctx: ViewContext, picked: PickedConcepts) -> None:
     for column, activation, title in ((left, plain, f"#{v} as it is"), (right, removed, f"#{v} without #{u}")):
         column.image(concept_figures.feature_map_image(ctx.cap.input_image, activation.reshape(g.grid), g.patch_size,
                                                        MAP_PX, top), caption=title)  # one colour scale for both
-    change = 1 - float(removed.sum()) / float(plain.sum()) if plain.sum() > 0 else float("nan")
+    fires = plain > 0  # (N,): where v fires on the image as it is
+    before, after = float(plain[fires].sum()), float(removed[fires].sum())
+    change = 1 - after / before if before > 0 else float("nan")
     folder_effect = next((e["removal_effect"] for e in folders.circuit["edges"]
                           if (e["from"]["layer"], e["from"]["feature"], e["to"]["layer"], e["to"]["feature"])
                           == (layers[i], u, layers[i + 1], v)), None)
-    st.caption(f"On this image feature #{v}'s total activation goes from {plain.sum():.3g} to {removed.sum():.3g} "
-               f"(a removal effect of {change:.2f})"
-               + (f"; over the folder's held-out images the edge's removal effect is {folder_effect:.2f}."
+    st.caption(f"On this image feature #{v}'s activation over the patches where it fires goes from {before:.3g} to "
+               f"{after:.3g} without #{u} (a removal effect of {change:.2f})"
+               + (f"; over the circuit's images (circuit.json) the edge's removal effect is {folder_effect:.2f}."
                   if folder_effect is not None else "; the folder's circuit does not list this edge (not among v's "
                   "10 upstream features of largest attribution)."))

@@ -252,7 +252,10 @@ def test_the_circuits_view_shows_and_an_edge_shows_its_removal_on_the_image(circ
     assert_healthy(at)
     plain, removed = image_removal(ctx.loaded, *dictionaries, model_input(ctx.loaded, ctx.cap), u, v)
     captions = " ".join(c.value for c in at.caption)
-    assert f"feature #{v}'s total activation goes from {plain.sum():.3g} to {removed.sum():.3g}" in captions, captions
+    fires = plain > 0
+    change = 1 - removed[fires].sum() / plain[fires].sum()
+    assert (f"feature #{v}'s activation over the patches where it fires goes from {plain[fires].sum():.3g} to "
+            f"{removed[fires].sum():.3g} without #{u} (a removal effect of {change:.2f})") in captions, captions
     assert len(at.get("image")) == pictures + 2  # v's map as it is and without u
 
 

@@ -214,3 +214,56 @@ def test_the_command_refuses_blocks_out_of_order(tmp_path, folder, capsys):
         with pytest.raises(SystemExit):
             core_cli.main(["concepts", str(folder), "--layer", layers, "--out", str(tmp_path / "out")])
         assert "increasing order" in capsys.readouterr().err
+
+
+def test_one_images_circuit_is_its_attribution_between_its_strongest_features(shapes, pair):
+    from vit_core.concepts.circuit import image_circuit
+    from vit_core.concepts.quality import logits_after
+
+    upstream, downstream = pair
+    image = draw_set(1, seed=6).images[0]
+    x = model_input(shapes, Image.fromarray(image))
+    seen = image_circuit(shapes, [upstream, downstream], x, shown=4)
+    h = residual(shapes, image, 1)
+    with gradient_pass(shapes):
+        full = image_attribution(shapes, upstream, downstream, h)
+    rows = {int(v): r for r, v in enumerate(full.downstream)}
+    expected = np.stack([full.attribution[rows[int(v)]][seen.strongest[0]] for v in seen.strongest[1]])
+    np.testing.assert_allclose(seen.attribution[0], expected, rtol=1e-9, atol=1e-9)
+    z = upstream.codes(h[P:])
+    assert seen.strongest[0].tolist() == np.argsort(-z.double().sum(dim=0).numpy(), kind="stable")[:4].tolist()
+    h2 = residual(shapes, image, 2)
+    z2 = downstream.codes(h2[P:])
+    f = int(seen.strongest[1][0])
+    z_f = z2[:, f].clone().requires_grad_(True)
+    with gradient_pass(shapes):
+        moved = h2[P:] + downstream.normalisation.scale * (z_f - z_f.detach())[:, None] * downstream.sae.W_dec[:, f].detach()
+        (gradient,) = torch.autograd.grad(logits_after(shapes, torch.cat([h2[:P], moved])[None], 2)[0, seen.prediction], z_f)
+    assert seen.to_prediction[0] == pytest.approx(float((z2[:, f].double() * gradient.double()).sum()), rel=1e-4, abs=1e-5)
+
+
+def test_a_circuit_file_is_read_bounded_and_checked(tmp_path):
+    from vit_core.concepts import ConceptsError
+    from vit_core.concepts.folders import read_circuit
+
+    good = {"layers": [1, 2], "edges": [{"from": {"layer": 1, "feature": 3}, "to": {"layer": 2, "feature": 5},
+                                         "attribution": -2.5, "removal_effect": 0.75}]}
+    path = tmp_path / "circuit.json"
+    path.write_text(json.dumps(good))
+    assert read_circuit(path, 8) == good
+    broken = [[], {"layers": [2, 1], "edges": []}, {"layers": [1, 2, 3, 4], "edges": []}, {"layers": [1, 2]},
+              {**good, "edges": [{**good["edges"][0], "to": {"layer": 1, "feature": 5}}]},
+              {**good, "edges": [{**good["edges"][0], "from": {"layer": 1, "feature": 8}}]},
+              {**good, "edges": [{**good["edges"][0], "removal_effect": 1.5}]},
+              {**good, "edges": [{**good["edges"][0], "attribution": True}]},
+              {**good, "edges": [good["edges"][0]] * 81}]
+    for content in broken:
+        path.write_text(json.dumps(content))
+        with pytest.raises(ConceptsError, match="circuit.json is damaged"):
+            read_circuit(path, 8)
+    path.write_text("[" * 50 + "]" * 50)
+    with pytest.raises(ConceptsError, match="damaged"):
+        read_circuit(path, 8)
+    path.write_bytes(b" " * (2**20 + 400 * 10 * 8 * 2 + 1))
+    with pytest.raises(ConceptsError, match="more than"):
+        read_circuit(path, 8)
