@@ -199,7 +199,7 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                           help="the residual stream after block L (0-based) is what the features describe; 2 or 3 "
                                "increasing blocks (e.g. 1,2,3): one dictionary per block into DIR/layer-L from one "
                                "collection, and DIR/circuit.json, which features of one block feed which of the next")
-    concepts.add_argument("--circuit-images", type=_positive, default=CIRCUIT_IMAGES, metavar="N",
+    concepts.add_argument("--circuit-images", type=_positive, default=None, metavar="N",
                           help="with several blocks: the circuit is measured on the first N held-out images (default "
                                f"{CIRCUIT_IMAGES})")
     concepts.add_argument("--features", type=_positive, metavar="F",
@@ -899,6 +899,9 @@ def concepts(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _too_few_images(args.folder, 2, TOO_FEW_FOR_CONCEPTS):
         return EXIT_FAILURES
+    if args.circuit_images is not None and len(args.layer) == 1:
+        _fail("--circuit-images needs several blocks in --layer (e.g. --layer 1,2)")
+        return EXIT_FAILURES
     if args.features is not None and args.k > args.features:
         _fail(f"--k {args.k}: at most --features ({args.features}) features can be active")
         return EXIT_FAILURES
@@ -1029,7 +1032,7 @@ def _circuit_written(args: argparse.Namespace, loaded: LoadedModel, plan: RunPla
     try:
         with _stage_bars() as progress:
             pairs = circuit_of(loaded, plan, dictionaries, workers, progress=lambda done, of: progress("circuit", done, of),
-                               images=args.circuit_images)
+                               images=args.circuit_images or CIRCUIT_IMAGES)
         content = circuit_json(pairs, args.layer)
         content["seconds"] = round(time.perf_counter() - started, 3)
         path = out.write(CIRCUIT_FILE, json.dumps(content, indent=1).encode())

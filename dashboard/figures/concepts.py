@@ -85,8 +85,8 @@ def circuit_figure(layers: Sequence[int], strongest: Sequence[np.ndarray], total
     labels = [["patches"], *[[f"#{f}" for f in s.tolist()] for s in strongest], [prediction]]
     for x, (rows, names) in enumerate(zip(heights, labels, strict=True)):
         fig.add_trace(go.Scatter(x=[x] * len(rows), y=rows.tolist(), mode="markers+text", text=names,
-                                 textposition="top center", hoverinfo="text", marker={"size": 14, "color": "#444"},
-                                 showlegend=False))
+                                 textposition="top center", textfont={"size": 14, "color": "#111"}, hoverinfo="text",
+                                 marker={"size": 14, "color": "#444"}, showlegend=False))
     fig.update_xaxes(tickvals=list(range(columns)), showgrid=False, zeroline=False,
                      ticktext=["the image's patches", *[f"block {layer}" for layer in layers], "prediction"])
     fig.update_yaxes(visible=False)

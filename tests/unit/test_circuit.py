@@ -214,6 +214,8 @@ def test_the_command_refuses_blocks_out_of_order(tmp_path, folder, capsys):
         with pytest.raises(SystemExit):
             core_cli.main(["concepts", str(folder), "--layer", layers, "--out", str(tmp_path / "out")])
         assert "increasing order" in capsys.readouterr().err
+    assert core_cli.main(["concepts", str(folder), "--layer", "2", "--circuit-images", "5", "--out", str(tmp_path)]) == 2
+    assert "--circuit-images needs several blocks" in capsys.readouterr().err
 
 
 def test_one_images_circuit_is_its_attribution_between_its_strongest_features(shapes, pair):
