@@ -103,6 +103,7 @@ NO_IMAGES = "There are no images to analyse."
 TOO_FEW_FOR_CONCEPTS = "learning concepts needs at least 2 images (one is held out)."
 CONCEPTS_K, CONCEPTS_EPOCHS, CONCEPTS_MEMORY_GB = 32, 4, 4.0  # `concepts`' defaults (vit_core.concepts.learn: MEMORY_BUDGET)
 CIRCUIT_IMAGES = 64  # vit_core.concepts.circuit.CIRCUIT_IMAGES, said here so that --help imports no torch
+MAX_LAYERS = 3  # vit_core.concepts.circuit.MAX_LAYERS: parsing --layer imports no torch either
 
 
 def default_workers() -> int:
@@ -332,8 +333,6 @@ def _not_negative(text: str) -> int:
 
 def _layers(text: str) -> tuple[int, ...]:
     """--layer: one block, or up to MAX_LAYERS increasing blocks separated by commas."""
-    from .concepts.circuit import MAX_LAYERS
-
     layers = tuple(_not_negative(part) for part in text.split(","))
     if not 1 <= len(layers) <= MAX_LAYERS or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
         raise argparse.ArgumentTypeError(f"give 1 to {MAX_LAYERS} blocks in increasing order, got {text}")

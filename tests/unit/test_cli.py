@@ -132,6 +132,9 @@ def test_the_parsers_defaults_are_the_defining_modules_values():
     assert core_cli.FAITHFULNESS_TESTS == explain.FAITHFULNESS_TESTS
     assert core_cli.EXPORT_TESTS == export.EXPORT_TESTS
     assert core_cli.TABLE_FORMATS == dataset.TABLE_FORMATS
+    from vit_core.concepts import circuit
+
+    assert (core_cli.MAX_LAYERS, core_cli.CIRCUIT_IMAGES) == (circuit.MAX_LAYERS, circuit.CIRCUIT_IMAGES)
 
 
 def test_a_model_without_a_classifier_head_says_so_instead_of_naming_features_as_classes(tmp_path, capsys, monkeypatch):
