@@ -52,6 +52,7 @@ K_WHY_LEFT, K_WHY_RIGHT = "why_left", "why_right"  # the Why? tab's pair of maps
 K_INT_PATCHES, K_INT_MODE, K_INT_HEADS, K_INT_ABLATION = "int_patches", "int_mode", "int_heads", "int_ablation"
 K_NORM_LAYER = "norm_layer"
 K_CONCEPTS, K_CONCEPT_REMOVED = "concepts", "concept_removed"  # the Concepts tab: the concepts chosen, the feature removed
+K_CIRCUIT_EDGE, K_CIRCUIT_CLICK = "concept_circuit_edge", "concept_circuit_click"  # the circuit's edge chosen, its clicks
 # The Many images page.
 K_MANY_SOURCE, K_MANY_COUNT, K_MANY_SEED = "many_source", "many_count", "many_seed"
 K_MANY_FILES, K_MANY_RUN, K_MANY_EXPLAIN = "many_files", "many_run", "many_explain"
@@ -455,3 +456,20 @@ def compare_opened() -> tuple[str, bytes] | None:
 def open_compare_image(name: str | None, data: bytes | None = None) -> None:
     """on_click callback: show set image `name` above in the Compare tab (None: the sidebar's image again)."""
     st.session_state[_COMPARE_OPENED] = None if name is None else (name, data)
+
+
+def choose_clicked_edge(options: list[str]) -> None:
+    """The circuit chart's on_select: a click on an edge's middle marker (customdata [i, r, c]) chooses the option
+    that starts with "i|r|c|"."""
+    points = st.session_state[K_CIRCUIT_CLICK].selection.points
+    if points and isinstance(points[0].get("customdata"), list):
+        i, r, c = points[0]["customdata"]
+        chosen = next((o for o in options if o.startswith(f"{i}|{r}|{c}|")), None)
+        if chosen is not None:
+            st.session_state[K_CIRCUIT_EDGE] = chosen
+
+
+def forget_edge_not_in(options: list[str]) -> None:
+    """The chosen edge forgotten when this image's circuit has no such option (another image, another folder)."""
+    if st.session_state.get(K_CIRCUIT_EDGE) not in [None, *options]:
+        st.session_state[K_CIRCUIT_EDGE] = None

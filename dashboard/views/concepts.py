@@ -33,7 +33,6 @@ from vit_core.concepts.folders import check_circuit, circuit_beside, offered_fol
 from vit_core.concepts.quality import STABLE_COSINE
 from vit_core.loading.model import LoadedModel
 
-K_CIRCUIT_EDGE, K_CIRCUIT_CLICK = "concept_circuit_edge", "concept_circuit_click"  # the edge chosen, the chart's clicks
 FEATURE_COLUMNS = [1, 3]  # the feature's map on the image, then its top patches from the folder
 CROPS_SHOWN = 8
 MAP_PX = 160
@@ -296,16 +295,6 @@ def _edge_name(edge: str) -> str:
     return f"#{u} (block {a}) -> #{v} (block {b})"
 
 
-def _click_to_edge(options: list[str]) -> None:
-    """on_select callback: a click on an edge's middle marker chooses that edge."""
-    points = st.session_state[K_CIRCUIT_CLICK].selection.points
-    if points and isinstance(points[0].get("customdata"), list):
-        i, r, c = points[0]["customdata"]
-        chosen = next((o for o in options if o.startswith(f"{i}|{r}|{c}|")), None)
-        if chosen is not None:
-            st.session_state[K_CIRCUIT_EDGE] = chosen
-
-
 def _circuit(ctx: ViewContext, picked: PickedConcepts) -> None:
     """Circuits: the image's patches -> its strongest features at each listed block -> the prediction, edges by
     attribution on this image; an edge chosen (clicked, or in the list) shows the removal on this image: the
@@ -323,15 +312,15 @@ def _circuit(ctx: ViewContext, picked: PickedConcepts) -> None:
                for r, c in sorted(np.ndindex(values.shape), key=lambda rc, v=values: -abs(v[rc]))]
     figure = concept_figures.circuit_figure(layers, seen.strongest, seen.totals, seen.attribution, seen.to_prediction,
                                             ctx.loaded.label(seen.prediction))
-    st.plotly_chart(figure, key=K_CIRCUIT_CLICK, on_select=lambda: _click_to_edge(options), selection_mode="points",
+    st.plotly_chart(figure, key=session.K_CIRCUIT_CLICK, on_select=lambda: session.choose_clicked_edge(options),
+                    selection_mode="points",
                     config={"displayModeBar": False})
     if not options:
         st.info("No two of the shown features are joined on this image.")
         return
-    if st.session_state.get(K_CIRCUIT_EDGE) not in [None, *options]:
-        st.session_state[K_CIRCUIT_EDGE] = None
+    session.forget_edge_not_in(options)
     edge = st.selectbox("Remove the upstream feature of an edge (or click its middle)", [None, *options],
-                        key=K_CIRCUIT_EDGE, format_func=lambda o: "none" if o is None else _edge_name(o.split("|")[3]),
+                        key=session.K_CIRCUIT_EDGE, format_func=lambda o: "none" if o is None else _edge_name(o.split("|")[3]),
                         help="subtracts s z_u d_u from every patch token after u's block and runs the blocks up to v's")
     if edge is None:
         return

@@ -228,7 +228,7 @@ def circuit_dir(tmp_path_factory) -> Path:
 
 
 def test_the_circuits_view_shows_and_an_edge_shows_its_removal_on_the_image(circuit_dir, monkeypatch):
-    from dashboard.views.concepts import K_CIRCUIT_EDGE
+    from dashboard.session import K_CIRCUIT_EDGE
     from vit_core.concepts.circuit import image_circuit, image_removal
     from vit_core.explain import model_input
 
