@@ -204,18 +204,24 @@ def load_concepts(path: str | Path) -> Concepts:
         raise ConceptsError(f"{path.parent}: {e}") from None
 
 
+def _bounded_json(path: Path, limit: int, depth: int) -> Any:
+    """The JSON of the regular file at `path`, read only if at most `limit` bytes, nested at most `depth` deep.
+    Raises ConceptsError naming the file."""
+    data = read_regular(path, limit)
+    try:
+        return bounded_json.loads(data.decode("utf-8"), depth)
+    except bounded_json.NestingError as e:
+        raise ConceptsError(f"{path.name} is damaged: {e}.") from None
+    except (UnicodeDecodeError, ValueError):
+        raise ConceptsError(f"{path.name} is damaged: it is not JSON.") from None
+
+
 def read_summary_checked(path: Path, num_features: int) -> dict[str, Any]:
     """concepts.json at `path` ({} where there is none), its size bounded by F and its nesting by SUMMARY_DEPTH,
     checked by `check_summary` (the grid aside). Raises ConceptsError."""
     if not os.path.lexists(path):
         return {}
-    data = read_regular(path, 2**20 + num_features * SUMMARY_FEATURE_BYTES)
-    try:
-        summary = bounded_json.loads(data.decode("utf-8"), SUMMARY_DEPTH)
-    except bounded_json.NestingError as e:
-        raise ConceptsError(f"{path.name} is damaged: {e}.") from None
-    except (UnicodeDecodeError, ValueError):
-        raise ConceptsError(f"{path.name} is damaged: it is not JSON.") from None
+    summary = _bounded_json(path, 2**20 + num_features * SUMMARY_FEATURE_BYTES, SUMMARY_DEPTH)
     check_summary(summary, num_features, None, path.name)
     return summary
 
@@ -330,13 +336,7 @@ def read_circuit(path: Path, num_features: int) -> dict[str, Any]:
     nesting by CIRCUIT_DEPTH, checked by `check_circuit` with every block's F taken as `num_features`. Raises
     ConceptsError."""
     limit = 2**20 + CIRCUIT_EDGE_BYTES * CIRCUIT_EDGES_PER_FEATURE * num_features * (CIRCUIT_MAX_LAYERS - 1)
-    data = read_regular(path, limit)
-    try:
-        circuit = bounded_json.loads(data.decode("utf-8"), CIRCUIT_DEPTH)
-    except bounded_json.NestingError as e:
-        raise ConceptsError(f"{path.name} is damaged: {e}.") from None
-    except (UnicodeDecodeError, ValueError):
-        raise ConceptsError(f"{path.name} is damaged: it is not JSON.") from None
+    circuit = _bounded_json(path, limit, CIRCUIT_DEPTH)
     layers = circuit.get("layers") if isinstance(circuit, dict) else None
     check_circuit(circuit, {layer: num_features for layer in layers} if isinstance(layers, list)
                   and all(isinstance(layer, int) for layer in layers) else {}, path.name)
