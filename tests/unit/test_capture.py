@@ -101,6 +101,22 @@ def test_hooks_and_state_restored_when_the_forward_raises(tiny, image):
     assert not tiny.lock.locked()
 
 
+def test_each_modules_own_mode_comes_back_after_a_capture(tiny, image):
+    model = tiny.model
+    model.train()
+    model.blocks[0].eval()  # a frozen block inside a model being trained, as a fine-tuning script leaves it
+    inside = []
+    model.blocks[1].register_forward_pre_hook(lambda m, args: inside.append([mod.training for mod in model.modules()]))
+    try:
+        run_with_capture(tiny, image)
+    finally:
+        model.blocks[1]._forward_pre_hooks.clear()
+        modes = [(name, mod.training) for name, mod in model.named_modules()]
+        model.eval()
+    assert inside and not any(inside[0])  # every module in eval mode during the forward
+    assert all(training == (not name.startswith("blocks.0")) for name, training in modes)
+
+
 def test_a_block_whose_attention_bypasses_the_hook_is_an_error_not_an_empty_view(tiny, image):
     attn = tiny.model.blocks[0].attn
     original = attn.forward

@@ -20,6 +20,7 @@ from PIL import Image
 from ..arguments import target_message
 from ..capture import Capture, preprocess
 from ..errors import ViTLensError
+from ..hooks import eval_mode
 from ..loading.model import LoadedModel
 from ..runtime import torch_threads
 from ..runtime.devices import full_float32, on_model_device
@@ -109,17 +110,6 @@ def parameters_frozen(model: torch.nn.Module) -> Iterator[None]:
             stack.callback(param.requires_grad_, param.requires_grad)
             param.requires_grad_(False)
         yield
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode inside the block; the previous mode restored on exit."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @contextlib.contextmanager
