@@ -1,11 +1,15 @@
 """Model B of the Compare tab, and the comparison over a set: how they are built (dashboard.caches keeps them, as it
 keeps every cached result; B's capture of the image on screen goes through `caches.shared_capture` too).
 
-B is chosen like A: by name from the model list, or "random init of A" in one click: A's architecture with random
-weights (the Shapes ViT's is `vit_shapes_patch8_96`; the tiny test model's, another seed), with A's class names.
+B is chosen like A: by name from the model list, "random init of A" in one click (A's architecture with random
+weights: the Shapes ViT's is `vit_shapes_patch8_96`; the tiny test model's, another seed), or a weights file of A's
+architecture (a fine-tuned or earlier checkpoint of A) where the server takes uploads; B keeps A's class names when it
+has none of its own.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import vit_core
 from dashboard import caches, image_sets, models
@@ -44,14 +48,26 @@ def _named(loaded: LoadedModel, labels: tuple[str, ...]) -> LoadedModel:
     return dataclasses.replace(loaded, labels=labels) if loaded.geometry.num_classes == len(labels) else loaded
 
 
-def model_b(choice: str, request_a: ModelRequest, loaded_a: LoadedModel) -> tuple[ModelRequest, LoadedModel]:
-    """B's request (its cache key) and model for the picker's `choice`. Raises vit_core errors with a sentence."""
+def model_b(choice: str, request_a: ModelRequest, loaded_a: LoadedModel, uploaded: ModelRequest | None = None
+            ) -> tuple[ModelRequest, LoadedModel]:
+    """B's request (its cache key) and model for the picker's `choice`, or for `uploaded` (`uploaded_b`). Raises
+    vit_core errors with a sentence (weights that don't fit are refused as A's are)."""
+    if uploaded is not None:
+        return uploaded, uploaded.shown(with_names_of(caches.load(uploaded), loaded_a))
     if choice == RANDOM_INIT_OF_A:
         architecture = architecture_of(request_a, loaded_a)
         loaded = caches.random_init_model(architecture, loaded_a.labels, _random_init)
         return ModelRequest(f"{architecture} (random init of A)", weights_id="random-init-of-a"), loaded
     request = ModelRequest(choice)
     return request, with_names_of(caches.load(request), loaded_a)
+
+
+def uploaded_b(request_a: ModelRequest, loaded_a: LoadedModel, weights_path: str, digest: str, file_name: str
+               ) -> ModelRequest:
+    """B's request for an uploaded weights file of A's architecture (saved at `weights_path`, `digest` its cache key),
+    named by the file the user chose (`model_b` loads it)."""
+    return ModelRequest(architecture_of(request_a, loaded_a), weights_path=weights_path, weights_id=digest,
+                        uploaded_names=((Path(weights_path).name, file_name),))
 
 
 def set_comparison(key_a: str, key_b: str, a: LoadedModel, b: LoadedModel

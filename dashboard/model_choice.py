@@ -12,7 +12,6 @@ each page script then gets the model with `session.chosen_model()`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,14 +207,6 @@ def failure_note(request: models.ModelRequest, error: vit_core.ViTLensError, sho
     return ModelNote(text, failure=False, detail=detail, random_weights_for=offer, open_detail=chosen, standing=True)
 
 
-def shown_as_uploaded(request: models.ModelRequest, loaded: LoadedModel) -> LoadedModel:
-    """`loaded` as this session shows it: an uploaded weights file named as the user's file (`loaded.weights` says
-    "file: <its digest>.safetensors", the name it is saved and shared under), not the server's copy."""
-    if not request.uploaded_names:
-        return loaded
-    return dataclasses.replace(loaded, weights=request.for_user(loaded.weights))  # the same model, lock and all
-
-
 def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequest, LoadedModel]:
     """Load the requested model with a spinner. A model that can't be had (offline, bad weights, not a ViT): say
     why, and keep showing the session's previous model (at first: the bundled teaching model, or an untrained
@@ -240,7 +231,7 @@ def load_model_ui(request: models.ModelRequest | None) -> tuple[models.ModelRequ
             request, loaded = fallback, caches.load(fallback)
     else:
         session.remember_good_model(request)
-    loaded = shown_as_uploaded(request, loaded)
+    loaded = request.shown(loaded)
     st.caption(device_caption(loaded))
     return request, loaded
 

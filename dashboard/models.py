@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import timm
@@ -201,6 +201,13 @@ class ModelRequest:
         for saved, uploaded in self.uploaded_names:
             message = message.replace(saved, uploaded)
         return message
+
+    def shown(self, loaded: LoadedModel) -> LoadedModel:
+        """`loaded` as the session shows it: an uploaded weights file named as the user's file (`loaded.weights` says
+        "file: <its digest>.safetensors", the name it is saved and shared under), not the server's copy."""
+        if not self.uploaded_names:
+            return loaded
+        return replace(loaded, weights=self.for_user(loaded.weights))  # the same model, lock and all
 
     @property
     def key(self) -> str:

@@ -41,6 +41,7 @@ MAX_SAVED_UPLOADS = 8  # per session: weights / label files remembered by upload
 
 # Widget keys. Those bound to the URL are the query parameters of a shared link.
 K_MODEL, K_ARCH, K_WEIGHTS, K_LABELS = "model", "arch", "weights_file", "labels_file"
+K_WEIGHTS_B = "weights_file_b"  # the Compare tab's model B from a weights file
 K_EXAMPLE, K_UPLOAD, K_CAMERA_ON, K_CAMERA = "example", "upload", "camera_on", "camera"
 K_DRAW_ON, K_DRAW = "draw_on", "draw"
 K_VIEW, K_LAYER, K_HEAD, K_QUERY, K_PATCH = "view", "layer", "head", "query", "patch"

@@ -25,10 +25,12 @@ from dashboard.views.registry import view
 from vit_core import analyses
 from vit_core.compare import Comparable, comparable
 from vit_core.compare.files import compare_arrays, heads_most_changed
+from vit_core.loading.weights import WEIGHT_SUFFIXES
 
 # The URL's parameters of a link to this tab (with the sidebar's `model` and the tab's `view`).
 K_MODEL_B, K_LAYER, K_HEAD, K_QUERY = "model_b", "compare_layer", "compare_head", "compare_query"
 K_SET = "compare_set"  # the set's Compare button (its key's prefix)
+B_WEIGHTS_FILE = "A weights file of A's architecture..."
 K_OPEN, K_BACK = "compare_open", "compare_back"  # a changed image's Open button (its key's prefix), Back to the sidebar's
 CHANGED_SHOWN = 8  # changed images shown with a button each
 CLASS_TOKEN = "class token"
@@ -41,22 +43,34 @@ INTRO = ("**Two models side by side.** A is the model chosen in the sidebar; pic
 
 @view("Compare", family="research", order=60)
 def compare_view(ctx: ViewContext) -> None:
-    options = [compare_models.RANDOM_INIT_OF_A, *(n for n in models.model_choices() if n != models.UPLOAD_WEIGHTS)]
-    labels = models.model_choices()
+    labels = models.model_choices() | {models.UPLOAD_WEIGHTS: B_WEIGHTS_FILE}  # the file choice only where uploads are on
+    options = [compare_models.RANDOM_INIT_OF_A, *(n for n in labels if n != models.UPLOAD_WEIGHTS),
+               *([models.UPLOAD_WEIGHTS] if models.weights_uploads_allowed() else [])]
     picker, *predicted = st.columns(3)
     choice = picker.selectbox("Model B", options, key=K_MODEL_B, format_func=lambda n: labels.get(n, n), bind="query-params",
-                              help="Random init of A: A's architecture with random weights (what training changed)")
+                              help="Random init of A: A's architecture with random weights (what training changed). "
+                                   "A weights file: a checkpoint of A's architecture (what fine-tuning changed).")
+    uploaded = picker.file_uploader(
+        f"B's weights file (A's architecture; up to {models.MAX_WEIGHTS_MB} MB)", key=session.K_WEIGHTS_B,
+        type=[s.lstrip(".") for s in WEIGHT_SUFFIXES], max_upload_size=models.MAX_WEIGHTS_MB,
+        help="safetensors preferred; .pth/.pt/.bin are loaded with weights_only (no code runs)",
+    ) if choice == models.UPLOAD_WEIGHTS else None
+    if choice == models.UPLOAD_WEIGHTS and uploaded is None:
+        st.info("Upload B's weights file: a checkpoint of A's architecture, such as A after fine-tuning.")
+        return
     try:
         ctx = _opened(ctx)
     except vit_core.ViTLensError as e:
         st.error(str(e))
         return
+    upload_b = (compare_models.uploaded_b(ctx.request, ctx.loaded, *session.save_upload(uploaded), uploaded.name)
+                if uploaded is not None else None)
     try:
         with st.spinner("Loading model B and running it on this image..."):
-            request_b, loaded_b = compare_models.model_b(choice, ctx.request, ctx.loaded)
+            request_b, loaded_b = compare_models.model_b(choice, ctx.request, ctx.loaded, upload_b)
             cap_b = caches.shared_capture(request_b, loaded_b, ctx.image)
     except vit_core.ViTLensError as e:
-        st.error(str(e))
+        st.error(upload_b.for_user(str(e)) if upload_b else str(e))  # the user's file name, not the server's copy
         return
     which = comparable(ctx.loaded.geometry, loaded_b.geometry)
     _predictions(ctx, loaded_b, cap_b, predicted)

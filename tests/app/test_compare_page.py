@@ -80,6 +80,40 @@ def test_a_link_keeps_model_b_and_the_view(tiny_env):
     assert at.query_params[compare_view.K_MODEL_B] == label and "Compare" in at.query_params["view"]
 
 
+def test_b_from_a_weights_file_of_as_architecture_is_compared_and_a_bad_file_is_one_sentence(tiny_env, tmp_path):
+    """Model B as a weights file: the tiny test model's architecture saved at another seed (a stand-in for A after
+    fine-tuning). Before the upload the tab says what to upload; after it, B is named by the user's file and the KL
+    shown is the library's between A's and those weights' captures of the image; a file that is not weights is one
+    error sentence naming it."""
+    from safetensors.torch import save_file
+
+    import vit_core
+    from dashboard import session
+    from vit_core.compare import prediction_kl
+
+    b = vit_core.load_model("vit_tiny_patch16_224", pretrained=False, seed=3, depth=2, device="cpu")
+    save_file({k: v.contiguous() for k, v in b.model.state_dict().items()}, str(tmp_path / "b.safetensors"))
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (120, 160, 3), dtype=np.uint8)).save(buffer, "PNG")
+    at = run_app(view=TAB)
+    at.file_uploader(key=session.K_UPLOAD).set_value(("noise.png", buffer.getvalue(), "image/png")).run()
+    at.selectbox(key=compare_view.K_MODEL_B).set_value(models.UPLOAD_WEIGHTS).run()
+    assert_healthy(at)
+    assert any("Upload B's weights file" in info.value for info in at.info) and not at.metric
+    at.file_uploader(key=session.K_WEIGHTS_B).set_value(
+        ("finetuned.safetensors", (tmp_path / "b.safetensors").read_bytes(), "application/octet-stream")).run()
+    assert_healthy(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("finetuned.safetensors" in c.value for c in at.caption)  # named by the user's file, not the server's copy
+    a = vit_core.load_model("vit_tiny_patch16_224", pretrained=False, depth=2, device="cpu")
+    image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    cap_a, cap_b = vit_core.run_with_capture(a, image), vit_core.run_with_capture(b, image)
+    assert at.metric[0].value == f"{float(prediction_kl(cap_a.logits, cap_b.logits)):.3g} nats"
+    at.file_uploader(key=session.K_WEIGHTS_B).set_value(("notes.safetensors", b"not weights", "application/octet-stream")).run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "notes.safetensors" in errors[0], errors
+
+
 def test_triplet_shows_the_difference_only_where_the_grids_match():
     rng = np.random.default_rng(0)
     crop = rng.integers(0, 255, size=(32, 32, 3), dtype=np.uint8)
