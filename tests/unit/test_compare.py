@@ -338,6 +338,8 @@ def test_compare_into_the_folder_of_another_comparison_says_what_differs_and_wri
         status, _, err = _run(capsys, "compare", folder, *SHAPES, *args, "--out", compared, "--device", "cpu")
         assert status == 2 and err.splitlines() == [f"{refused}{differs}); use another --out, or remove that folder to "
                                                     "start again."]
+    status, _, err = _run(capsys, "compare", folder, *SHAPES, "--model-workers", "2", "--out", compared)
+    assert status == 2 and err.splitlines() == ["vit_core: --model-workers needs --engine ray"]
     assert {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()} == before
 
 
