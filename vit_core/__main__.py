@@ -11,6 +11,7 @@
     compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b]
             --out DIR [--labels FILE] [--explain [--steps S] [--tests all|T,...]] [--batch-size B] [--device DEVICE]
             [--limit N] [--workers W] [--table csv|parquet] [--shards N | --shard I/N]
+            [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
             [--seed S] [--out DIR] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--memory-gb G]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
@@ -36,8 +37,8 @@ docs/spec/interface.md, "Concepts").
 
 `compare` runs two models over FOLDER in one pass (each image decoded once) and writes DIR/a and DIR/b (what
 `dataset` writes for each model alone, bit for bit), DIR/compare.csv, .npz, .json and .png (vit_core.compare;
-docs/spec/interface.md, "Two models"); its shards are kept in DIR/parts, DIR/a/parts and DIR/b/parts, resumable as
-`dataset`'s.
+docs/spec/interface.md, "Two models"); its shards are kept in DIR/parts, DIR/a/parts and DIR/b/parts, resumable and run
+on Ray as `dataset`'s.
 
 `dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
 layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
@@ -82,6 +83,7 @@ from .runtime import configure_threads, cpu_quota
 # (importing timm costs seconds). The subcommands import what they run (`_core`); the parser's defaults are
 # spelled out below, and tests/unit/test_cli.py checks them against the modules that define them.
 if TYPE_CHECKING:
+    from .compare import CompareRun, Explain
     from .dataset import DatasetResult, PartStore, RunPlan, Shard
     from .images.files import OutputFolder  # the images package imports numpy and Pillow
     from .loading.model import LoadedModel
@@ -233,12 +235,7 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     concepts_shards.add_argument("--shard", metavar="I/N",
                                  help="collect only shard I of N into DIR/tokens; the run that finds every shard there "
                                       "(one shared DIR) trains")
-    concepts.add_argument("--engine", choices=ENGINES, default="local",
-                          help=f"local: this process (default); ray: Ray Data workers (needs {RAY_EXTRA})")
-    concepts.add_argument("--address", metavar="ADDR", help="with --engine ray: the cluster to join")
-    concepts.add_argument("--gpus-per-worker", type=_not_negative_float, metavar="G",
-                          help="with --engine ray: GPUs per model worker")
-    concepts.add_argument("--model-workers", type=_positive, metavar="M", help="with --engine ray: model workers")
+    _add_ray_arguments(concepts)
 
     merge = commands.add_parser("merge", help="merge the parts of a `dataset` run's shards (run on several machines) "
                                 "into dataset.npz, dataset.json, the figure and the tables")
@@ -284,14 +281,28 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
                          help="images per decoded batch (default: 8 on a CPU, 64 on a GPU)")
     compare.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     compare.add_argument("--workers", type=_not_negative, metavar="W",
-                         help="processes that decode images, 0: in this one (default: one fewer than the CPUs this "
-                              "process may use, at most 8)")
+                         help=f"processes that decode images, 0: in this one (default: one fewer than the CPUs this "
+                              f"process may use, at most 8; {default_workers()} here); with --engine ray, Ray's "
+                              "decoding workers (default: the cluster's CPUs the model workers leave)")
     _add_table_argument(compare)
     shards = compare.add_mutually_exclusive_group()
     shards.add_argument("--shards", type=_positive, metavar="N",
                         help="cut the run into N shards, each kept when done, so that a rerun skips them")
     shards.add_argument("--shard", metavar="I/N", help="run only shard I of N into DIR; the run that finds every shard "
                         "there (one shared DIR) writes the results")
+    _add_ray_arguments(compare, "both models in each model worker")
+
+
+def _add_ray_arguments(command: argparse.ArgumentParser, model_worker: str = "each loads the model once") -> None:
+    """--engine, --address, --gpus-per-worker and --model-workers (Ray's), as `concepts` and `compare` offer them."""
+    command.add_argument("--engine", choices=ENGINES, default="local",
+                         help=f"local: this process (default); ray: Ray Data workers (needs {RAY_EXTRA})")
+    command.add_argument("--address", metavar="ADDR", help="with --engine ray: the cluster to join (default: start Ray "
+                         "on this machine)")
+    command.add_argument("--gpus-per-worker", type=_not_negative_float, metavar="G",
+                         help="with --engine ray: GPUs per model worker")
+    command.add_argument("--model-workers", type=_positive, metavar="M",
+                         help=f"with --engine ray: model workers, {model_worker}")
 
 
 def _add_model_arguments(command: argparse.ArgumentParser) -> None:
@@ -722,10 +733,10 @@ def dataset(args: argparse.Namespace) -> int:
 
 
 def _engine_options_checked(args: argparse.Namespace) -> bool:
-    """The engine options `dataset` and `concepts` share, checked before the model loads (each refusal one line on
-    stderr); `args.shard` parsed into (index, count) in place. Returns whether they can be used."""
+    """The engine options `dataset`, `concepts` and `compare` share, checked before the model loads (each refusal one
+    line on stderr); `args.shard` parsed into (index, count) in place. Returns whether they can be used."""
     ray_only = [option for option, value in (("--address", args.address), ("--gpus-per-worker", args.gpus_per_worker),
-                                             ("--model-workers", args.model_workers if args.command == "concepts" else None))
+                                             ("--model-workers", args.model_workers if args.command != "dataset" else None))
                 if value is not None]
     if args.engine != "ray" and ray_only:
         _fail(f"{', '.join(ray_only)} {'needs' if len(ray_only) == 1 else 'need'} --engine ray")
@@ -793,48 +804,70 @@ def _dataset_run(args: argparse.Namespace, loaded: LoadedModel, out: OutputFolde
 
 def _run_shards(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, store: PartStore, todo: list[Shard],
                 files_sha256: str) -> None:
-    """The shards `todo` analysed by the engine asked for, with progress: tqdm's bar on a terminal (stderr), and one
-    line per few percent on stdout when that is not a terminal (a batch job's log)."""
+    """The shards `todo` analysed by the engine asked for, with progress (`_progress_shown`)."""
     # Imported here: `analyze` need not load the DataLoader, Ray or tqdm.
-    from tqdm import tqdm
-
     from .dataset import MaskFolder, default_batch_size, run_shards
-    from .dataset.progress import ProgressLines
 
     total = sum(shard.size for shard in todo)
     masks = MaskFolder(args.folder.resolve(), args.masks.resolve()) if args.masks else None
-    lines = ProgressLines(sys.stdout, "forward + explain" if args.explain else "images") if not sys.stdout.isatty() else None
+    desc = "forward + explain" if args.explain else "images"
     batch_size = args.batch_size or default_batch_size(loaded.device)
-
-    @contextlib.contextmanager
-    def progress_shown(console: TextIO) -> Iterator[Callable[[int, int], None]]:
-        with tqdm(total=total, unit="image", desc="forward + explain" if args.explain else "images",
-                  disable=not console.isatty(), file=console, dynamic_ncols=True) as bar:
-            def progress(done: int, of: int) -> None:
-                bar.update(done - bar.n)
-                if lines:
-                    lines.update(done, of)
-
-            yield progress
-
     if args.engine == "local":
         workers = default_workers() if args.workers is None else args.workers
-        with progress_shown(sys.stderr) as progress:
+        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress:
             run_shards(loaded, plan, store, todo, files_sha256, batch_size=batch_size, workers=workers,
                        explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, progress=progress,
                        lenses=args.lenses, forwards=args.model_workers)
         return
-    from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session, run_shards_on_ray
+    from .dataset.ray_engine import run_shards_on_ray
 
-    spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
-                     pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
-    with ray_output_to(store.path / RAY_LOG) as console, ray_session(args.address) as ray, \
-            progress_shown(console) as progress:
-        workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
-        threads = None if args.address else max(1, cpu_quota() // workers.model_workers)  # one machine: share its CPUs
+    spec = _model_spec(args.model, args.weights, args.random_init, args.labels)
+    stdout = sys.stdout  # the progress lines' stream: inside `_on_ray` sys.stdout is Ray's log
+    with _on_ray(args, store.path / RAY_LOG) as (console, workers, threads), \
+            _progress_shown(console, stdout, total, desc) as progress:
         run_shards_on_ray(spec, loaded, plan, store, todo, files_sha256, workers=workers, batch_size=batch_size,
                           explain=args.explain, steps=args.steps, tests=args.tests, masks=masks, threads=threads,
                           progress=progress, lenses=args.lenses)
+
+
+@contextlib.contextmanager
+def _progress_shown(console: TextIO, stdout: TextIO, total: int, desc: str) -> Iterator[Callable[[int, int], None]]:
+    """progress(done, of) for the block: tqdm's bar on `console` when that is a terminal, and one line per few percent
+    on `stdout` when that is not a terminal (a batch job's log). `stdout`: taken before a Ray block (`_on_ray`), which
+    sends sys.stdout to Ray's log."""
+    from tqdm import tqdm
+
+    from .dataset.progress import ProgressLines
+
+    lines = ProgressLines(stdout, desc) if not stdout.isatty() else None
+    with tqdm(total=total, unit="image", desc=desc, disable=not console.isatty(), file=console, dynamic_ncols=True) as bar:
+        def progress(done: int, of: int) -> None:
+            bar.update(done - bar.n)
+            if lines:
+                lines.update(done, of)
+
+        yield progress
+
+
+def _model_spec(name: str, weights: Path | None, random_init: bool, labels: Path | None):
+    """How a Ray worker builds a model of the command line: its files by absolute path (a worker's directory is not
+    this one's)."""
+    from .dataset.ray_engine import ModelSpec
+
+    return ModelSpec(name, weights=str(weights.resolve()) if weights else None, pretrained=not random_init,
+                     labels=str(labels.resolve()) if labels else None)
+
+
+@contextlib.contextmanager
+def _on_ray(args: argparse.Namespace, log: Path) -> Iterator[tuple[TextIO, object, int | None]]:
+    """Ray for the block (--address's cluster, else one started on this machine), what it prints kept in `log`
+    (ray_output_to): the stream for the command's bar, the workers (--model-workers, --gpus-per-worker, --workers)
+    and each model worker's torch threads (on this machine its CPUs shared among them; a cluster's nodes their own)."""
+    from .dataset.ray_engine import ray_output_to, ray_plan, ray_session
+
+    with ray_output_to(log) as console, ray_session(args.address) as ray:
+        workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
+        yield console, workers, None if args.address else max(1, cpu_quota() // workers.model_workers)
 
 
 def _shards_written(store: PartStore, plan: RunPlan, todo: list[Shard], files_sha256: str) -> int:
@@ -1080,37 +1113,23 @@ def _stage_bars() -> Iterator[Callable[[str, int, int], None]]:
 def _collect_concept_tokens(args: argparse.Namespace, loaded: LoadedModel, plan: RunPlan, stores: list,
                             todo: list[Shard]) -> None:
     """The shards `todo` collected by the engine asked for (the local engine: every listed block at once into its
-    store), with tqdm's bar on a terminal and progress lines otherwise."""
-    from tqdm import tqdm
-
+    store), with progress (`_progress_shown`, on stderr)."""
     from .concepts.collect import collect_layers
     from .dataset import default_batch_size
-    from .dataset.progress import ProgressLines
 
-    lines = ProgressLines(sys.stdout, "tokens") if not sys.stdout.isatty() else None
     batch_size = args.batch_size or default_batch_size(loaded.device)
-    with tqdm(total=sum(shard.size for shard in todo), unit="image", desc="tokens", disable=not sys.stderr.isatty(),
-              file=sys.stderr, dynamic_ncols=True) as bar:
-        def progress(done: int, of: int) -> None:
-            bar.update(done - bar.n)
-            if lines:
-                lines.update(done, of)
-
+    with _progress_shown(sys.stderr, sys.stdout, sum(shard.size for shard in todo), "tokens") as progress:
         if args.engine == "local":
             workers = default_workers() if args.workers is None else args.workers
             collect_layers(loaded, plan, args.layer, stores, todo, batch_size=batch_size, workers=workers,
                            progress=progress)
             return
         from .concepts.ray_collect import collect_shards_on_ray
-        from .dataset.ray_engine import ModelSpec, ray_output_to, ray_plan, ray_session
 
-        spec = ModelSpec(args.model, weights=str(args.weights.resolve()) if args.weights else None,
-                         pretrained=not args.random_init, labels=str(args.labels.resolve()) if args.labels else None)
-        with ray_output_to(stores[0].path / RAY_LOG), ray_session(args.address) as ray:
-            workers = ray_plan(ray, args.model_workers, args.gpus_per_worker, args.workers or None)
-            threads = None if args.address else max(1, cpu_quota() // workers.model_workers)
-            collect_shards_on_ray(spec, loaded, plan, args.layer[0], stores[0], todo, workers=workers, batch_size=batch_size,
-                                  threads=threads, progress=progress)
+        with _on_ray(args, stores[0].path / RAY_LOG) as (_, workers, threads):
+            collect_shards_on_ray(_model_spec(args.model, args.weights, args.random_init, args.labels), loaded, plan,
+                                  args.layer[0], stores[0], todo, workers=workers, batch_size=batch_size, threads=threads,
+                                  progress=progress)
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -1166,7 +1185,7 @@ def export_web(args: argparse.Namespace) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     """`compare`: the arguments checked before any model loads (the folder, --out outside it, both models' names and
-    files, --shard), then both models loaded and `_compare_run`."""
+    files, --shard and the engine's options), then both models loaded and `_compare_run`."""
     if not args.explain and (args.steps != DEFAULT_STEPS or args.tests != EXPORT_TESTS):
         _fail("--steps and --tests need --explain")
         return EXIT_FAILURES
@@ -1193,7 +1212,7 @@ def compare(args: argparse.Namespace) -> int:
         return EXIT_FAILURES
     if _too_few_images(args.folder, 1, NO_IMAGES):
         return EXIT_FAILURES
-    if not _shard_parsed(args):
+    if not _engine_options_checked(args):
         return EXIT_FAILURES
     return _with_model(args, _compare_with_b)
 
@@ -1218,11 +1237,7 @@ def _compare_with_b(args: argparse.Namespace, loaded: LoadedModel, out: OutputFo
 def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: LoadedModel, out: OutputFolder) -> int:
     """The run planned (manifests written or checked), the shards not done run (each one's parts written when done),
     and when every shard is done the files written; one line per failure, Ctrl-C in one line."""
-    from tqdm import tqdm
-
-    from .compare import Explain, plan_compare, run_pair_shards, todo_of, write_files
-    from .dataset import default_batch_size
-    from .dataset.progress import ProgressLines
+    from .compare import Explain, plan_compare, todo_of, write_files
 
     explain = Explain(args.steps, tuple(args.tests)) if args.explain else None
     try:
@@ -1235,25 +1250,15 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
     asked, todo = todo_of(run, args.shard)
     if len(todo) < len(asked):
         print(f"{len(asked) - len(todo)} of {len(asked)} shards already done in {run.store.path}: skipped", flush=True)
-    lines = ProgressLines(sys.stdout, "images (two models)") if not sys.stdout.isatty() else None
-    batch_size = args.batch_size or default_batch_size(loaded.device)
-    workers = default_workers() if args.workers is None else args.workers
     try:
-        with tqdm(total=sum(s.size for s in todo), unit="image", desc="images (two models)",
-                  disable=not sys.stderr.isatty(), file=sys.stderr, dynamic_ncols=True) as bar:
-            def progress(done: int, of: int) -> None:
-                bar.update(done - bar.n)
-                if lines:
-                    lines.update(done, of)
-
-            run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
-                            progress=progress, explain=explain)
+        _run_pair_shards(args, run, todo, explain)
     except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
         _fail(f"interrupted; {len(run.store.done(run.shards))} of {len(run.shards)} shards kept in {args.out}, rerun to "
               "finish")
         return EXIT_INTERRUPTED
     except ViTLensError as e:
-        _fail(f"{args.folder}: {e}")
+        ray_log = f" (Ray's own lines: {run.store.path / RAY_LOG})" if args.engine == "ray" else ""
+        _fail(f"{args.folder}: {e}{ray_log}")
         return EXIT_FAILURES
     except OSError as e:
         _fail(_os_reason(e))
@@ -1281,6 +1286,30 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
         print("verdicts against random that changed from A to B: " + ", ".join(
             f"{key.removeprefix('beats_random_')} {v['changed']} of {v['images']}" for key, v in changed.items()), flush=True)
     return EXIT_FAILURES if failures else 0
+
+
+def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard], explain: Explain | None) -> None:
+    """The shards `todo` of a comparison run by the engine asked for, with progress (`_progress_shown`)."""
+    from .compare import run_pair_shards
+    from .dataset import default_batch_size
+
+    total, desc = sum(shard.size for shard in todo), "images (two models)"
+    batch_size = args.batch_size or default_batch_size(run.pair.a.device)
+    if args.engine == "local":
+        workers = default_workers() if args.workers is None else args.workers
+        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress:
+            run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
+                            progress=progress, explain=explain)
+        return
+    from .compare.ray_engine import run_pair_shards_on_ray
+
+    specs = (_model_spec(args.model, args.weights, args.random_init, args.labels),
+             _model_spec(args.model_b, args.weights_b, args.random_init_b, args.labels))
+    stdout = sys.stdout  # the progress lines' stream: inside `_on_ray` sys.stdout is Ray's log
+    with _on_ray(args, run.store.path / RAY_LOG) as (console, workers, threads), \
+            _progress_shown(console, stdout, total, desc) as progress:
+        run_pair_shards_on_ray(specs, run.pair, run.store, todo, run.files_sha256, workers=workers, batch_size=batch_size,
+                               explain=explain, threads=threads, progress=progress)
 
 
 def _compare_failures(run, todo: list) -> int:

@@ -102,6 +102,7 @@ HEAVY = ("torch", "timm", "numpy", "PIL", "streamlit")
     "from dashboard import cli; cli.main(['analyze', '--help'])",
     "from vit_core import __main__ as core_cli; core_cli.main(['dataset', '--help'])",
     "from vit_core import __main__ as core_cli; core_cli.main(['concepts', '--help'])",
+    "from vit_core import __main__ as core_cli; core_cli.main(['compare', '--help'])",
 ])
 def test_help_answers_without_importing_torch_or_timm(command):
     """`vit-lens --help` took 7-10 s on 2 cores: it imported timm (and torch) before argparse ran."""
@@ -817,7 +818,7 @@ def test_the_workers_help_gives_the_rule_and_its_value_here(capsys):
     """"default 1: the CPUs ... less one, at most 8" read as a contradiction on 2 CPUs: the rule, then the value."""
     from vit_core import __main__ as core_cli
 
-    for command in ("dataset", "concepts"):
+    for command in ("dataset", "concepts", "compare"):
         with pytest.raises(SystemExit):
             core_cli.main([command, "--help"])
         said = " ".join(capsys.readouterr().out.split())

@@ -330,6 +330,19 @@ def test_compare_in_two_shards_and_shard_by_shard_gives_the_same_bits(folder, al
     assert "2 of 2 shards already done" in out
 
 
+def test_compare_into_the_folder_of_another_comparison_says_what_differs_and_writes_nothing(folder, compared, capsys):
+    before = {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()}
+    refused = f"vit_core: {folder}: {compared / 'parts'} holds parts of another run (it differs in: "
+    for args, differs in (((*SHAPES_RANDOM, "--limit", "2"), "the files, --limit"),  # both runs': said once
+                          (("--model-b", "vit-lens/shapes-vit"), "model B's --model, model B's the weights")):
+        status, _, err = _run(capsys, "compare", folder, *SHAPES, *args, "--out", compared, "--device", "cpu")
+        assert status == 2 and err.splitlines() == [f"{refused}{differs}); use another --out, or remove that folder to "
+                                                    "start again."]
+    status, _, err = _run(capsys, "compare", folder, *SHAPES, "--model-workers", "2", "--out", compared)
+    assert status == 2 and err.splitlines() == ["vit_core: --model-workers needs --engine ray"]
+    assert {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()} == before
+
+
 def test_compare_refuses_weights_that_do_not_fit_model_b_and_other_inputs_before_loading(folder, tmp_path, capsys):
     from safetensors.torch import save_file
 

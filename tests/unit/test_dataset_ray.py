@@ -1,6 +1,7 @@
 """The Ray engine (vit_core.dataset.ray_engine) on a local Ray of 2 CPUs, no dashboard, no network: the same parts
 and the same result as the one-process run, also when a model worker dies mid-run (Ray restarts it and retries
-its batch; every image is counted once); `vit-lens dataset --engine ray` writes the same files."""
+its batch; every image is counted once); `vit-lens dataset --engine ray` writes the same files, and `vit-lens compare
+--engine ray` the same files as `compare` in one process."""
 
 from __future__ import annotations
 
@@ -211,6 +212,44 @@ def test_explanations_on_ray_equal_the_one_process_ones(local_ray, folder, tmp_p
     assert on_ray.explained == local.explained  # the same bits: gradient and perturbed passes at one thread
     assert on_ray.totals.rows.explained == local.totals.rows.explained
     assert on_ray.failures == local.failures
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_compare_on_ray_writes_the_bytes_of_compare_in_one_process(local_ray, folder, tmp_path, capsys):
+    """`compare --engine ray`: both models in each model worker, a batch's rows of each shard reduced together, the
+    driver adding up each shard's rows in image order: compare.npz, .csv, .json, .png and DIR/a, DIR/b are the
+    one-process run's bytes. Shards of 2 and 3 images in batches of 3: a batch crosses the shards' edge."""
+    common = [str(folder), "--model", "vit-lens/shapes-vit", "--model-b", "vit_shapes_patch8_96", "--random-init-b",
+              "--device", "cpu", "--limit", "5", "--batch-size", "3", "--shards", "2"]
+    assert core_cli.main(["compare", *common, "--out", str(tmp_path / "local"), "--workers", "0"]) == 2  # 1/broken.png
+    local_err = capsys.readouterr().err
+    assert core_cli.main(["compare", *common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 2
+    said = capsys.readouterr()
+    # The fixture's Ray logs Ray Data's own lines to this process's stderr (the command's Ray sends them to its log).
+    own = [line for line in said.err.splitlines() if line.startswith("vit_core: ")]
+    assert own == local_err.splitlines() and "broken.png" in own[0] and "4 images compared" in said.out
+    assert sorted(_files(tmp_path / "ray")) == ["compare.csv", "compare.json", "compare.npz", "compare.png"]
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    for side in ("a", "b"):
+        assert _files(tmp_path / "ray" / side) == _files(tmp_path / "local" / side), side
+    assert (tmp_path / "ray" / "parts" / "ray.log").is_file()
+    assert ray.is_initialized()  # the module's Ray, used as it was and left running
+
+
+def test_compare_explain_on_ray_gives_the_one_process_judges(local_ray, folder, tmp_path, capsys):
+    """`compare --explain --engine ray`: each model's judge per image computed in the model worker, its scalars carried
+    to the driver as text: DIR/a, DIR/b and compare.json are the one-process run's bytes."""
+    common = [str(folder), "--model", "vit-lens/shapes-vit", "--model-b", "vit_shapes_patch8_96", "--random-init-b",
+              "--device", "cpu", "--limit", "2", "--explain", "--steps", "2"]
+    assert core_cli.main(["compare", *common, "--out", str(tmp_path / "local"), "--workers", "0"]) == 0
+    assert core_cli.main(["compare", *common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 0
+    assert "verdicts against random that changed from A to B" in capsys.readouterr().out
+    assert "explain" in json.loads((tmp_path / "ray" / "compare.json").read_text())
+    for side in ("", "a", "b"):
+        assert _files(tmp_path / "ray" / side) == _files(tmp_path / "local" / side), side
 
 
 def test_what_ray_prints_in_the_process_goes_to_the_log_and_the_commands_own_lines_to_the_terminal(tmp_path):

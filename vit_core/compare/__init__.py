@@ -4,8 +4,10 @@ docs/spec/interface.md, "Two models").
 - `measures`: the comparisons as pure functions (linear CKA from sums, attention JS, KL, Pearson), numpy and torch;
 - `sums`: exact, mergeable sums of the comparison (CKA's cross products, JS moments, the per-image rows);
 - `engine`: each image decoded once, each model's forward reduced by dataset's `reduce_batch` (so DIR/a, DIR/b are
-  `dataset`'s files bit for bit) with the comparison recorded in the same forwards; the parts on disk;
+  `dataset`'s files bit for bit) with the comparison recorded in the same forwards; the parts on disk (dataset's
+  PartStore);
 - `runs`: a folder's run: plans, manifests, shards to do, the files at the end;
+- `ray_engine`: the shards on Ray Data (`--engine ray`), the same bytes as in one process;
 - `files`: compare.csv, compare.npz, compare.json, compare.png.
 """
 

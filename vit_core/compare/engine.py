@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +34,11 @@ from ..dataset import (
     patch_distances_on,
     reduce_batch,
 )
-from ..dataset.runs import shard_start
+from ..dataset.runs import manifest_differences, manifest_problem, shard_start
 from ..dataset.workers import replica
 from ..errors import CaptureError, ImageError
-from ..export import json_bytes, npz_bytes
 from ..hooks import attention_recorded, register, tokens_recorded
 from ..images import load_image
-from ..images.files import OutputFolder
 from ..loading.model import Geometry, LoadedModel
 from ..runtime.devices import describe_device
 from .measures import rollout_maps, torch_attention_js, torch_pearson, torch_prediction_kl, torch_rollout_step
@@ -50,8 +47,6 @@ from .sums import CompareTotals
 _logger = logging.getLogger(__name__)
 
 FORMAT = "vit-lens compare parts 1"
-PARTS = "parts"
-MANIFEST = "manifest.json"
 MODELS = ("a", "b")  # DIR/a, DIR/b: each model's `dataset` files
 
 Progress = Callable[[int, int], None]
@@ -105,35 +100,50 @@ def with_names_of(b: LoadedModel, a: LoadedModel) -> LoadedModel:
 # Decoding once for both
 
 
+def pair_crops(source: Any, sides: Sequence[int], crop_transforms: Sequence[Callable]) -> list[Any]:
+    """One source (bytes or a path) as each model's crop (PIL RGB, the model's input size) or why not: decoded once
+    for the models that decode at the same size (`decode_min_side`), then each model's resize and crop, as
+    dataset's decoded_crop does for one."""
+    decoded: dict[int, Any] = {}
+    crops = []
+    for side, crop in zip(sides, crop_transforms, strict=True):
+        if side not in decoded:
+            try:
+                decoded[side] = load_image(source, side)  # RGB
+            except ImageError as e:
+                decoded[side] = str(e)
+        image = decoded[side]
+        if isinstance(image, str):
+            crops.append(image)
+            continue
+        try:
+            crops.append(crop(image))
+        except ImageError as e:
+            crops.append(str(e))
+    return crops
+
+
 class PairDecoded(Dataset):
-    """The sources as both models' inputs: item i is (i, A's input (3, H, W) or why not, B's likewise). An image is
-    decoded once when both models decode at the same size (`decode_min_side`), as `dataset`'s DecodedImages does for
-    each; only picklable things, so DataLoader workers can have it."""
+    """The sources as both models' inputs: item i is (i, A's input (3, H, W) or why not, B's likewise), each image
+    decoded once for both (`pair_crops`); only picklable things, so DataLoader workers can have it."""
 
     def __init__(self, sources: Sequence[tuple[str, Any]], a: LoadedModel, b: LoadedModel) -> None:
         self.sources = list(sources)
         self.sides = (a.decode_min_side, b.decode_min_side)
-        self.transforms = ((a.crop_transform, a.tensor_transform), (b.crop_transform, b.tensor_transform))
+        self.crops = (a.crop_transform, b.crop_transform)
+        self.tensors = (a.tensor_transform, b.tensor_transform)
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str, torch.Tensor | str]:
-        _, source = self.sources[index]
-        decoded: dict[int, Any] = {}
         inputs = []
-        for side, (crop, tensor) in zip(self.sides, self.transforms, strict=True):
-            if side not in decoded:
-                try:
-                    decoded[side] = load_image(source, side)  # RGB
-                except ImageError as e:
-                    decoded[side] = str(e)
-            image = decoded[side]
-            if isinstance(image, str):
-                inputs.append(image)
+        for crop, tensor in zip(pair_crops(self.sources[index][1], self.sides, self.crops), self.tensors, strict=True):
+            if isinstance(crop, str):
+                inputs.append(crop)
                 continue
             try:
-                inputs.append(tensor(crop(image)))  # (3, H, W), as dataset.decoded_crop then the tensor transform
+                inputs.append(tensor(crop))  # (3, H, W)
             except ImageError as e:
                 inputs.append(str(e))
         return index, inputs[0], inputs[1]
@@ -237,20 +247,19 @@ class Explain:
     tests: tuple[str, ...]
 
 
-def _explained(loaded: LoadedModel, sources: Sequence[tuple[str, Any]], indices: list[int], explain: Explain,
-               totals: Totals) -> dict[int, dict[str, float]]:
-    """Each image's explained_values for one model, in index order; an image that can't be explained has {} and a
-    failure line in `totals`, as dataset's reduce_sources does."""
+def _explained(loaded: LoadedModel, sources: Sequence[tuple[str, Any]], indices: list[int], explain: Explain
+               ) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+    """Each image's explained_values for one model, in index order, and why an image can't be explained (it has {}),
+    as dataset's reduce_sources does."""
     from ..dataset import explained_values
 
-    out = {}
+    out, failed = {}, {}
     for index in indices:
         try:
             out[index] = explained_values(loaded, sources[index][1], explain.steps, tests=explain.tests)
         except ImageError as e:
-            out[index] = {}
-            totals.failures.append((sources[index][0], f"No explanation: {e}"))
-    return out
+            out[index], failed[index] = {}, f"No explanation: {e}"
+    return out, failed
 
 
 def _slice(values: BatchValues, start: int, stop: int) -> BatchValues:
@@ -279,10 +288,11 @@ def paired_values(a: LoadedModel, b: LoadedModel, xa: torch.Tensor, xb: torch.Te
             parts_b.append(reduce_batch(b, xb[first:first + size], logit_lens[1], distances[1]))
         _check(rec_b, "B")
         add_pair(totals, rec_a, rec_b, images, files[first:first + size], which)
-    return _joined(parts_a), _joined(parts_b)
+    return joined_values(parts_a), joined_values(parts_b)
 
 
-def _joined(parts: list[BatchValues]) -> BatchValues:
+def joined_values(parts: list[BatchValues]) -> BatchValues:
+    """One row per image of `parts`, in their order."""
     return BatchValues(**{f.name: None if getattr(parts[0], f.name) is None
                           else np.concatenate([getattr(p, f.name) for p in parts])
                           for f in dataclasses.fields(BatchValues)})
@@ -321,50 +331,84 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
     (as `dataset`'s reduce_sources makes them: the same bits) and the comparison's totals over the images both models
     could read. `labels`: each model's true class per source (or None). `explain`: each model's `--explain` scalars
     of each image too (dataset's explained_values, as `dataset --explain` adds them)."""
-    logit_lens = tuple(ls is not None and any(x is not None for x in ls) for ls in labels)
+    logit_lens = logit_lens_of(labels)
     distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
-    pair = Pair(a, b, None, None)
-    which = pair.which
     own = (replica(a), replica(b))  # hooks and fused_attn flags of our own, the weights shared (see paired_values)
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
-    for batch, items in zip(batches, pair_loader(pair.a, pair.b, sources, batches, workers), strict=True):
+    for batch, items in zip(batches, pair_loader(a, b, sources, batches, workers), strict=True):
+        paired = pair_batch((a, b), own, sources, items, logit_lens, distances, explain)
         totals = (Totals(), Totals())
-        compared = CompareTotals()
-        for index, *inputs in items:  # failures first, as reduce_sources reports them
-            for side, x in enumerate(inputs):
-                if isinstance(x, str):
-                    totals[side].failures.append((sources[index][0], x))
-                    _logger.info("skipped %s for model %s: %s", sources[index][0], "AB"[side], x)
-        both = [(i, xa, xb) for i, xa, xb in items if not isinstance(xa, str) and not isinstance(xb, str)]
-        values: dict[int, tuple[BatchValues | None, BatchValues | None]] = {}
-        if both:
-            va, vb = paired_values(*own, torch.stack([x for _, x, _ in both]), torch.stack([x for _, _, x in both]),
-                                   logit_lens, distances, [sources[i][0] for i, _, _ in both], which, compared)
-            values |= {i: (_slice(va, k, k + 1), _slice(vb, k, k + 1)) for k, (i, _, _) in enumerate(both)}
-        for side, loaded in enumerate((pair.a, pair.b)):  # an image only one model could read: that model's alone
-            alone = [(i, inputs[side]) for i, *inputs in items
-                     if not isinstance(inputs[side], str) and isinstance(inputs[1 - side], str)]
-            if alone:
-                v = reduce_batch(loaded, torch.stack([x for _, x in alone]), logit_lens[side], distances[side])
-                for k, (i, _) in enumerate(alone):
-                    values.setdefault(i, (None, None))
-                    values[i] = tuple(_slice(v, k, k + 1) if s == side else values[i][s] for s in range(2))
-        explained = {side: _explained(loaded, sources, sorted(i for i in values if values[i][side] is not None),
-                                      explain, totals[side]) for side, loaded in enumerate((a, b))} if explain else None
-        for index in sorted(values):  # rows in the run's order, one image at a time: the sums are exact
+        for side in range(2):  # failures first, as reduce_sources reports them
+            totals[side].failures.extend((sources[i][0], why) for i, why in paired.unread[side].items())
+            totals[side].failures.extend((sources[i][0], why) for i, why in paired.unexplained[side].items())
+        for index in sorted(paired.values):  # rows in the run's order, one image at a time: the sums are exact
             for side in range(2):
-                if values[index][side] is not None:
-                    label = labels[side][index] if logit_lens[side] else None
-                    totals[side].add_batch([sources[index][0]], [label] if logit_lens[side] else None, values[index][side],
-                                           [explained[side][index]] if explained else None)
+                values = paired.values[index][side]
+                if values is not None:
+                    label = [labels[side][index]] if logit_lens[side] else None
+                    totals[side].add_batch([sources[index][0]], label, values,
+                                           [paired.explained[side][index]] if paired.explained else None)
         done += len(batch)
         report(done, total)
-        yield list(batch), totals[0], totals[1], compared
+        yield list(batch), totals[0], totals[1], paired.compared
+
+
+def logit_lens_of(labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None]) -> tuple[bool, bool]:
+    """Whether each model's logit lens runs: some label is known (as dataset's reduce_sources decides)."""
+    return tuple(ls is not None and any(x is not None for x in ls) for ls in labels)
+
+
+@dataclass
+class PairedBatch:
+    """One batch through both models. Per image (its index into the sources): each model's values as one row (None
+    where that model couldn't read it), why a model couldn't read it or explain it, each model's --explain scalars
+    (`explained` None without --explain); and the comparison's sums over the images both models read."""
+
+    values: dict[int, tuple[BatchValues | None, BatchValues | None]]
+    unread: tuple[dict[int, str], dict[int, str]]
+    unexplained: tuple[dict[int, str], dict[int, str]]
+    explained: tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]] | None
+    compared: CompareTotals
+
+
+def pair_batch(models: tuple[LoadedModel, LoadedModel], own: tuple[LoadedModel, LoadedModel], sources: Any,
+               items: Sequence[tuple[int, Any, Any]], logit_lens: tuple[bool, bool],
+               distances: tuple[torch.Tensor, torch.Tensor], explain: Explain | None) -> PairedBatch:
+    """A batch of decoded items ((index, A's input (3, H, W) or why not, B's likewise), in index order) through both
+    models: the images both read in paired forwards on `own` (the caller's replicas, `paired_values`), the comparison
+    recorded; an image only one model read by that model alone. `sources[index]`: the image's (name, bytes or path)."""
+    unread: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    for index, *inputs in items:
+        for side, x in enumerate(inputs):
+            if isinstance(x, str):
+                unread[side][index] = x
+                _logger.info("skipped %s for model %s: %s", sources[index][0], "AB"[side], x)
+    compared = CompareTotals()
+    values: dict[int, tuple[BatchValues | None, BatchValues | None]] = {}
+    both = [(i, xa, xb) for i, xa, xb in items if i not in unread[0] and i not in unread[1]]
+    if both:
+        va, vb = paired_values(*own, torch.stack([x for _, x, _ in both]), torch.stack([x for _, _, x in both]),
+                               logit_lens, distances, [sources[i][0] for i, _, _ in both],
+                               comparable(models[0].geometry, models[1].geometry), compared)
+        values |= {i: (_slice(va, k, k + 1), _slice(vb, k, k + 1)) for k, (i, _, _) in enumerate(both)}
+    for side, loaded in enumerate(models):  # an image only one model could read: that model's alone
+        alone = [(i, inputs[side]) for i, *inputs in items if i in unread[1 - side] and i not in unread[side]]
+        if alone:
+            v = reduce_batch(loaded, torch.stack([x for _, x in alone]), logit_lens[side], distances[side])
+            for k, (i, _) in enumerate(alone):
+                values[i] = tuple(_slice(v, k, k + 1) if s == side else None for s in range(2))
+    explained, unexplained = None, ({}, {})
+    if explain:
+        (ea, fa), (eb, fb) = (_explained(loaded, sources, sorted(i for i in values if values[i][side] is not None), explain)
+                              for side, loaded in enumerate(models))
+        explained, unexplained = (ea, eb), (fa, fb)
+    return PairedBatch(values, unread, unexplained, explained, compared)
 
 
 # ----------------------------------------------------------------------------------------------
-# The comparison's parts on disk (each model's are dataset's PartStore in DIR/a and DIR/b)
+# The comparison's parts on disk: three of dataset's PartStore, DIR/a/parts and DIR/b/parts each model's, DIR/parts the
+# comparison's own (its manifest names both runs; its part holds the comparison's sums)
 
 
 def pair_manifest(manifest_a: dict[str, Any], manifest_b: dict[str, Any]) -> dict[str, Any]:
@@ -372,69 +416,77 @@ def pair_manifest(manifest_a: dict[str, Any], manifest_b: dict[str, Any]) -> dic
     return {"format": FORMAT, "a": manifest_a, "b": manifest_b, "shards": manifest_a["shards"]}
 
 
+class PairParts(PartStore):
+    """DIR/parts: the comparison's manifest (`pair_manifest`) and each shard's CompareTotals, kept as dataset's are."""
+
+    command = "compare"
+
+    @property
+    def start_again(self) -> Path:
+        return self.path.parent  # DIR: the two models' parts go with the comparison's
+
+    def problem(self, manifest: Any) -> str | None:
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return f"its format is not {FORMAT!r}"
+        for side in MODELS:
+            problem = manifest_problem(manifest.get(side))
+            if problem:
+                return f"model {side.upper()}'s run: {problem}"
+        return None
+
+    def differences(self, wanted: dict[str, Any], found: dict[str, Any]) -> list[str]:
+        """What differs in both models' runs (the files, --limit, ...), then in one model's ("model B's the weights")."""
+        each = [manifest_differences(wanted[side], found[side]) for side in MODELS]
+        both = [what for what in each[0] if what in each[1]]
+        return both + [f"model {side.upper()}'s {what}" for side, whats in zip(MODELS, each, strict=True)
+                       for what in whats if what not in both]
+
+
 class CompareStore:
-    """DIR/parts: the comparison's manifest and one part per finished shard (written after the shard's a and b parts,
-    so a shard is done when its comparison part is there)."""
+    """A comparison's three stores of parts; a shard's comparison part is written after its a and b parts, so a shard
+    is done when its three parts are there."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
-        self.path = self.out / PARTS
-        self.stores = (PartStore(self.out / "a"), PartStore(self.out / "b"))
+        self.parts = PairParts(self.out)
+        self.stores = tuple(PartStore(self.out / side) for side in MODELS)
+
+    @property
+    def path(self) -> Path:
+        return self.parts.path
 
     def manifest(self) -> dict[str, Any] | None:
-        try:
-            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, RecursionError) as e:
-            raise PartsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.out} to start again.") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise PartsError(f"{self.path / MANIFEST} is not a `compare` run's manifest; remove {self.out} to start again.")
-        return manifest
+        return self.parts.manifest()
 
     def open(self, manifest: dict[str, Any]) -> None:
-        """Write the manifests (the comparison's, and dataset's in a/ and b/), or check the ones there. Raises
-        PartsError with what differs."""
-        found = self.manifest()
-        if found is not None and found != json.loads(json_bytes(manifest)):
-            differs = [side for side in MODELS if found.get(side) != json.loads(json_bytes(manifest[side]))]
-            raise PartsError(f"{self.path} holds parts of another comparison (model {' and '.join(differs) or 'runs'} "
-                             "differ); use another --out, or remove that folder to start again.")
+        """Write the manifests (the comparison's, and dataset's in a/ and b/), or check the ones there, the comparison's
+        first. Raises PartsError with what differs."""
+        there = self.parts.check(manifest)
         for side, store in zip(MODELS, self.stores, strict=True):
             store.open(manifest[side])
-        if found is None:
-            self.path.mkdir(parents=True, exist_ok=True)
-            with OutputFolder(self.path) as out:
-                out.write(MANIFEST, json_bytes(manifest))
+        if not there:
+            self.parts.open(manifest)
 
     def part_path(self, shard: Shard) -> Path:
-        return self.path / f"{shard.name}.npz"
+        return self.parts.part_path(shard)
 
     def done(self, all_shards: Sequence[Shard]) -> set[int]:
         """The shards whose three parts are there."""
-        return {s.number for s in all_shards if self.part_path(s).is_file() and all(
-            store.part_path(s).is_file() for store in self.stores)}
+        return set.intersection(*(store.done(all_shards) for store in (self.parts, *self.stores)))
 
     def write(self, shard: Shard, totals: tuple[Totals, Totals], compared: CompareTotals, device: str,
               files_sha256: str) -> None:
         for store, one in zip(self.stores, totals, strict=True):
             store.write(shard, one, device, files_sha256)
-        arrays = {**compared.arrays(), "shard": np.asarray(shard.number), "shards": np.asarray(shard.count),
-                  "files_sha256": np.asarray(files_sha256)}
-        with OutputFolder(self.path) as out:
-            out.write(self.part_path(shard).name, npz_bytes(arrays))
+        self.parts.write_part(shard, compared.arrays(), device, files_sha256)
 
     def read(self, shard: Shard, files_sha256: str) -> CompareTotals:
-        path = self.part_path(shard)
+        arrays, _ = self.parts.read_part(shard, files_sha256)
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files}
-            if (str(arrays["files_sha256"]) != files_sha256 or int(arrays["shards"]) != shard.count
-                    or int(arrays["shard"]) != shard.number):
-                raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
             return CompareTotals.from_arrays(arrays)
-        except (OSError, ValueError, KeyError, EOFError) as e:
-            raise PartsError(f"{path} can't be read ({e or type(e).__name__}); remove it and run that shard again.") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise PartsError(f"{self.part_path(shard)} is damaged ({e or type(e).__name__}); remove it and run that shard "
+                             "again.") from None
 
 
 def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], files_sha256: str, *, batch_size: int,

@@ -9,16 +9,14 @@ Ray is imported only inside these functions (an optional dependency: `pip instal
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
 
 from ..dataset.listing import Shard
-from ..dataset.ray_engine import ModelSpec, RayPlan, RayRunError, decoded_crops
+from ..dataset.ray_engine import ModelSpec, RayPlan, RayRunError, decoded_crops, worker_device
 from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
-from ..runtime import cpu_quota
 from .collect import CHUNK_BYTES, Progress, TokenStore, check_layer, patch_tokens
 
 
@@ -27,12 +25,7 @@ class TokenStage:
     (float32 (B, N, D), zeros where the file failed)."""
 
     def __init__(self, spec: ModelSpec, layer: int, threads: int | None = None) -> None:
-        import torch
-
-        on_gpu = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and torch.cuda.is_available()
-        if not on_gpu:
-            torch.set_num_threads(threads or cpu_quota())
-        self.loaded, self.layer = spec.load("auto" if on_gpu else "cpu"), layer
+        self.loaded, self.layer = spec.load(worker_device(threads)), layer
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch

@@ -33,7 +33,7 @@ from ..errors import ViTLensError
 from ..export import EXPORT_TESTS
 from ..lenses import Lens, LensError, lenses_of
 from ..loading import load_model
-from ..loading.model import LoadedModel
+from ..loading.model import Geometry, LoadedModel
 from ..runtime import cpu_quota
 from ..runtime.devices import describe_device
 from .analyze import Masks, Progress, add_lensed_image, explained_values
@@ -140,6 +140,39 @@ def lensed_of_bytes(data: bytes, failed: str) -> LensedImage:
     return LensedImage(arrays, tuple(json.loads(failed)))
 
 
+def worker_device(threads: int | None = None) -> str:
+    """Where a model worker builds its model: "auto" (the GPU Ray gave it), else "cpu" with `threads` torch threads
+    (default: this node's CPU quota): Ray limits a worker's threads to its CPUs; the forward takes what the quota gives."""
+    import torch
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
+        return "auto"
+    torch.set_num_threads(threads or cpu_quota())
+    return "cpu"
+
+
+def value_columns(geometry: Geometry, count: int, rows: Sequence[int], values: BatchValues | None) -> dict[str, np.ndarray]:
+    """A batch's reduced values as the model stage's columns (what `shard_totals` adds up): row r of each is image r's,
+    where `rows` are the batch rows that `values` (one row per image, in that order) are of; elsewhere (an image that
+    failed) -1 for a class and zeros."""
+    g = geometry
+    out = {
+        "top1": np.full(count, -1, dtype=np.int64), "probability": np.zeros(count, dtype=np.float32),
+        "distance": np.zeros((count, g.num_layers, g.num_heads), dtype=np.float32),
+        "distance_renorm": np.zeros((count, g.num_layers, g.num_heads), dtype=np.float32),
+        "high_norm_rate": np.zeros((count, g.num_layers + 1), dtype=np.float32),
+        "lens_top1": np.full((count, g.num_layers + 1), -1, dtype=np.int64),
+    }
+    if values is None or not len(rows):
+        return out
+    rows = list(rows)
+    for name in ("top1", "probability", "distance", "distance_renorm", "high_norm_rate"):
+        out[name][rows] = getattr(values, name)
+    if values.lens_top1 is not None:
+        out["lens_top1"][rows] = values.lens_top1
+    return out
+
+
 class ReduceStage:
     """Model stage: the model built once per worker (on the GPU Ray gave it, else the CPU); per batch one hooked
     forward reduced on the device (reduce_batch), with `lenses` their arrays read on the same forward, and with
@@ -148,12 +181,7 @@ class ReduceStage:
     def __init__(self, spec: ModelSpec, logit_lens: bool, explain: bool, steps: int, threads: int | None = None,
                  tests: Sequence[str] = EXPORT_TESTS, masks: Masks | None = None,
                  lenses: Sequence[tuple[str, str]] = ()) -> None:
-        import torch
-
-        on_gpu = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and torch.cuda.is_available()
-        if not on_gpu:  # Ray limits a worker's threads to its CPUs; the forward takes what this node's quota gives it
-            torch.set_num_threads(threads or cpu_quota())
-        self.loaded = spec.load("auto" if on_gpu else "cpu")
+        self.loaded = spec.load(worker_device(threads))
         self.device = describe_device(self.loaded.device)
         self.distance = patch_distances_on(self.loaded.geometry, self.loaded.device)
         self.logit_lens, self.explain, self.steps, self.tests, self.masks = logit_lens, explain, steps, tuple(tests), masks
@@ -163,30 +191,20 @@ class ReduceStage:
         import torch
         from PIL import Image
 
-        g, count = self.loaded.geometry, len(batch["index"])
+        count = len(batch["index"])
         errors = [str(e) for e in batch["error"]]
         good = [row for row in range(count) if not errors[row]]
-        out = {
-            "index": batch["index"],
-            "top1": np.full(count, -1, dtype=np.int64), "probability": np.zeros(count, dtype=np.float32),
-            "distance": np.zeros((count, g.num_layers, g.num_heads), dtype=np.float32),
-            "distance_renorm": np.zeros((count, g.num_layers, g.num_heads), dtype=np.float32),
-            "high_norm_rate": np.zeros((count, g.num_layers + 1), dtype=np.float32),
-            "lens_top1": np.full((count, g.num_layers + 1), -1, dtype=np.int64),
-        }
         explained = [""] * count  # JSON of each image's named scalars ("" without)
         explain_errors = [""] * count  # why an image has no explanation ("" when it has one, or none was asked)
         lensed, lens_failed = [b""] * count, ["[]"] * count  # each image's lens arrays (lensed_bytes), failures (JSON)
+        values = None
         if good:
             x = torch.stack([self.loaded.tensor_transform(Image.fromarray(batch["crop"][row])) for row in good])  # (B', 3, H, W)
             values = reduce_batch(self.loaded, x, self.logit_lens, self.distance, lenses=self.lenses,
                                   crops=batch["crop"][good] if self.lenses else None)
-            for name in ("top1", "probability", "distance", "distance_renorm", "high_norm_rate"):
-                out[name][good] = getattr(values, name)
-            if values.lens_top1 is not None:
-                out["lens_top1"][good] = values.lens_top1
             for row, one in zip(good, values.lensed or (), strict=False):
                 lensed[row], lens_failed[row] = lensed_bytes(one), json.dumps(list(one.failed))
+        out = {"index": batch["index"], **value_columns(self.loaded.geometry, count, good, values)}
         for row in good if self.explain else ():
             try:  # decoded again: it needs gradients, one image at a time
                 path = Path(str(batch["path"][row]))
@@ -365,6 +383,18 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
         batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers.model_workers), num_cpus=1,
         num_gpus=workers.gpus_per_worker or None)
 
+    for shard, pieces in finished_shards(values, todo, progress):
+        totals, device = shard_totals(plan, shard, pieces, logit_lens)
+        store.write(shard, totals, device, files_sha256)
+
+
+def finished_shards(values: Any, todo: Sequence[Shard], progress: Progress | None = None
+                    ) -> Iterator[tuple[Shard, list[dict[str, np.ndarray]]]]:
+    """The model stage's rows (`values`: a Ray dataset with an "index" column) of the shards `todo`, gathered per shard:
+    each shard with its pieces (its rows of each batch, in the order Ray returned them) as soon as all its images are
+    back. Raises RayRunError when Ray fails, or returns fewer images than a shard holds."""
+    import ray
+
     starts = np.array([shard.start for shard in todo])
     received: dict[int, list[dict[str, np.ndarray]]] = {shard.number: [] for shard in todo}
     count = {shard.number: 0 for shard in todo}
@@ -378,15 +408,13 @@ def run_shards_on_ray(spec: ModelSpec, loaded: LoadedModel, plan: RunPlan, store
                 received[number].append({key: value[rows] for key, value in batch.items()})
                 count[number] += int(rows.sum())
                 if count[number] == by_number[number].size:
-                    shard = by_number[number]
-                    totals, device = shard_totals(plan, shard, received.pop(number), logit_lens)
-                    store.write(shard, totals, device, files_sha256)
+                    yield by_number[number], received.pop(number)
             done += len(batch["index"])
             if progress:
                 progress(done, total)
     except ray.exceptions.RayError as e:
         raise RayRunError(f"Ray could not finish the analysis: {str(e).splitlines()[0]}") from None
-    unfinished = sorted(received)  # a shard leaves `received` when it is written
+    unfinished = sorted(received)  # a shard leaves `received` when it is yielded
     if unfinished:
         raise RayRunError(f"Ray returned {sum(count[n] for n in unfinished)} images for shards {unfinished} "
                           "that hold more; run the command again to finish them.")

@@ -158,7 +158,7 @@ def _masks_digest(masks: Path) -> str:
     return digest.hexdigest()
 
 
-def _differences(wanted: dict[str, Any], found: dict[str, Any]) -> list[str]:
+def manifest_differences(wanted: dict[str, Any], found: dict[str, Any]) -> list[str]:
     """What differs between two manifests' inputs, as the user names it ("--explain", "the files")."""
     return list(dict.fromkeys(INPUTS[key] for key in INPUTS if wanted.get(key) != found.get(key)))
 
@@ -348,7 +348,11 @@ def geometry_of(manifest: dict[str, Any]) -> Geometry:
 
 
 class PartStore:
-    """OUT/parts: the manifest and one part file per finished shard, each written atomically (vit_core.images.files)."""
+    """OUT/parts: the manifest and one part file per finished shard, each written atomically (vit_core.images.files).
+    Another command keeps its parts the same way in a subclass that says what its manifest is (`problem`, `differences`)
+    and writes its own arrays (`write_part`, `read_part`)."""
+
+    command = "dataset"  # whose runs' parts these are, as the messages name it
 
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / PARTS
@@ -359,28 +363,47 @@ class PartStore:
         folder = Path(folder)
         return cls(folder.parent) if (folder / MANIFEST).is_file() else cls(folder)
 
+    @property
+    def start_again(self) -> Path:
+        """The folder to remove to start the run again."""
+        return self.path
+
+    def problem(self, manifest: Any) -> str | None:
+        """What makes a manifest read back unusable, in a few words, or None."""
+        return manifest_problem(manifest)
+
+    def differences(self, wanted: dict[str, Any], found: dict[str, Any]) -> list[str]:
+        """What differs between two manifests' inputs, as the user names it."""
+        return manifest_differences(wanted, found)
+
     def manifest(self) -> dict[str, Any] | None:
-        """The manifest there, checked (`manifest_problem`), or None where there is none. Raises PartsError."""
+        """The manifest there, checked (`problem`), or None where there is none. Raises PartsError."""
         try:
             manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, RecursionError) as e:
-            raise PartsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.path} to start again.") from None
-        problem = manifest_problem(manifest)
+            raise PartsError(f"{self.path / MANIFEST} can't be read ({e}); remove {self.start_again} to start again.") from None
+        problem = self.problem(manifest)
         if problem:
-            raise PartsError(f"{self.path / MANIFEST} is not a `dataset` run's manifest ({problem}); remove {self.path} "
-                             "to start again.")
+            raise PartsError(f"{self.path / MANIFEST} is not a `{self.command}` run's manifest ({problem}); remove "
+                             f"{self.start_again} to start again.")
         return manifest
+
+    def check(self, manifest: dict[str, Any]) -> bool:
+        """Whether a manifest is there; PartsError, with what differs, when it names other inputs than `manifest`."""
+        found = self.manifest()
+        if found is None:
+            return False
+        differs = self.differences(manifest, found)
+        if differs:
+            raise PartsError(f"{self.path} holds parts of another run (it differs in: {', '.join(differs)}); "
+                             "use another --out, or remove that folder to start again.")
+        return True
 
     def open(self, manifest: dict[str, Any]) -> None:
         """Write the manifest, or check that the one there names the same inputs. Raises PartsError with what differs."""
-        found = self.manifest()
-        if found is not None:
-            differs = _differences(manifest, found)
-            if differs:
-                raise PartsError(f"{self.path} holds parts of another run (it differs in: {', '.join(differs)}); "
-                                 "use another --out, or remove that folder to start again.")
+        if self.check(manifest):
             return
         self.path.mkdir(parents=True, exist_ok=True)
         with OutputFolder(self.path) as out:
@@ -394,22 +417,21 @@ class PartStore:
         return {shard.number for shard in all_shards if self.part_path(shard).is_file()}
 
     def write(self, shard: Shard, totals: Totals, device: str, files_sha256: str) -> None:
-        arrays = {**totals.arrays(), "shard": np.asarray(shard.number), "shards": np.asarray(shard.count),
+        self.write_part(shard, totals.arrays(), device, files_sha256)
+        _logger.info("%s: %d images -> %s", shard.name, totals.num_images, self.part_path(shard))
+
+    def write_part(self, shard: Shard, arrays: dict[str, np.ndarray], device: str, files_sha256: str) -> None:
+        """A shard's arrays written atomically with what ties them to their run: the shard, the count of shards, the
+        device that made them and the files' digest (`read_part` checks them)."""
+        arrays = {**arrays, "shard": np.asarray(shard.number), "shards": np.asarray(shard.count),
                   "device": np.asarray(device), "files_sha256": np.asarray(files_sha256)}
         with OutputFolder(self.path) as out:
             out.write(self.part_path(shard).name, npz_bytes(arrays))
-        _logger.info("%s: %d images -> %s", shard.name, totals.num_images, self.part_path(shard))
 
-    def read(self, shard: Shard, files_sha256: str, geometry: Geometry | None = None) -> tuple[Totals, str]:
-        """A part's totals and the device that made them, its arrays checked against the model's `geometry` (default:
-        the manifest's) and the shard's size (`part_problem`). Raises PartsError for a part of another run, or one
-        that is damaged."""
+    def read_part(self, shard: Shard, files_sha256: str) -> tuple[dict[str, np.ndarray], str]:
+        """A part's arrays and the device that made them, checked to be this run's `shard` (not their contents).
+        Raises PartsError for a part of another run, or one that can't be read."""
         path = self.part_path(shard)
-        if geometry is None:
-            manifest = self.manifest()
-            if manifest is None:
-                raise PartsError(f"No {MANIFEST} in {self.path}: not the output of a `dataset` run.")
-            geometry = geometry_of(manifest)
         try:
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {key: npz[key] for key in npz.files}
@@ -422,10 +444,22 @@ class PartStore:
         if (str(own["files_sha256"]) != files_sha256 or int(own["shards"]) != shard.count
                 or int(own["shard"]) != shard.number):
             raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
+        return arrays, str(own["device"])
+
+    def read(self, shard: Shard, files_sha256: str, geometry: Geometry | None = None) -> tuple[Totals, str]:
+        """A part's totals and the device that made them, its arrays checked against the model's `geometry` (default:
+        the manifest's) and the shard's size (`part_problem`). Raises PartsError for a part of another run, or one
+        that is damaged."""
+        if geometry is None:
+            manifest = self.manifest()
+            if manifest is None:
+                raise PartsError(f"No {MANIFEST} in {self.path}: not the output of a `dataset` run.")
+            geometry = geometry_of(manifest)
+        arrays, device = self.read_part(shard, files_sha256)
         problem = part_problem(arrays, geometry, shard)
         if problem:
-            raise PartsError(f"{path} is damaged ({problem}); remove it and run that shard again.")
-        return Totals.from_arrays(arrays), str(own["device"])
+            raise PartsError(f"{self.part_path(shard)} is damaged ({problem}); remove it and run that shard again.")
+        return Totals.from_arrays(arrays), device
 
 
 def merged_result(stores: Sequence[PartStore]) -> tuple[DatasetResult, Geometry, dict[str, Any]]:
@@ -438,7 +472,7 @@ def merged_result(stores: Sequence[PartStore]) -> tuple[DatasetResult, Geometry,
         raise PartsError(f"No {MANIFEST} in {', '.join(missing_manifest)}: not the output of a `dataset` run.")
     first = manifests[0][1]
     for store, manifest in manifests[1:]:
-        differs = _differences(first, manifest)
+        differs = manifest_differences(first, manifest)
         if differs:
             raise PartsError(f"{store.path} holds parts of another run than {manifests[0][0].path} "
                              f"(it differs in: {', '.join(differs)}).")
