@@ -38,7 +38,8 @@ docs/spec/interface.md, "Concepts").
 `compare` runs two models over FOLDER in one pass (each image decoded once) and writes DIR/a and DIR/b (what
 `dataset` writes for each model alone, bit for bit), DIR/compare.csv, .npz, .json and .png (vit_core.compare;
 docs/spec/interface.md, "Two models"); its shards are kept in DIR/parts, DIR/a/parts and DIR/b/parts, resumable and run
-on Ray as `dataset`'s.
+on Ray as `dataset`'s. With `--concepts-layer L` it also trains one concept dictionary on both models' tokens after
+block L and writes DIR/concepts, with the features only in A, only in B and shared.
 
 `dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
 layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
@@ -1262,8 +1263,8 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
     if concepts is False:
         return EXIT_FAILURES
     try:
-        _run_pair_shards(args, run, todo, explain)
-        if concepts is not None:
+        _run_pair_shards(args, run, todo, explain, concepts)
+        if concepts is not None:  # the shards whose comparison an earlier run without --concepts-layer did
             _collect_pair_tokens(args, run, concepts, asked)
     except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
         _fail(f"interrupted; {len(run.store.done(run.shards))} of {len(run.shards)} shards kept in {args.out}, rerun to "
@@ -1327,6 +1328,8 @@ def _collect_pair_tokens(args: argparse.Namespace, run: CompareRun, stores, aske
 
     there = collected(stores, run.shards)
     todo = [shard for shard in asked if shard.number not in there]
+    if not todo:
+        return
     workers = default_workers() if args.workers is None else args.workers
     with _progress_shown(sys.stderr, sys.stdout, sum(shard.size for shard in todo), "tokens (two models)") as progress:
         collect_pair_tokens(run.pair, args.concepts_layer, stores, todo, workers=workers, progress=progress,
@@ -1359,18 +1362,24 @@ def _shared_concepts_written(args: argparse.Namespace, run: CompareRun, stores, 
     return ConceptsOutcome(summary=summary)
 
 
-def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard], explain: Explain | None) -> None:
-    """The shards `todo` of a comparison run by the engine asked for, with progress (`_progress_shown`)."""
+def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard], explain: Explain | None,
+                     stores=None) -> None:
+    """The shards `todo` of a comparison run by the engine asked for, with progress (`_progress_shown`); with
+    --concepts-layer's token `stores`, the tokens of those not collected yet from the same decoding."""
     from .compare import run_pair_shards
+    from .compare.concepts import collected, pair_token_writers
     from .dataset import default_batch_size
 
     total, desc = sum(shard.size for shard in todo), "images (two models)"
     batch_size = args.batch_size or default_batch_size(run.pair.a.device)
     if args.engine == "local":
         workers = default_workers() if args.workers is None else args.workers
-        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress:
+        there = collected(stores, run.shards) if stores else set()
+        tokens = (pair_token_writers(run.pair, args.concepts_layer, stores, [s for s in todo if s.number not in there])
+                  if stores else contextlib.nullcontext())
+        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress, tokens as decoded:
             run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
-                            progress=progress, explain=explain)
+                            progress=progress, explain=explain, decoded=decoded)
         return
     from .compare.ray_engine import run_pair_shards_on_ray
 

@@ -94,12 +94,18 @@ def test_the_shapes_vit_against_its_random_init_lists_every_alive_feature_once(a
     assert not np.array_equal(a.normalisation.mean, b.normalisation.mean)  # each its own statistics
 
 
-def test_concepts_in_two_shards_give_the_same_bytes(folder, against_random, tmp_path, capsys):
-    status, _, _ = _compare(capsys, folder, tmp_path / "two", *SHAPES, *SHAPES_RANDOM, "--concepts-layer", 2,
-                            "--shards", 2)
-    assert status == 0
-    assert (tmp_path / "two" / "compare.json").read_bytes() == (against_random / "compare.json").read_bytes()
-    assert _feature_files(tmp_path / "two") == _feature_files(against_random)
+def test_concepts_in_two_shards_collected_with_the_comparison_or_after_it_give_the_same_bytes(folder, against_random,
+                                                                                                 tmp_path, capsys):
+    both = (*SHAPES, *SHAPES_RANDOM)
+    status, said, _ = _compare(capsys, folder, tmp_path, *both, "--concepts-layer", 2, "--shard", "1/2")
+    assert status == 0 and "1 of 2 shards done" in said  # shard 1's tokens collected in the comparison's pass
+    assert not (tmp_path / "concepts" / "concepts.json").exists()
+    status, said, _ = _compare(capsys, folder, tmp_path, *both, "--shard", "2/2")  # without: no tokens of shard 2
+    assert status == 0 and "concepts" not in _summary(tmp_path)
+    status, said, _ = _compare(capsys, folder, tmp_path, *both, "--concepts-layer", 2)  # shard 2's tokens on their own
+    assert status == 0 and "2 of 2 shards already done" in said
+    assert (tmp_path / "compare.json").read_bytes() == (against_random / "compare.json").read_bytes()
+    assert _feature_files(tmp_path) == _feature_files(against_random)
 
 
 def test_a_model_against_itself_shares_every_alive_feature_half_and_half(folder, tmp_path, capsys):

@@ -12,8 +12,9 @@ Shapes: n images, N patches, D width, F features, K top patches kept per feature
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -64,44 +65,62 @@ def collected(stores: Sequence[TokenStore], shards: Sequence[Shard]) -> set[int]
     return set.intersection(*(store.done(shards) for store in stores))
 
 
-def collect_pair_tokens(pair: Pair, layer: int, stores: Sequence[TokenStore], todo: Sequence[Shard], *,
-                        batch_size: int, workers: int = 0, progress: Progress | None = None) -> None:
-    """Both models' patch tokens after block `layer` of the shards `todo`: each image decoded once for both, each
-    model's tokens as `concepts` collects them; an image either model can't read is a failure of both stores (the
-    union holds the images both read). Each shard's two stores written when it is done."""
-    sources, names = pair.plan_a.sources(), pair.plan_a.names
-    batches, owner = [], {}
-    for shard in todo:
-        for batch in consecutive_batches(shard.start, shard.stop, batch_size):
-            owner[batch.start] = shard
-            batches.append(batch)
+Items = Sequence[tuple[int, Any, Any]]  # a batch as pair_loader decodes it: (index, A's input or why not, B's likewise)
+
+
+@contextlib.contextmanager
+def pair_token_writers(pair: Pair, layer: int, stores: Sequence[TokenStore], todo: Sequence[Shard]
+                       ) -> Iterator[Callable[[Shard, Items], None]]:
+    """Inside the block, add(shard, items) collects both models' patch tokens after block `layer` of a decoded batch
+    of a shard of `todo` (other shards' batches are left alone): each model's tokens as `concepts` collects them
+    (`patch_tokens`, on a forward pool); an image either model can't read is a failure of both stores (the union
+    holds the images both read). A shard's two stores are written when its last batch is added."""
     writers = {shard.number: [store.writer(shard) for store in stores] for shard in todo}
     remaining = {shard.number: shard.size for shard in todo}
     for shard in (s for s in todo if s.size == 0):
         for writer in writers[shard.number]:
             writer.finish()
-    total, done = sum(shard.size for shard in todo), 0
     with forward_pool(pair.a, model_workers(pair.a.device)) as pool_a, \
             forward_pool(pair.b, model_workers(pair.b.device)) as pool_b:
-        for batch, items in zip(batches, pair_loader(pair.a, pair.b, sources, batches, workers), strict=True):
-            shard = owner[batch.start]
+
+        def add(shard: Shard, items: Items) -> None:
+            if shard.number not in writers:
+                return
             both = []
             for index, xa, xb in items:
                 why = next((x for x in (xa, xb) if isinstance(x, str)), None)
                 if why is None:
                     both.append((index, xa, xb))
                 for writer in writers[shard.number] if why is not None else ():
-                    writer.failures.append((names[index], why))
-            if both:
-                for writer, loaded, pool, side in zip(writers[shard.number], (pair.a, pair.b), (pool_a, pool_b), (1, 2),
-                                                      strict=True):
+                    writer.failures.append((pair.plan_a.names[index], why))
+            for writer, loaded, pool, side in zip(writers[shard.number], (pair.a, pair.b), (pool_a, pool_b), (1, 2),
+                                                  strict=True):
+                if both:
                     tokens = patch_tokens(loaded, torch.stack([item[side] for item in both]), layer, pool)  # (B, N, D)
                     for (index, *_), image_tokens in zip(both, tokens, strict=True):
                         writer.add(index, image_tokens)
-            remaining[shard.number] -= len(batch)
+            remaining[shard.number] -= len(items)
             if remaining[shard.number] == 0:
                 for writer in writers[shard.number]:
                     writer.finish()
+
+        yield add
+
+
+def collect_pair_tokens(pair: Pair, layer: int, stores: Sequence[TokenStore], todo: Sequence[Shard], *,
+                        batch_size: int, workers: int = 0, progress: Progress | None = None) -> None:
+    """`pair_token_writers` of the shards `todo` on their own: each image decoded once for both models (for shards
+    whose comparison was run before --concepts-layer was asked for)."""
+    batches, owner = [], {}
+    for shard in todo:
+        for batch in consecutive_batches(shard.start, shard.stop, batch_size):
+            owner[batch.start] = shard
+            batches.append(batch)
+    total, done = sum(shard.size for shard in todo), 0
+    with pair_token_writers(pair, layer, stores, todo) as add:
+        for batch, items in zip(batches, pair_loader(pair.a, pair.b, pair.plan_a.sources(), batches, workers),
+                                strict=True):
+            add(owner[batch.start], items)
             done += len(batch)
             if progress:
                 progress(done, total)
