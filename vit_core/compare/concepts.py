@@ -14,31 +14,24 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from ..concepts import CONCEPTS_FILE, SUMMARY_FILE, Concepts, ConceptsError, TrainingSettings, concepts_bytes, train_sae
 from ..concepts.collect import TokenStore, manifest_of, patch_tokens
 from ..concepts.learn import MEMORY_BUDGET, TOP_ACTIVATIONS, FeatureStatistics, features_json, shuffled_batches, tokens_of
-from ..concepts.sae import (
-    Concepts,
-    ConceptsError,
-    Normalisation,
-    TopKSAE,
-    TrainingSettings,
-    concepts_bytes,
-    normalisation_of,
-    train_sae,
-)
+from ..concepts.sae import Normalisation, TopKSAE, normalisation_of
 from ..dataset import Shard, consecutive_batches
+from ..dataset.runs import RunPlan
 from ..dataset.workers import forward_pool, model_workers
 from ..loading.model import Geometry
 from .engine import MODELS, Pair, Progress, pair_loader
 
 ONLY = 0.95  # share_a >= ONLY: only in A; share_a <= 1 - ONLY: only in B
 FOLDER = "concepts"  # DIR/concepts
-CONCEPTS_FILE, SUMMARY_FILE = "concepts.safetensors", "concepts.json"
 
 
 def concepts_skipped(a: Geometry, b: Geometry, layer: int) -> str | None:
@@ -52,7 +45,7 @@ def concepts_skipped(a: Geometry, b: Geometry, layer: int) -> str | None:
     return None
 
 
-def token_stores(pair: Pair, out, layer: int, limit: int | None) -> tuple[TokenStore, TokenStore]:
+def token_stores(pair: Pair, out: Path, layer: int, limit: int | None) -> tuple[TokenStore, TokenStore]:
     """DIR/concepts/a/tokens and DIR/concepts/b/tokens, their manifests (concepts' own, one per model) written or
     checked: ConceptsError says what differs."""
     stores = tuple(TokenStore(out / FOLDER / side) for side in MODELS)
@@ -139,7 +132,7 @@ class ModelTokens:
     num_patches: int
 
 
-def model_tokens(store: TokenStore, plan, num_patches: int, d_model: int) -> ModelTokens:
+def model_tokens(store: TokenStore, plan: RunPlan, num_patches: int, d_model: int) -> ModelTokens:
     """A store's every shard (all collected, checked by concepts' `tokens_of`) as one array in image order."""
     found = tokens_of(store, plan, num_patches, MEMORY_BUDGET, d_model)
     return ModelTokens(np.concatenate([np.asarray(c.tokens) for c in found.chunks]),
