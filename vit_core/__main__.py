@@ -10,7 +10,7 @@
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
     compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b]
             --out DIR [--labels FILE] [--explain [--steps S] [--tests all|T,...]] [--batch-size B] [--device DEVICE]
-            [--limit N] [--workers W] [--table csv|parquet] [--shards N | --shard I/N]
+            [--limit N] [--workers W] [--table csv|parquet] [--concepts-layer L] [--shards N | --shard I/N]
             [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     concepts FOLDER --model NAME [--weights FILE | --random-init] --layer L [--features F] [--k K] [--epochs E]
             [--seed S] [--out DIR] [--batch-size B] [--device DEVICE] [--limit N] [--workers W] [--memory-gb G]
@@ -38,7 +38,8 @@ docs/spec/interface.md, "Concepts").
 `compare` runs two models over FOLDER in one pass (each image decoded once) and writes DIR/a and DIR/b (what
 `dataset` writes for each model alone, bit for bit), DIR/compare.csv, .npz, .json and .png (vit_core.compare;
 docs/spec/interface.md, "Two models"); its shards are kept in DIR/parts, DIR/a/parts and DIR/b/parts, resumable and run
-on Ray as `dataset`'s.
+on Ray as `dataset`'s. With `--concepts-layer L` it also trains one concept dictionary on both models' tokens after
+block L and writes DIR/concepts, with the features only in A, only in B and shared.
 
 `dataset` and `merge` end with the count of images and, with labels, the top-1 accuracy and the logit lens's best
 layer; with `--explain`, `analyze` prints under each image how many tests each relevance map beats random under,
@@ -285,6 +286,11 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
                               f"process may use, at most 8; {default_workers()} here); with --engine ray, Ray's "
                               "decoding workers (default: the cluster's CPUs the model workers leave)")
     _add_table_argument(compare)
+    compare.add_argument("--concepts-layer", type=_not_negative, metavar="L",
+                         help="also learn ONE concept dictionary on both models' tokens after block L (each normalised "
+                              f"by its own statistics; `concepts`' trainer, 8 x the width features, k = {CONCEPTS_K}, "
+                              f"{CONCEPTS_EPOCHS} epochs, seed 0) and list the features only in A, only in B and shared "
+                              "(DIR/concepts, compare.json's \"concepts\"); --engine local only")
     shards = compare.add_mutually_exclusive_group()
     shards.add_argument("--shards", type=_positive, metavar="N",
                         help="cut the run into N shards, each kept when done, so that a rerun skips them")
@@ -743,6 +749,9 @@ def _engine_options_checked(args: argparse.Namespace) -> bool:
         return False
     if args.command == "concepts" and args.engine == "ray" and len(args.layer) > 1:
         _fail(f"--layer {','.join(map(str, args.layer))}: several blocks are collected by --engine local only")
+        return False
+    if args.command == "compare" and args.engine == "ray" and args.concepts_layer is not None:
+        _fail(f"--concepts-layer {args.concepts_layer}: the two models' tokens are collected by --engine local only")
         return False
     if not _shard_parsed(args):
         return False
@@ -1250,8 +1259,13 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
     asked, todo = todo_of(run, args.shard)
     if len(todo) < len(asked):
         print(f"{len(asked) - len(todo)} of {len(asked)} shards already done in {run.store.path}: skipped", flush=True)
+    concepts = _compare_concepts_planned(args, run)
+    if concepts is False:
+        return EXIT_FAILURES
     try:
-        _run_pair_shards(args, run, todo, explain)
+        _run_pair_shards(args, run, todo, explain, concepts)
+        if concepts is not None:  # the shards whose comparison an earlier run without --concepts-layer did
+            _collect_pair_tokens(args, run, concepts, asked)
     except KeyboardInterrupt:  # each part is written whole or not at all: the ones there are a rerun's head start
         _fail(f"interrupted; {len(run.store.done(run.shards))} of {len(run.shards)} shards kept in {args.out}, rerun to "
               "finish")
@@ -1264,13 +1278,18 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
         _fail(_os_reason(e))
         return EXIT_FAILURES
     done = run.store.done(run.shards)
+    if concepts is not None:
+        from .compare.concepts import collected
+
+        done &= collected(concepts, run.shards)
     if len(done) < len(run.shards):  # this run's failures, one line each, as dataset's _shards_written says them
         failures = _compare_failures(run, todo)
         print(f"{len(done)} of {len(run.shards)} shards done in {args.out}; the results are written when all are (run "
               "the others into the same folder)", flush=True)
         return EXIT_FAILURES if failures else 0
     try:
-        a, b, files = write_files(run, out, args.table)
+        outcome = _shared_concepts_written(args, run, concepts, out)
+        a, b, files = write_files(run, out, args.table, outcome)
     except (ViTLensError, OSError) as e:
         _fail(f"{args.out}: {_os_reason(e) if isinstance(e, OSError) else e}")
         return EXIT_FAILURES
@@ -1288,18 +1307,79 @@ def _compare_run(args: argparse.Namespace, loaded: LoadedModel, loaded_b: Loaded
     return EXIT_FAILURES if failures else 0
 
 
-def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard], explain: Explain | None) -> None:
-    """The shards `todo` of a comparison run by the engine asked for, with progress (`_progress_shown`)."""
+def _compare_concepts_planned(args: argparse.Namespace, run: CompareRun):
+    """--concepts-layer's two token stores, their manifests written or checked (None: not asked for, or the models
+    can't share a dictionary there, which compare.json says); False when refused (said)."""
+    from .compare.concepts import concepts_skipped, token_stores
+
+    if args.concepts_layer is None or concepts_skipped(run.pair.a.geometry, run.pair.b.geometry, args.concepts_layer):
+        return None
+    try:
+        return token_stores(run.pair, args.out, args.concepts_layer, args.limit)
+    except (ViTLensError, OSError) as e:
+        _fail(f"{args.folder}: {_os_reason(e) if isinstance(e, OSError) else e}")
+        return False
+
+
+def _collect_pair_tokens(args: argparse.Namespace, run: CompareRun, stores, asked: list[Shard]) -> None:
+    """The shards of `asked` whose tokens at --concepts-layer are not collected yet, collected, with progress."""
+    from .compare.concepts import collect_pair_tokens, collected
+    from .dataset import default_batch_size
+
+    there = collected(stores, run.shards)
+    todo = [shard for shard in asked if shard.number not in there]
+    if not todo:
+        return
+    workers = default_workers() if args.workers is None else args.workers
+    with _progress_shown(sys.stderr, sys.stdout, sum(shard.size for shard in todo), "tokens (two models)") as progress:
+        collect_pair_tokens(run.pair, args.concepts_layer, stores, todo, workers=workers, progress=progress,
+                            batch_size=args.batch_size or default_batch_size(run.pair.a.device))
+
+
+def _shared_concepts_written(args: argparse.Namespace, run: CompareRun, stores, out: OutputFolder):
+    """With --concepts-layer: the shared dictionary trained and DIR/concepts written, and a line saying it; the
+    outcome for compare.json (its lists, or why the models can't share one). Raises ViTLensError, OSError."""
+    from .compare.concepts import concepts_skipped, shared_concepts
+    from .compare.files import ConceptsOutcome
+    from .concepts import TrainingSettings
+    from .images.files import OutputFolder
+
+    if args.concepts_layer is None:
+        return None
+    why = concepts_skipped(run.pair.a.geometry, run.pair.b.geometry, args.concepts_layer)
+    if why:
+        return ConceptsOutcome(skipped=why)
+    settings = TrainingSettings(num_features=8 * run.pair.a.geometry.embed_dim, k=CONCEPTS_K, epochs=CONCEPTS_EPOCHS)
+    files, summary = shared_concepts(run.pair, args.concepts_layer, stores, settings)
+    for name, data in files.items():
+        folder = out.path / Path(name).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        with OutputFolder(folder) as written_to:
+            written_to.write(Path(name).name, data)
+    counts = summary["counts"]
+    print(f"concepts of block {args.concepts_layer}: {counts['only_a']:,} only in A, {counts['only_b']:,} only in B, "
+          f"{counts['shared']:,} shared, {counts['dead']:,} dead -> {out.path / 'concepts'}", flush=True)
+    return ConceptsOutcome(summary=summary)
+
+
+def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard], explain: Explain | None,
+                     stores=None) -> None:
+    """The shards `todo` of a comparison run by the engine asked for, with progress (`_progress_shown`); with
+    --concepts-layer's token `stores`, the tokens of those not collected yet from the same decoding."""
     from .compare import run_pair_shards
+    from .compare.concepts import collected, pair_token_writers
     from .dataset import default_batch_size
 
     total, desc = sum(shard.size for shard in todo), "images (two models)"
     batch_size = args.batch_size or default_batch_size(run.pair.a.device)
     if args.engine == "local":
         workers = default_workers() if args.workers is None else args.workers
-        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress:
+        there = collected(stores, run.shards) if stores else set()
+        tokens = (pair_token_writers(run.pair, args.concepts_layer, stores, [s for s in todo if s.number not in there])
+                  if stores else contextlib.nullcontext())
+        with _progress_shown(sys.stderr, sys.stdout, total, desc) as progress, tokens as decoded:
             run_pair_shards(run.pair, run.store, todo, run.files_sha256, batch_size=batch_size, workers=workers,
-                            progress=progress, explain=explain)
+                            progress=progress, explain=explain, decoded=decoded)
         return
     from .compare.ray_engine import run_pair_shards_on_ray
 

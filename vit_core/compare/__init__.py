@@ -8,7 +8,8 @@ docs/spec/interface.md, "Two models").
   PartStore);
 - `runs`: a folder's run: plans, manifests, shards to do, the files at the end;
 - `ray_engine`: the shards on Ray Data (`--engine ray`), the same bytes as in one process;
-- `files`: compare.csv, compare.npz, compare.json, compare.png.
+- `files`: compare.csv, compare.npz, compare.json, compare.png;
+- `concepts`: `--concepts-layer`'s one dictionary on both models' tokens, each feature's share from A, DIR/concepts.
 """
 
 from .engine import (

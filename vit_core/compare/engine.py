@@ -316,27 +316,34 @@ class Pair:
         return comparable(self.a.geometry, self.b.geometry)
 
 
+Decoded = Callable[[range, Sequence[tuple[int, Any, Any]]], None]  # (batch, its items as pair_loader gives them)
+
+
 def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None,
-                 explain: Explain | None = None) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+                 explain: Explain | None = None, decoded: Decoded | None = None
+                 ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """`reduce_sources_pair` of a folder's run (the plans' images and labels)."""
     yield from reduce_sources_pair(pair.a, pair.b, pair.plan_a.sources(), (pair.plan_a.labels, pair.plan_b.labels),
-                                   batches, workers=workers, progress=progress, explain=explain)
+                                   batches, workers=workers, progress=progress, explain=explain, decoded=decoded)
 
 
 def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]],
                         labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None], batches: Sequence[range],
-                        *, workers: int = 0, progress: Progress | None = None, explain: Explain | None = None
-                        ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+                        *, workers: int = 0, progress: Progress | None = None, explain: Explain | None = None,
+                        decoded: Decoded | None = None) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """For each batch (indices into `sources`, (name, bytes or path) each, in order): its indices, A's and B's totals
     (as `dataset`'s reduce_sources makes them: the same bits) and the comparison's totals over the images both models
     could read. `labels`: each model's true class per source (or None). `explain`: each model's `--explain` scalars
-    of each image too (dataset's explained_values, as `dataset --explain` adds them)."""
+    of each image too (dataset's explained_values, as `dataset --explain` adds them). `decoded(batch, items)`: called
+    with each batch's decoded inputs first (what else is made of the same decoding: --concepts-layer's tokens)."""
     logit_lens = logit_lens_of(labels)
     distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
     own = (replica(a), replica(b))  # hooks and fused_attn flags of our own, the weights shared (see paired_values)
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
     for batch, items in zip(batches, pair_loader(a, b, sources, batches, workers), strict=True):
+        if decoded:
+            decoded(batch, items)
         paired = pair_batch((a, b), own, sources, items, logit_lens, distances, explain)
         totals = (Totals(), Totals())
         for side in range(2):  # failures first, as reduce_sources reports them
@@ -490,8 +497,11 @@ class CompareStore:
 
 
 def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], files_sha256: str, *, batch_size: int,
-                    workers: int = 0, progress: Progress | None = None, explain: Explain | None = None) -> None:
-    """Analyse the shards `todo` with both models in this process; each shard's three parts written when it is done."""
+                    workers: int = 0, progress: Progress | None = None, explain: Explain | None = None,
+                    decoded: Callable[[Shard, Sequence[tuple[int, Any, Any]]], None] | None = None) -> None:
+    """Analyse the shards `todo` with both models in this process; each shard's three parts written when it is done.
+    `decoded(shard, items)`: each batch's decoded inputs, before the batch is analysed (so before its shard's parts
+    are written)."""
     device = describe_device(pair.a.device)
     owner, batches = {}, []
     for shard in todo:
@@ -504,7 +514,10 @@ def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], file
         if shard.size == 0:
             _, ta, tb, tc = pending.pop(shard.number)
             store.write(shard, (ta, tb), tc, device, files_sha256)
-    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress, explain=explain):
+    shard_of = {shard.number: shard for shard in todo}
+    each = (lambda batch, items: decoded(shard_of[owner[batch.start]], items)) if decoded else None
+    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress, explain=explain,
+                                            decoded=each):
         number = owner[indices[0]]
         shard, sa, sb, sc = pending[number]
         sa.merge(ta)

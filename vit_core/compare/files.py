@@ -5,6 +5,7 @@ Shapes: L blocks, H heads; a residual row i is the embeddings (0) or the tokens 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,14 @@ from .engine import Comparable
 from .sums import FRACTION_BITS, CompareTotals
 
 MOST_CHANGED = 10  # heads in compare.json's heads_most_changed
+
+
+@dataclass(frozen=True)
+class ConceptsOutcome:
+    """--concepts-layer's outcome for compare.json: its "concepts" (layer, lists, counts), or why it was skipped."""
+
+    summary: dict[str, Any] | None = None
+    skipped: str | None = None
 
 
 def _rows_by_file(result: DatasetResult) -> dict[str, tuple[int, int, float]]:
@@ -65,9 +74,11 @@ def heads_most_changed(js: np.ndarray, count: int = MOST_CHANGED) -> list[dict[s
 
 
 def compare_summary(a: DatasetResult, b: DatasetResult, totals: CompareTotals, which: Comparable,
-                    arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+                    arrays: dict[str, np.ndarray], concepts: ConceptsOutcome | None = None) -> dict[str, Any]:
     """compare.json: the models, the images, agreement and changed, accuracies, kl_mean, heads_most_changed, the CKA
-    diagonal, what CKA was over, and `skipped`: each comparison these two models can't have, with its reason."""
+    diagonal, what CKA was over, and `skipped`: each comparison these two models can't have, with its reason; with
+    `concepts` (--concepts-layer) its "concepts" lists, or its reason among `skipped`."""
+    concepts = concepts or ConceptsOutcome()
     table = compare_table(a, b, totals, which)
     changed = [f for f, c in zip(table["file"], table["changed"], strict=True) if c == 1]
     n = len(totals.file)
@@ -86,7 +97,9 @@ def compare_summary(a: DatasetResult, b: DatasetResult, totals: CompareTotals, w
         "cka_over": "patch tokens" if which.grid else "each image's mean patch token",
         "cka_sums": f"each image's float64 sums rounded to multiples of 2**-{FRACTION_BITS}, added exactly",
         "layers": LAYERS,
-        "skipped": [{"comparison": name, "reason": reason} for name, reason in which.skipped],
+        "skipped": [{"comparison": name, "reason": reason} for name, reason in which.skipped]
+                   + ([{"comparison": "concepts", "reason": concepts.skipped}] if concepts.skipped else []),
+        **({"concepts": concepts.summary} if concepts.summary else {}),
         **({"explain": explain_summary(a, b, totals)} if a.explained or b.explained else {}),
     }
 
@@ -138,10 +151,11 @@ def compare_png(arrays: dict[str, np.ndarray], title: str = "") -> bytes:
     return buffer.getvalue()
 
 
-def compare_files(a: DatasetResult, b: DatasetResult, totals: CompareTotals, which: Comparable) -> dict[str, bytes]:
+def compare_files(a: DatasetResult, b: DatasetResult, totals: CompareTotals, which: Comparable,
+                  concepts: ConceptsOutcome | None = None) -> dict[str, bytes]:
     """name -> bytes of the comparison's four files."""
     arrays = compare_arrays(a, b, totals, which)
-    summary = compare_summary(a, b, totals, which, arrays)
+    summary = compare_summary(a, b, totals, which, arrays, concepts)
     title = f"A: {a.model} ({a.weights})  vs  B: {b.model} ({b.weights}), {len(totals.file)} images"
     return {"compare.csv": csv_bytes(compare_table(a, b, totals, which)), "compare.npz": npz_bytes(arrays),
             "compare.json": json_bytes(summary), "compare.png": compare_png(arrays, title)}

@@ -26,7 +26,7 @@ from ..images.files import OutputFolder
 from ..loading.model import LoadedModel
 from ..runtime.devices import describe_device
 from .engine import MODELS, CompareStore, Explain, Pair, Progress, merged_compare, pair_manifest, reduce_sources_pair
-from .files import compare_files
+from .files import ConceptsOutcome, compare_files
 from .sums import CompareTotals
 
 NO_IMAGES = "There are no images to analyse."
@@ -73,15 +73,17 @@ def finished(run: CompareRun) -> tuple[DatasetResult, DatasetResult, CompareTota
     return results[0], results[1], merged_compare(run.store, run.shards, run.files_sha256)
 
 
-def write_files(run: CompareRun, out: OutputFolder, table: str = "csv") -> tuple[DatasetResult, DatasetResult, dict[str, bytes]]:
-    """DIR/a and DIR/b (dataset's files of each model) and the comparison's files in `out`; the two results and the
-    comparison's files. Raises OSError for a file that can't be written."""
+def write_files(run: CompareRun, out: OutputFolder, table: str = "csv", concepts: ConceptsOutcome | None = None
+                ) -> tuple[DatasetResult, DatasetResult, dict[str, bytes]]:
+    """DIR/a and DIR/b (dataset's files of each model) and the comparison's files in `out` (compare.json with
+    `concepts`, --concepts-layer's outcome); the two results and the comparison's files. Raises OSError for a file
+    that can't be written."""
     a, b, totals = finished(run)
     for side, result, loaded in zip(MODELS, (a, b), (run.pair.a, run.pair.b), strict=True):
         with OutputFolder(out.path / side) as folder:
             for name, data in dataset_files(result, loaded.geometry, table).items():
                 folder.write(name, data)
-    files = compare_files(a, b, totals, run.pair.which)
+    files = compare_files(a, b, totals, run.pair.which, concepts)
     for name, data in files.items():
         out.write(name, data)
     return a, b, files

@@ -116,14 +116,8 @@ def training_batches(tokens: Tokens, normalisation: Normalisation, batch_tokens:
     within each), each chunk read from disk when its turn comes."""
     train_bytes = tokens.count(held=False) * tokens.chunks[0].tokens.shape[1] * 4
     if train_bytes <= memory_budget:
-        everything = torch.cat([normalisation.apply(torch.from_numpy(np.asarray(c.tokens[tokens.rows(c, False)])))
-                                for c in tokens.chunks])  # (n_train, D)
-
-        def in_memory(epoch: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-            order = torch.randperm(len(everything), generator=generator)
-            for first in range(0, len(order), batch_tokens):
-                yield everything[order[first:first + batch_tokens]]
-        return in_memory
+        return shuffled_batches(torch.cat([normalisation.apply(torch.from_numpy(np.asarray(c.tokens[tokens.rows(c, False)])))
+                                           for c in tokens.chunks]), batch_tokens)  # (n_train, D)
 
     def from_disk(epoch: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
         for c in torch.randperm(len(tokens.chunks), generator=generator).tolist():
@@ -133,6 +127,17 @@ def training_batches(tokens: Tokens, normalisation: Normalisation, batch_tokens:
             for first in range(0, len(order), batch_tokens):
                 yield rows[order[first:first + batch_tokens]]
     return from_disk
+
+
+def shuffled_batches(everything: torch.Tensor, batch_tokens: int
+                     ) -> Callable[[int, torch.Generator], Iterator[torch.Tensor]]:
+    """The minibatches (B, D) of one epoch of the normalised tokens `everything` (n, D), held in memory, shuffled by
+    the generator."""
+    def in_memory(epoch: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+        order = torch.randperm(len(everything), generator=generator)
+        for first in range(0, len(order), batch_tokens):
+            yield everything[order[first:first + batch_tokens]]
+    return in_memory
 
 
 def learned_concepts(loaded: LoadedModel, tokens: Tokens, layer: int, settings: TrainingSettings,
