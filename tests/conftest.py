@@ -21,9 +21,9 @@ torch.set_num_threads(2)
 
 
 def _compiles_take_turns() -> None:
-    """AppTest compiles the app script on every run; two threads compiling at once can fail on CPython 3.11, so in
-    tests the compiles take turns, as they do in the server (support.shared_runtime.compiles_take_turns, the tests'
-    one place with Streamlit's private API). On a Streamlit other than the pinned minor version nothing is
+    """AppTest compiles the app script on every run; two threads building ASTs at once (compiles, ast.parse, 3.11's
+    tracebacks) can fail on CPython 3.11, so in tests they take turns (support.shared_runtime.compiles_take_turns,
+    the tests' one place with Streamlit's private API). On a Streamlit other than the pinned minor version nothing is
     patched: the tests that run sessions in threads skip there (tests/support/shared_runtime.py says why)."""
     from support.shared_runtime import UncheckedStreamlit, compiles_take_turns
 

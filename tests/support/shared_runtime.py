@@ -11,6 +11,7 @@ skip with that reason.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -59,22 +60,30 @@ def download(runtime: Any, at, suffix: str) -> bytes:
 
 def compiles_take_turns() -> None:
     """AppTest compiles the app script on every run, each time with a new ScriptCache; the server compiles it
-    once, under its one cache's lock. CPython 3.11 can fail when two threads compile at once ("SystemError:
-    AST constructor recursion depth mismatch", seen in the tests that run sessions in threads), so in tests
-    the compiles take turns, as they do in the server. Raises UncheckedStreamlit on another version."""
+    once, under its one cache's lock. CPython 3.11 keeps one AST recursion counter per interpreter, so two
+    threads building ASTs at once can fail ("SystemError: AST constructor recursion depth mismatch", seen in
+    the tests that run sessions in threads). Not only compiles build ASTs: `ast.parse` does, and 3.11's
+    traceback formatting calls it for every frame it underlines. So in tests the compiles and every
+    `ast.parse` take turns on one lock. Raises UncheckedStreamlit on another Streamlit version."""
     _require("compiles_take_turns")
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 
     if getattr(ScriptCache.get_bytecode, "takes_turns", False):
         return
-    lock, compile_script = threading.Lock(), ScriptCache.get_bytecode
+    turns = threading.RLock()  # re-entered: a compile's magic step calls ast.parse
+    compile_script, parse = ScriptCache.get_bytecode, ast.parse
 
     def get_bytecode(self, script_path):
-        with lock:
+        with turns:
             return compile_script(self, script_path)
 
-    get_bytecode.takes_turns = True
+    def parse_in_turn(*args, **kwargs):
+        with turns:
+            return parse(*args, **kwargs)
+
+    get_bytecode.takes_turns = parse_in_turn.takes_turns = True
     ScriptCache.get_bytecode = get_bytecode
+    ast.parse = parse_in_turn
 
 
 class _SharedRuntime:

@@ -426,6 +426,50 @@ def test_a_made_download_outlives_two_sweeps_for_a_while_then_goes(monkeypatch):
     streamlit_internals.shelve_made_downloads.cache_clear()
 
 
+class _Finalised:
+    """Cyclic garbage with a finaliser: the collector runs Python code mid-allocation, so threads switch there."""
+
+    def __del__(self):
+        sum(range(2000))
+
+
+def test_threads_parsing_python_at_once_take_turns_in_tests():
+    """CPython 3.11 counts AST depth once per interpreter: threads that build ASTs at once (a session's compile,
+    another's traceback underlining a frame) can fail with "AST constructor recursion depth mismatch", as a
+    classroom test did in CI. With the collector running finalisers inside ast.parse, four threads reproduce it
+    unpatched within a second; in tests (conftest) every ast.parse takes its turn, so none may fail."""
+    import ast
+    import gc
+
+    if shared_runtime.unchecked_reason("compiles_take_turns") is not None:
+        pytest.skip(shared_runtime.unchecked_reason("compiles_take_turns"))
+    source, errors = (DASHBOARD / "app.py").read_text(), []
+    thresholds = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    try:
+
+        def parse_while_collecting() -> None:
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end and not errors:
+                for _ in range(20):
+                    garbage = _Finalised()
+                    garbage.cycle = garbage
+                try:
+                    ast.parse(source)
+                except SystemError as error:
+                    errors.append(error)
+
+        threads = [threading.Thread(target=parse_while_collecting) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.collect()
+    assert errors == []
+
+
 def test_on_another_streamlit_the_server_patches_nothing_and_says_so_once(monkeypatch, caplog):
     """Streamlit's internals are used only on the minor version they were checked on (pyproject pins it): on any
     other the made-download patch is skipped with one warning in the log, and the tests' uses refuse with the reason."""
