@@ -8,7 +8,7 @@
             [--table csv|parquet] [--lens FILE.py|MODULE|NAME ...]
             [--shards N | --shard I/N] [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
     merge PARTS [PARTS ...] --out DIR [--table csv|parquet]
-    compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b]
+    compare FOLDER --model A [--weights FILE | --random-init] [--model-b B] [--weights-b FILE | --random-init-b [--seed-b S]]
             --out DIR [--labels FILE] [--explain [--steps S] [--tests all|T,...]] [--batch-size B] [--device DEVICE]
             [--limit N] [--workers W] [--table csv|parquet] [--concepts-layer L] [--shards N | --shard I/N]
             [--engine local|ray [--address ADDR] [--gpus-per-worker G] [--model-workers M]]
@@ -271,7 +271,10 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
                          "architecture: give --weights-b or --random-init-b)")
     source_b = compare.add_mutually_exclusive_group()
     source_b.add_argument("--weights-b", type=Path, help="model B's local weights file")
-    source_b.add_argument("--random-init-b", action="store_true", help="model B with random weights (seed 0)")
+    source_b.add_argument("--random-init-b", action="store_true", help="model B with random weights (seed 0, or --seed-b)")
+    compare.add_argument("--seed-b", type=_not_negative, metavar="S",
+                         help="with --random-init-b: B's random init under seed S (another than A's 0 compares two random "
+                              "inits of one architecture)")
     compare.add_argument("--explain", action="store_true",
                          help="add each model's judge (every relevance method's deletion / insertion AUC and verdict "
                               "against a random order, as dataset --explain) and say which verdicts changed")
@@ -858,13 +861,13 @@ def _progress_shown(console: TextIO, stdout: TextIO, total: int, desc: str) -> I
         yield progress
 
 
-def _model_spec(name: str, weights: Path | None, random_init: bool, labels: Path | None):
+def _model_spec(name: str, weights: Path | None, random_init: bool, labels: Path | None, seed: int = 0):
     """How a Ray worker builds a model of the command line: its files by absolute path (a worker's directory is not
     this one's)."""
     from .dataset.ray_engine import ModelSpec
 
     return ModelSpec(name, weights=str(weights.resolve()) if weights else None, pretrained=not random_init,
-                     labels=str(labels.resolve()) if labels else None)
+                     labels=str(labels.resolve()) if labels else None, seed=seed)
 
 
 @contextlib.contextmanager
@@ -1215,6 +1218,9 @@ def compare(args: argparse.Namespace) -> int:
     if why:
         _fail(f"--model-b {args.model_b}: {why}")
         return EXIT_FAILURES
+    if args.seed_b is not None and not args.random_init_b:
+        _fail(f"--seed-b {args.seed_b}: a seed is for a random init; add --random-init-b")
+        return EXIT_FAILURES
     if args.random_init_b and args.model_b == arguments.TEACHING_MODEL:
         _fail(f"--random-init-b: {args.model_b} comes with its own weights; for its architecture with random weights, "
               "add --model-b vit_shapes_patch8_96 --random-init-b.")
@@ -1233,7 +1239,7 @@ def _compare_with_b(args: argparse.Namespace, loaded: LoadedModel, out: OutputFo
 
     try:
         loaded_b = load_model(args.model_b, weights=args.weights_b, pretrained=not args.random_init_b, labels=args.labels,
-                              device=loaded.device)
+                              seed=args.seed_b or 0, device=loaded.device)
     except (ViTLensError, OSError) as e:
         option = "--weights-b" if args.weights_b is not None else "--model-b"
         _fail(f"{option} {args.weights_b or args.model_b}: {e}")
@@ -1384,7 +1390,7 @@ def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard
     from .compare.ray_engine import run_pair_shards_on_ray
 
     specs = (_model_spec(args.model, args.weights, args.random_init, args.labels),
-             _model_spec(args.model_b, args.weights_b, args.random_init_b, args.labels))
+             _model_spec(args.model_b, args.weights_b, args.random_init_b, args.labels, seed=args.seed_b or 0))
     stdout = sys.stdout  # the progress lines' stream: inside `_on_ray` sys.stdout is Ray's log
     with _on_ray(args, run.store.path / RAY_LOG) as (console, workers, threads), \
             _progress_shown(console, stdout, total, desc) as progress:

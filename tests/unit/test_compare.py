@@ -4,6 +4,7 @@ and shards run one by one into one folder)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import threading
@@ -354,11 +355,34 @@ def test_compare_refuses_weights_that_do_not_fit_model_b_and_other_inputs_before
     assert not (tmp_path / "out" / "parts").exists()
     for args, said in (((*SHAPES, "--model-b", "vit-lens/shapes-vit", "--random-init-b"), "--random-init-b"),
                        ((*SHAPES, "--weights-b", tmp_path / "missing.pt"), "--weights-b"),
-                       ((*SHAPES, "--model-b", "vit_nope_patch16"), "--model-b")):
+                       ((*SHAPES, "--model-b", "vit_nope_patch16"), "--model-b"),
+                       ((*SHAPES, "--seed-b", "1"), "--seed-b")):
         status, _, err = _run(capsys, "compare", folder, *args, "--out", tmp_path / "out2")
         assert status == 2 and said in err and len(err.strip().splitlines()) == 1
     status, _, err = _run(capsys, "compare", folder, *SHAPES, "--out", folder / "inside")
     assert status == 2 and "inside FOLDER" in err
+
+
+def test_two_random_inits_of_one_architecture_under_two_seeds_are_two_models(folder, tmp_path, capsys):
+    """--seed-b gives B's random init its own seed: B is the architecture's init under that seed, said as such, and
+    the two inits' residual streams differ (CKA below 1 after the first block); under one seed B is A."""
+    common = (folder, "--model", "vit_shapes_patch8_96", "--random-init", "--model-b", "vit_shapes_patch8_96",
+              "--random-init-b", "--limit", "2", "--device", "cpu", "--workers", "0")
+    status, _, err = _run(capsys, "compare", *common, "--seed-b", "1", "--out", tmp_path / "two")
+    assert status == 0, err
+    b = json.loads((tmp_path / "two" / "b" / "dataset.json").read_text())
+    assert b["weights"] == "random init (seed 1)"
+    seed_1 = load_model("vit_shapes_patch8_96", pretrained=False, seed=1, device="cpu")
+    logits = torch.from_numpy(run_with_capture(seed_1, load_image(folder / "circle" / "a.png")).logits)
+    with open(tmp_path / "two" / "b" / "images.csv", newline="") as table:
+        row = next(r for r in csv.DictReader(table) if r["file"] == "circle/a.png")
+    assert int(row["predicted"]) == int(logits.argmax())  # B's answer is seed 1's
+    assert float(row["probability"]) == pytest.approx(float(logits.softmax(-1).max()), rel=1e-6)
+    cka = np.load(tmp_path / "two" / "compare.npz")["cka"]
+    assert np.diag(cka)[1:].max() < 1 - 1e-6
+    status, _, _ = _run(capsys, "compare", *common, "--out", tmp_path / "one")
+    assert status == 0
+    np.testing.assert_allclose(np.diag(np.load(tmp_path / "one" / "compare.npz")["cka"]), 1.0, atol=1e-12)
 
 
 def test_compare_explain_adds_each_models_judge_as_dataset_explain_does_and_counts_the_verdicts_changed(folder, tmp_path,
