@@ -39,18 +39,22 @@ _UNSUMMED_ROWS = 8  # images whose values moments keep as they came (a CPU's bat
 _WIDEST_SUM = 2 * (1024 + EXACT_SCALE_BITS) + 64
 
 
-def binary_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The finite non-zero values of `values` (B, n) float64, each as +-odd * 2**position in units of
-    2**-EXACT_SCALE_BITS: column (m,) each one's column, odd (m,) int64 odd below 2**53, position (m,) int64 >= 0,
-    negative (m,) bool. Zeros (of either sign) and non-finite values are left out (the caller counts the latter)."""
+def binary_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The finite non-zero values of `values` (B, n) float64, each as odd * 2**position in units of
+    2**-EXACT_SCALE_BITS: column (m,) each one's column, odd (m,) int64 odd with the value's sign and below 2**53
+    in magnitude, position (m,) int64 >= 0. Zeros (of either sign) and non-finite values are left out (the caller
+    counts the latter)."""
     fraction, exponent = np.frexp(np.where(np.isfinite(values), values, 0.0))  # value = fraction * 2**exponent
-    mantissa = (fraction * 2.0**53).astype(np.int64)  # exact: a float64's mantissa has 53 bits
-    rows, column = np.nonzero(mantissa)
-    mantissa = mantissa[rows, column]  # (m,)
-    magnitude = np.abs(mantissa)
-    position = exponent[rows, column].astype(np.int64) + 1074  # the mantissa's last bit: exponent - 53 + EXACT_SCALE_BITS
-    zeros = np.frexp((magnitude & -magnitude).astype(np.float64))[1].astype(np.int64) - 1  # trailing zero bits
-    return column, magnitude >> zeros, position + zeros, mantissa < 0
+    mantissa = (fraction * 2.0**53).astype(np.int64).reshape(-1)  # exact: a float64's mantissa has 53 bits
+    exponent = exponent.reshape(-1)
+    if mantissa.all():  # dense values: no gather
+        column = np.tile(np.arange(values.shape[1]), len(values))
+    else:
+        index = np.flatnonzero(mantissa)
+        mantissa, exponent, column = mantissa[index], exponent[index], index % values.shape[1]
+    zeros = np.frexp((mantissa & -mantissa).astype(np.float64))[1] - 1  # trailing zero bits (of either sign)
+    position = (exponent + zeros).astype(np.int64) + 1074  # the odd part's last bit: exponent - 53 + EXACT_SCALE_BITS
+    return column, mantissa >> zeros, position
 
 
 class _Block:
@@ -88,11 +92,9 @@ class _Block:
         if self.bound + added > _LIMB_HEADROOM:
             self.normalise()
 
-    def deposit(self, elements: np.ndarray, numbers: np.ndarray, positions: np.ndarray, negative: np.ndarray | None,
-                repeats: int) -> None:
-        """Add +-numbers[i] * 2**positions[i] (negated where negative[i]) to element elements[i], for each i:
-        elements, positions (m,) int64 >= 0, numbers (m,) int64 in 1..2**54-1, negative (m,) bool or None (all
-        positive); no element named more than `repeats` times."""
+    def deposit(self, elements: np.ndarray, numbers: np.ndarray, positions: np.ndarray, repeats: int) -> None:
+        """Add numbers[i] * 2**positions[i] to element elements[i], for each i: elements, positions (m,) int64 >= 0,
+        numbers (m,) int64 non-zero, of magnitude below 2**54; no element named more than `repeats` times."""
         if len(elements) == 0:
             return
         lowest, highest = int(positions.min()), int(positions.max())
@@ -100,13 +102,13 @@ class _Block:
         self.make_room(repeats * _PIECE_BELOW)
         offset = positions - self.shift
         limb, bit = offset >> 5, offset & (LIMB_BITS - 1)  # (m,) offset // 32, offset % 32: where its last bit falls
-        low = (numbers & _LIMB_MASK) << bit  # below 2**63
-        high = (numbers >> LIMB_BITS) << bit  # below 2**53
+        low = (numbers & _LIMB_MASK) << bit  # in 0..2**63-1
+        high = (numbers >> LIMB_BITS) << bit  # floor: numbers = high 2**32 + low before the shifts; |high| < 2**53
         pieces = (low & _LIMB_MASK, (low >> LIMB_BITS) + (high & _LIMB_MASK), high >> LIMB_BITS)  # limbs limb, +1, +2
         size = self.limbs.shape[1]
         flat, index = self.limbs.reshape(-1), limb * size + elements  # a view: the limbs are C-contiguous
-        for step, piece in enumerate(pieces):
-            np.add.at(flat, index + step * size, piece if negative is None else np.where(negative, -piece, piece))
+        for step, piece in enumerate(pieces):  # 0..2**32-1, 0..2**33-1, and signed below 2**21
+            np.add.at(flat, index + step * size if step else index, piece)
         self.bound += repeats * _PIECE_BELOW
 
     def add(self, other: _Block) -> None:
@@ -329,25 +331,26 @@ class ExactMoments:
             self._deposit(values)
 
     def _deposit(self, values: np.ndarray) -> None:
-        """Add values (B, ...) float64 to the sums, _CHUNK values at a time: each value v = +-odd * 2**p adds odd at
-        bit p to the sums, and to the sums of squares odd**2 = (h 2**27 + l)**2 (h, l its high and low bits) as l*l at
-        bit 2p, 2*h*l at 2p + 27 and h*h at 2p + 54: integers below 2**54, no float squared."""
+        """Add values (B, ...) float64 to the sums, _CHUNK values at a time: each value v = odd * 2**p (odd signed) adds
+        odd at bit p to the sums, and to the sums of squares odd**2 = (h 2**27 + l)**2 (h, l the high and low bits of
+        |odd|) as l*l at bit 2p, 2*h*l at 2p + 27 and h*h at 2p + 54: integers below 2**54, no float squared."""
         flat = values.reshape(len(values), -1)  # (B, N)
         for row in range(0, len(flat), _CHUNK):
             rows = flat[row:row + _CHUNK]
             columns = max(1, _CHUNK // len(rows))
             for (start, stop, block), squares in zip(self._sums.spans(), self._square_sums.blocks, strict=True):
                 for first in range(start, stop, columns):
-                    column, odd, position, negative = binary_parts(rows[:, first:min(first + columns, stop)])
+                    column, odd, position = binary_parts(rows[:, first:min(first + columns, stop)])
                     column += first - start  # (m,): elements of the block
-                    block.deposit(column, odd, position, negative, len(rows))
-                    high, low = odd >> 27, odd & ((1 << 27) - 1)
-                    squares.deposit(column, low * low, 2 * position, None, len(rows))
-                    wide = high > 0  # odd >= 2**27: not a float32's mantissa
+                    block.deposit(column, odd, position, len(rows))
+                    magnitude = np.abs(odd)
+                    high, low = magnitude >> 27, magnitude & ((1 << 27) - 1)
+                    squares.deposit(column, low * low, 2 * position, len(rows))
+                    wide = high > 0  # |odd| >= 2**27: not a float32's mantissa
                     if wide.any():
                         column, high, low, position = column[wide], high[wide], low[wide], position[wide]
-                        squares.deposit(column, 2 * high * low, 2 * position + 27, None, len(rows))
-                        squares.deposit(column, high * high, 2 * position + 54, None, len(rows))
+                        squares.deposit(column, 2 * high * low, 2 * position + 27, len(rows))
+                        squares.deposit(column, high * high, 2 * position + 54, len(rows))
 
     def _summed(self) -> tuple[ExactSums, ExactSums]:
         if not self.count:
