@@ -227,6 +227,20 @@ def test_a_few_images_are_kept_unsummed_and_summed_when_more_come(monkeypatch):
     assert_same_as_reference(written, values[:2])
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_unsummed_values_a_float32_holds_take_its_bytes(seed):
+    rng = np.random.default_rng(20 + seed)
+    narrow = rng.normal(0, 3, size=(2, 6)).astype(np.float32)
+    narrow[0, :3] = [np.nan, -0.0, np.float32(1e-45)]  # NaN, negative zero, float32's smallest subnormal
+    wide = extreme_values(rng, (1, 6))
+    wide[0, 0] = 2.0**-1074  # no float32 holds it
+    moments = ExactMoments()
+    moments.add(narrow.astype(np.float64))  # a lens's float32 array, widened by its caller
+    moments.add(wide)
+    assert [values.dtype for values in moments._unsummed] == [np.float32, np.float64]
+    assert_same_as_reference(moments, np.concatenate([narrow.astype(np.float64), wide]))
+
+
 # ---------------------------------------------------------------------------------- as arrays
 
 

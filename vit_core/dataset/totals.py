@@ -40,11 +40,12 @@ _WIDEST_SUM = 2 * (1024 + EXACT_SCALE_BITS) + 64
 
 
 def binary_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The finite non-zero values of `values` (B, n) float64, each as odd * 2**position in units of
+    """The finite non-zero values of `values` (B, n) float32 or float64, each as odd * 2**position in units of
     2**-EXACT_SCALE_BITS: column (m,) each one's column, odd (m,) int64 odd with the value's sign and below 2**53
     in magnitude, position (m,) int64 >= 0. Zeros (of either sign) and non-finite values are left out (the caller
     counts the latter)."""
-    fraction, exponent = np.frexp(np.where(np.isfinite(values), values, 0.0))  # value = fraction * 2**exponent
+    finite = np.where(np.isfinite(values), values, 0.0).astype(np.float64, copy=False)
+    fraction, exponent = np.frexp(finite)  # value = fraction * 2**exponent
     mantissa = (fraction * 2.0**53).astype(np.int64).reshape(-1)  # exact: a float64's mantissa has 53 bits
     exponent = exponent.reshape(-1)
     if mantissa.all():  # dense values: no gather
@@ -266,12 +267,12 @@ class ExactMoments:
 
     The integers are limbs in numpy arrays (`ExactSums`): a few int64 per element, however many images. The values
     of the first few images are kept as they came until more come, so moments of a batch's images, merged into a
-    run's, cost a copy of their values and no limbs of their own."""
+    run's, cost a copy of their values (float32 where that holds them exactly) and no limbs of their own."""
 
     def __init__(self) -> None:
         self.count = 0
         self.not_finite: np.ndarray | None = None  # int64 (...): values that were NaN or infinite
-        self._unsummed: list[np.ndarray] = []  # float64 (B, ...) each, never written to: values not in the sums yet
+        self._unsummed: list[np.ndarray] = []  # float32 or float64 (B, ...) each, never written to: values not in the sums yet
         self._sums: ExactSums | None = None  # of the flattened (...): sum of the values; None while all are unsummed
         self._square_sums: ExactSums | None = None  # ... and of their squares
 
@@ -284,7 +285,7 @@ class ExactMoments:
         """values: (B, ...) one row per image."""
         if len(values) == 0:
             return
-        values = np.array(values, dtype=np.float64)  # a copy: the caller may write to its array
+        values = _own_copy(values)  # the caller may write to its array
         if self.count:
             self._check_shape(values.shape[1:])
         self._include(values)
@@ -314,7 +315,7 @@ class ExactMoments:
             raise ValueError(f"per-image arrays of shape {tuple(shape)} and {self.shape} can't be added")
 
     def _include(self, values: np.ndarray) -> None:
-        """values (B, ...) float64, never written to afterwards: kept unsummed while few images are, else summed."""
+        """values (B, ...) float32 or float64, never written to afterwards: kept unsummed while few images are, else summed."""
         if self._sums is None and sum(map(len, self._unsummed)) + len(values) <= _UNSUMMED_ROWS:
             self._unsummed.append(values)
             return
@@ -412,6 +413,17 @@ class ExactMoments:
             moments.not_finite = np.array(arrays[f"{prefix}_not_finite"], dtype=np.int64)
             moments._sums, moments._square_sums = (_stored_sums(arrays, f"{prefix}_{name}") for name in ("total", "squares"))
         return moments
+
+
+def _own_copy(values: np.ndarray) -> np.ndarray:
+    """A copy of values read as float64: float32 where that holds every value exactly (a float32 array, or a lens's
+    float32 values widened), so that unsummed values take half the bytes; float64 otherwise."""
+    wide = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a value beyond float32's range: kept as float64
+        narrow = wide.astype(np.float32)
+    if np.array_equal(narrow, wide, equal_nan=True):
+        return narrow
+    return wide.copy() if wide is values else wide
 
 
 def _not_finite(values: np.ndarray) -> np.ndarray:
