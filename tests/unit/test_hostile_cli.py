@@ -314,7 +314,7 @@ def test_a_rerun_over_a_damaged_part_is_one_line(parts_run, tmp_path, capsys):
     _edit_part(folder, PARTS["(4, 8) as (4, 1)"])
     status, lines, errors = _run(capsys, "dataset", parts_run / "images", *DATASET, "--out", folder)
     assert status == 2 and lines[0] == f"2 of 2 shards already done in {folder / 'parts'}: skipped"
-    _one_line(errors, "shard-0001-of-0002.npz", "distance_total is not hexadecimal text of shape (4, 8)")
+    _one_line(errors, "shard-0001-of-0002.npz", "distance_total is not exact sums of shape (4, 8)")
 
 
 def test_the_untouched_parts_still_merge(parts_run, tmp_path, capsys):

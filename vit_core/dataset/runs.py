@@ -34,7 +34,7 @@ from ..runtime.devices import describe_device
 from .analyze import DatasetError, Masks, Progress, class_names, consecutive_batches, reduce_sources
 from .listing import Shard, ShardError, files_digest, folder_labels, list_images, list_not_images, relative_name, shards
 from .result import DatasetResult, result_of
-from .totals import NO_LABEL, Totals
+from .totals import NO_LABEL, Totals, moments_problem, moments_shape
 
 _logger = logging.getLogger(__name__)
 
@@ -245,30 +245,6 @@ def _scalar(value: Any, kind: type) -> Any:
     return None
 
 
-def _moments_problem(arrays: dict[str, np.ndarray], prefix: str, shape: tuple[int, ...]) -> str | None:
-    """What is wrong with the ExactMoments.arrays of `prefix`, whose values are each of `shape`, or None."""
-    count = _scalar(arrays.get(f"{prefix}_count"), int)
-    if count is None or count < 0:
-        return f"{prefix}_count is not a whole number >= 0"
-    if count == 0:
-        return None
-    for suffix in ("total", "squares"):
-        value = arrays.get(f"{prefix}_{suffix}")
-        if not isinstance(value, np.ndarray) or value.dtype.kind != "U" or value.shape != shape:
-            return f"{prefix}_{suffix} is not hexadecimal text of shape {shape}"  # never broadcast to it
-        try:
-            numbers = [int(str(text), 16) for text in value.flat]
-        except ValueError:
-            return f"{prefix}_{suffix} is not hexadecimal text"
-        if suffix == "squares" and any(n < 0 for n in numbers):
-            return f"{prefix}_squares holds a negative sum of squares"
-    not_finite = arrays.get(f"{prefix}_not_finite")
-    if (not isinstance(not_finite, np.ndarray) or not_finite.dtype.kind not in "iu" or not_finite.shape != shape
-            or (not_finite < 0).any() or (not_finite > count).any()):
-        return f"{prefix}_not_finite is not counts of shape {shape}"
-    return None
-
-
 def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard) -> str | None:
     """What makes a part's arrays (Totals.arrays) unusable for a shard of a run with this `geometry`, or None: every
     array of its type and shape (L blocks, H heads, C classes, n analysed images), the counts consistent, and the
@@ -276,7 +252,7 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
     layers, heads, classes = geometry.num_layers, geometry.num_heads, geometry.num_classes
     for prefix, shape in (("distance", (layers, heads)), ("distance_renorm", (layers, heads)),
                           ("high_norm_rate", (layers + 1,))):
-        problem = _moments_problem(arrays, prefix, shape)
+        problem = moments_problem(arrays, prefix, shape)
         if problem:
             return problem
     n = _scalar(arrays["distance_count"], int)
@@ -319,7 +295,7 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
                              or (lens > labelled).any()):
         return f"lens_correct is not {layers + 1} counts of its labelled images"
     for i in range(len(arrays["explained_keys"])):
-        problem = _moments_problem(arrays, f"explained{i}", ())
+        problem = moments_problem(arrays, f"explained{i}", ())
         if problem:
             return problem
     lensed = arrays.get("lensed_keys", np.array([], dtype=str))
@@ -330,8 +306,7 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
             or len(files) != len(reasons):
         return "lens_failure_file and lens_failure_reason are not one reason per file"
     for i in range(len(lensed)):  # a lens array's shape is the lens's own: its total's, checked against the rest
-        total = arrays.get(f"lensed{i}_total")
-        problem = _moments_problem(arrays, f"lensed{i}", total.shape if isinstance(total, np.ndarray) else ())
+        problem = moments_problem(arrays, f"lensed{i}", moments_shape(arrays, f"lensed{i}"))
         if problem:
             return problem
     return None
