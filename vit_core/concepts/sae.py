@@ -134,8 +134,8 @@ def sparse_decode(sae: TopKSAE, values: torch.Tensor, indices: torch.Tensor) -> 
 class _ChosenPreActivations(torch.autograd.Function):
     """The pre-activations of chosen features, already computed densely, with a gradient that visits only them: for
     g (B, m) the gradient at `indices` (B, m), the centred tokens' gradient is sum_j g_bj w_{f_bj} (an embedding bag of
-    the encoder's rows) and the encoder's is its transpose, sum over (b, j) with f_bj = f of g_bj x_b (the bag's own
-    backward), at m instead of F multiply-adds per token (the dense product's gradient is zero everywhere else)."""
+    the encoder's rows) and the encoder's is sum over (b, j) with f_bj = f of g_bj x_b (a sparse (F, B) matrix times
+    the tokens), at m instead of F multiply-adds per token (the dense product's gradient is zero everywhere else)."""
 
     @staticmethod
     def forward(ctx, centred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, indices: torch.Tensor,
@@ -146,12 +146,15 @@ class _ChosenPreActivations(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # g (B, m)
         centred, weight, indices = ctx.saved_tensors
-        with torch.enable_grad():
-            rows = weight.detach().requires_grad_(True)  # (F, D)
-            bag = F.embedding_bag(indices, rows, per_sample_weights=g.contiguous(), mode="sum")  # (B, D)
-            (weight_gradient,) = torch.autograd.grad(bag, rows, grad_outputs=centred.detach())  # (F, D)
+        b, m = indices.shape
+        g = g.contiguous()
+        centred_gradient = F.embedding_bag(indices, weight.detach(), per_sample_weights=g, mode="sum")  # (B, D)
+        tokens = torch.arange(b).repeat_interleave(m)  # (B m,): each entry's token
+        sparse = torch.sparse_coo_tensor(torch.stack([indices.reshape(-1), tokens]), g.reshape(-1), (weight.shape[0], b),
+                                         check_invariants=False)  # (F, B): built from topk's indices, valid
+        weight_gradient = torch.sparse.mm(sparse, centred.detach())  # (F, B) sparse @ (B, D) -> (F, D)
         bias_gradient = torch.zeros(weight.shape[0], dtype=g.dtype).index_add_(0, indices.reshape(-1), g.reshape(-1))
-        return bag.detach(), weight_gradient, bias_gradient, None, None
+        return centred_gradient, weight_gradient, bias_gradient, None, None
 
 
 def chosen_pre_activations(sae: TopKSAE, centred: torch.Tensor, pre: torch.Tensor, indices: torch.Tensor
