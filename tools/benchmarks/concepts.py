@@ -1,16 +1,17 @@
 """Benchmark the concept lens (vit_core.concepts): `vit-lens concepts` end to end, the Concepts tab's work for one
 image, and the peak memory of a large run.
 
-    .venv/bin/python -m tools.benchmarks.concepts shapes [--images 2000] [--features 2048] [--k 32] [--epochs 4]
+    .venv/bin/python -m tools.benchmarks.concepts shapes [--images 2000] [--features 2048] [--k 32] [--epochs 4] [--layer 1,2,3]
     .venv/bin/python -m tools.benchmarks.concepts vit-b [--images 1000] [--expansion 8] [--k 32] [--epochs 1] [--layer 6]
 
 shapes: the bundled Shapes ViT over --images drawn Shapes images (vit_core.teaching.data, written as PNG into a
-temporary folder), layer 2, through the command itself (`python -m vit_core concepts`, default workers): the
-collection and the training (and the metrics, the contact sheet) timed by the command's own stages (concepts.json's
-"seconds"), and the wall time of the whole command. Then the tab's work for one drawn image with those concepts: its
+temporary folder), layer 2 (or --layer's blocks, e.g. 1,2,3: a dictionary each and the circuit), through the command
+itself (`python -m vit_core concepts`, default workers): the collection and the training (and the metrics, the
+contact sheet) timed by the command's own stages (concepts.json's "seconds"; circuit.json's), and the wall time and
+peak memory of the whole command. Then, for one block, the tab's work for one drawn image with those concepts: its
 features from a capture (`image_concepts`, what the tab computes; the capture itself is the page's and is timed
-apart) and one concept removed (a forward with the splice). Target: the command within 5 minutes on 2 cores; the
-tab's features within 0.3 s.
+apart) and one concept removed (a forward with the splice). Targets: one block no slower than 77.6 s, three blocks
+with the circuit within 5 minutes on 2 cores, under 3 GB; the tab's features within 0.3 s.
 
 peers: the field's TopK trainers against ours at equal budget (the optional extra `peers`: sparsify, overcomplete;
 run it with a Python that has them). The bundled Shapes ViT over --images drawn Shapes images, block 2's patch tokens
@@ -278,6 +279,15 @@ def peers(images: int, epochs: int, sizes: list[tuple[int, int]], cache: Path, s
     return rows
 
 
+def layer_result(out: Path) -> dict:
+    """One block's figures from its concepts.json: the stages' seconds and the metrics."""
+    summary = json.loads((out / "concepts.json").read_text())
+    return {"stages_s": summary["seconds"], "fvu": round(summary["fvu"], 4), "dead_fraction": round(summary["dead_fraction"], 4),
+            "spliced_top1_agreement": summary["spliced_top1_agreement"], "spliced_kl": round(summary["spliced_kl"], 4),
+            "steerable_share": summary["steerable_share"],
+            "tokens_mib": round(sum(p.stat().st_size for p in (out / "tokens").rglob("tokens-*.npy")) / 2 ** 20)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=("shapes", "vit-b", "peers"))
@@ -289,7 +299,7 @@ def main() -> None:
     parser.add_argument("--expansion", type=int, default=8)
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--epochs", type=int)
-    parser.add_argument("--layer", type=int)
+    parser.add_argument("--layer", help="a block, or 2 or 3 (shapes: e.g. 1,2,3): their dictionaries and the circuit")
     args = parser.parse_args()
     if args.which == "peers":
         sizes = [tuple(int(v) for v in size.split(":")) for size in args.sizes.split(",")]
@@ -304,25 +314,27 @@ def main() -> None:
         folder, out = Path(temporary) / "images", Path(temporary) / "concepts"
         folder.mkdir()
         if args.which == "shapes":
-            images, features, epochs, layer = args.images or 2000, args.features or 2048, args.epochs or 4, args.layer or 2
+            images, features, epochs, layer = args.images or 2000, args.features or 2048, args.epochs or 4, args.layer or "2"
             draw_folder(folder, images)
             command = [str(folder), "--model", "vit-lens/shapes-vit"]
         else:
-            images, epochs, layer = args.images or 1000, args.epochs or 1, args.layer if args.layer is not None else 6
+            images, epochs, layer = args.images or 1000, args.epochs or 1, args.layer or "6"
             features = args.features or args.expansion * 768
             draw_folder(folder, images, side=256)
             command = [str(folder), "--model", "vit_base_patch16_224", "--random-init"]
         seconds, peak_mib = run_command([*command, "--layer", str(layer), "--features", str(features), "--k", str(args.k),
                                          "--epochs", str(epochs), "--out", str(out)])
-        summary = json.loads((out / "concepts.json").read_text())
         result = {"which": args.which, "images": images, "features": features, "k": args.k, "epochs": epochs,
-                  "layer": layer, "command_s": round(seconds, 1), "peak_rss_mib": peak_mib,
-                  "stages_s": summary["seconds"], "fvu": round(summary["fvu"], 4),
-                  "dead_fraction": round(summary["dead_fraction"], 4),
-                  "spliced_top1_agreement": summary["spliced_top1_agreement"], "spliced_kl": round(summary["spliced_kl"], 4),
-                  "tokens_mib": round(sum(p.stat().st_size for p in (out / "tokens").rglob("tokens-*.npy")) / 2 ** 20)}
-        if args.which == "shapes":
-            result |= {key: round(value, 4) for key, value in tab_timings(out).items()}
+                  "layer": layer, "command_s": round(seconds, 1), "peak_rss_mib": peak_mib}
+        if "," in layer:  # one dictionary per block in out/layer-L, and the circuit between them
+            for block in layer.split(","):
+                result[f"block {block}"] = layer_result(out / f"layer-{block}")
+            circuit = json.loads((out / "circuit.json").read_text())
+            result |= {"circuit_s": circuit["seconds"], "circuit_edges": len(circuit["edges"])}
+        else:
+            result |= layer_result(out)
+            if args.which == "shapes":
+                result |= {key: round(value, 4) for key, value in tab_timings(out).items()}
         print(json.dumps(result, indent=1))
 
 

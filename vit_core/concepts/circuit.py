@@ -10,8 +10,9 @@ Definitions: docs/spec/analyses.md, "Concepts" ("Circuit"). For consecutive list
 
 with x = s_a (W_dec z + b_pre) + mu + e, the reconstruction's error e held constant, run through blocks a+1..b; pre_v
 is v's encoder pre-activation. One backward pass per feature v that fires on the image gives its gradient
-d (sum_t pre_v(t)) / d x (N, D), REMOVALS_AT_ONCE such rows at a time. The removal of u is x - s_a z_u d_u on the
-patch tokens (the spec's "remove this concept"), run through blocks a+1..b and encoded at b.
+d (sum_t pre_v(t)) / d x (N, D), ROWS_AT_ONCE such rows at a time, all from one forward (a batched backward). The
+removal of u is x - s_a z_u d_u on the patch tokens (the spec's "remove this concept"), run through blocks a+1..b and
+encoded at b.
 
 Shapes: T tokens (prefix and patches), N patches, D width, Fa / Fb the two dictionaries' features.
 """
@@ -34,6 +35,7 @@ from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
 from .collect import held_out, residuals_after
 from .folders import CIRCUIT_EDGES_PER_FEATURE, CIRCUIT_FILE, CIRCUIT_MAX_LAYERS
+from .quality import first_block_after_removals
 from .sae import Concepts, ConceptsError
 
 CIRCUIT_FORMAT = "vit-lens circuit 1"
@@ -97,27 +99,27 @@ class ImageAttribution:
 def image_attribution(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, h: torch.Tensor,
                       wanted: np.ndarray | None = None) -> ImageAttribution:
     """attribution(u -> v) on one image for every u and every v of `wanted` (bool (Fb,), default all) that fires on
-    it: h (T, D) is its residual stream after block a = upstream.layer. One backward per v, ROWS_AT_ONCE at a time;
-    the sum over t' runs over u's k non-zero codes per token only. Call inside `gradient_pass`."""
+    it: h (T, D) is its residual stream after block a = upstream.layer. One forward of blocks a+1..b, then one
+    backward per v, ROWS_AT_ONCE at a time (batched: the forward is the same for every v); the sum over t' runs over
+    u's k non-zero codes per token only. Call inside `gradient_pass`."""
     a, b = upstream.layer, downstream.layer
-    h = h.detach().float()
+    h = h.detach().float()[None].clone().requires_grad_(True)  # (1, T, D): a copy, a capture's may be an inference tensor
+    after = _patches(loaded, blocks_between(loaded, h, a, b))[0]  # (N, D): one forward, its graph kept for every v
     with torch.no_grad():
-        z_a = upstream.codes(_patches(loaded, h))  # (N, Fa)
-        z_b = downstream.codes(_patches(loaded, blocks_between(loaded, h[None], a, b)[0]))  # (N, Fb)
+        z_a = upstream.codes(_patches(loaded, h[0]))  # (N, Fa)
+        z_b = downstream.codes(after)  # (N, Fb)
     fires = z_b > 0  # (N, Fb)
     wanted_here = fires.any(dim=0).numpy() & (wanted if wanted is not None else True)
     features = np.flatnonzero(wanted_here)  # (m,)
     values, indices = z_a.topk(upstream.sae.k, dim=-1)  # (N, k): z_a's non-zero entries are among these
     directions = upstream.sae.W_dec.detach()[:, indices].double()  # (D, N, k)
     found = np.zeros((len(features), upstream.sae.num_features))
+    encoder = downstream.sae.W_enc.detach() / downstream.normalisation.scale  # (Fb, D): d pre_v / d h_b(t)
     for first in range(0, len(features), ROWS_AT_ONCE):
         chosen = torch.as_tensor(features[first:first + ROWS_AT_ONCE])  # (r,)
-        rows = h[None].repeat(len(chosen), 1, 1).requires_grad_(True)  # (r, T, D)
-        after = _patches(loaded, blocks_between(loaded, rows, a, b))  # (r, N, D)
-        x_n = downstream.normalisation.apply(after) - downstream.sae.b_pre  # (r, N, D)
-        pre = torch.einsum("rnd,rd->rn", x_n, downstream.sae.W_enc[chosen]) + downstream.sae.b_enc[chosen][:, None]
-        (gradient,) = torch.autograd.grad((pre * fires[:, chosen].T).sum(), rows)  # (r, T, D)
-        gradient = _patches(loaded, gradient.detach()).double()  # (r, N, D)
+        outward = fires[:, chosen].T[:, :, None] * encoder[chosen][:, None, :]  # (r, N, D): sum_t pre_v(t)'s gradient
+        (gradient,) = torch.autograd.grad(after, h, outward, retain_graph=True, is_grads_batched=True)  # (r, 1, T, D)
+        gradient = _patches(loaded, gradient[:, 0]).double()  # (r, N, D)
         along = torch.einsum("rnd,dnk->rnk", gradient, directions) * values.double()  # (r, N, k): z_u d_u . grad
         per_feature = torch.zeros((len(chosen), upstream.sae.num_features), dtype=torch.float64)
         per_feature.index_add_(1, indices.reshape(-1), along.reshape(len(chosen), -1))
@@ -141,11 +143,15 @@ def removal_sums(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, 
     for first in range(0, len(upstream_here), ROWS_AT_ONCE):
         chosen = upstream_here[first:first + ROWS_AT_ONCE]  # (r,)
         rows = removed_rows(loaded, upstream, h, z_a, torch.as_tensor(chosen))
-        z_removed = downstream.codes(_patches(loaded, blocks_between(loaded, rows, a, b)).float()
+        changed = torch.zeros(rows.shape[:2], dtype=torch.bool)  # (r, T): the tokens where u fires
+        changed[:, loaded.geometry.num_prefix_tokens:] = z_a[:, torch.as_tensor(chosen)].T > 0
+        entered = first_block_after_removals(loaded, h, rows, changed.to(rows.device), a)  # (r, T, D): block a + 1
+        z_removed = downstream.codes(_patches(loaded, blocks_between(loaded, entered, a + 1, b)).float()
                                      .reshape(-1, h.shape[-1])).reshape(len(chosen), -1, z_b.shape[1])  # (r, N, Fb)
         for row, u in enumerate(chosen.tolist()):
             these = np.flatnonzero(edges[:, 0] == u)
-            removed[these] = (z_removed[row].double() * fires)[:, edges[these, 1]].sum(dim=0).numpy()
+            columns = torch.as_tensor(edges[these, 1])  # (e,): u's downstream features
+            removed[these] = (z_removed[row][:, columns].double() * fires[:, columns]).sum(dim=0).numpy()
     return plain, removed
 
 

@@ -16,6 +16,14 @@ from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
 from ..dataset.workers import forward_pool, map_forwards, model_workers
+from ..explain.interventions import (
+    block_from_qkv,
+    keys_values,
+    last_block_for_the_head_only,
+    last_block_logits,
+    logits_from_block,
+    standard_block,
+)
 from ..explain.passes import model_pass
 from ..loading.model import LoadedModel
 from .collect import held_out, residual_after
@@ -43,11 +51,40 @@ def stability_of(match: np.ndarray, alive: np.ndarray) -> dict[str, float]:
 
 def logits_after(loaded: LoadedModel, h: torch.Tensor, layer: int) -> torch.Tensor:
     """The logits (B, C) of the residual stream h (B, T, D) after block `layer`: the later blocks, the final norm and
-    the head, as the model's own forward runs them. Call inside `model_pass`."""
+    the head, as the model's own forward runs them, the last block for the class token's row alone where the head
+    reads only it (`logits_from_block`: the same logits to float rounding; the keys and values, a quarter of the last
+    block's linear work in the Shapes ViT). Call inside `model_pass`."""
+    return logits_from_block(loaded.model, h, layer + 1)
+
+
+def removals_logits(loaded: LoadedModel, h: torch.Tensor, removed: torch.Tensor, changed: torch.Tensor,
+                    layer: int) -> torch.Tensor:
+    """`logits_after` of the rows `removed` (r, T, D), each h (T, D) with some tokens changed (`changed`, bool (r, T)).
+    A removal changes the tokens where its feature fires, a few of them: where the only later block is the last one
+    and it runs for the head only, the keys and values of the others are h's, computed once; else the next block
+    takes their queries, keys and values from h (`first_block_after_removals`). Call inside `model_pass`."""
     model = loaded.model
-    for block in model.blocks[layer + 1:]:
-        h = block(h)
-    return model.forward_head(model.norm(h))
+    if layer + 1 == len(model.blocks):
+        return logits_after(loaded, removed, layer)
+    if layer + 2 != len(model.blocks) or not last_block_for_the_head_only(model):
+        return logits_after(loaded, first_block_after_removals(loaded, h, removed, changed, layer), layer + 1)
+    block = model.blocks[-1]
+    kv = keys_values(block, h)[None].repeat(len(removed), 1, 1)  # (r, T, 2 H hd)
+    kv[changed] = keys_values(block, removed[changed])  # (M, D) -> (M, 2 H hd): the changed tokens, one linear
+    return last_block_logits(model, removed, kv)
+
+
+def first_block_after_removals(loaded: LoadedModel, h: torch.Tensor, removed: torch.Tensor, changed: torch.Tensor,
+                               layer: int) -> torch.Tensor:
+    """Block `layer` + 1 run on the rows `removed` (r, T, D), each h (T, D) with the tokens `changed` (bool (r, T))
+    changed: where it is timm's standard block, the queries, keys and values of the tokens a row leaves as they are
+    are h's, computed once (3/8 of the block's linear work in the Shapes ViT). -> (r, T, D). Call inside `model_pass`."""
+    block = loaded.model.blocks[layer + 1]
+    if not standard_block(block):
+        return block(removed)
+    qkv = block.attn.qkv(block.norm1(h))[None].repeat(len(removed), 1, 1)  # (r, T, 3 H hd)
+    qkv[changed] = block.attn.qkv(block.norm1(removed[changed]))  # (M, D) -> (M, 3 H hd): the changed tokens
+    return block_from_qkv(block, removed, qkv)
 
 
 def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candidates: np.ndarray) -> np.ndarray:
@@ -64,7 +101,10 @@ def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candi
         shares = concepts.normalisation.scale * z[:, chosen].T[:, :, None] * concepts.sae.W_dec[:, chosen].T[:, None, :]
         removed = h[None].repeat(len(chosen), 1, 1).cpu()  # (r, T, D)
         removed[:, p:] = patches[None] - shares  # (r, N, D): one feature less on each row
-        top = logits_after(loaded, removed.to(h.dtype).to(loaded.device), concepts.layer).argmax(-1).cpu()  # (r,)
+        changed = torch.zeros(removed.shape[:2], dtype=torch.bool)  # (r, T)
+        changed[:, p:] = z[:, chosen].T > 0  # elsewhere the share is 0
+        top = removals_logits(loaded, h, removed.to(h.dtype).to(loaded.device), changed.to(loaded.device),
+                              concepts.layer).argmax(-1).cpu()  # (r,)
         steers[first:first + len(chosen)] = (top != plain).numpy()
     return steers
 

@@ -131,6 +131,39 @@ def sparse_decode(sae: TopKSAE, values: torch.Tensor, indices: torch.Tensor) -> 
     return F.embedding_bag(indices, sae.decoder, per_sample_weights=values, mode="sum")
 
 
+class _ChosenPreActivations(torch.autograd.Function):
+    """The pre-activations of chosen features, already computed densely, with a gradient that visits only them: for
+    g (B, m) the gradient at `indices` (B, m), the centred tokens' gradient is sum_j g_bj w_{f_bj} (an embedding bag of
+    the encoder's rows) and the encoder's is sum over (b, j) with f_bj = f of g_bj x_b (a sparse (F, B) matrix times
+    the tokens), at m instead of F multiply-adds per token (the dense product's gradient is zero everywhere else)."""
+
+    @staticmethod
+    def forward(ctx, centred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, indices: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(centred, weight, indices)
+        return values.clone()  # (B, m): the dense product's own values, so the forward is the same bits
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # g (B, m)
+        centred, weight, indices = ctx.saved_tensors
+        b, m = indices.shape
+        g = g.contiguous()
+        centred_gradient = F.embedding_bag(indices, weight.detach(), per_sample_weights=g, mode="sum")  # (B, D)
+        tokens = torch.arange(b).repeat_interleave(m)  # (B m,): each entry's token
+        sparse = torch.sparse_coo_tensor(torch.stack([indices.reshape(-1), tokens]), g.reshape(-1), (weight.shape[0], b),
+                                         check_invariants=False)  # (F, B): built from topk's indices, valid
+        weight_gradient = torch.sparse.mm(sparse, centred.detach())  # (F, B) sparse @ (B, D) -> (F, D)
+        bias_gradient = torch.zeros(weight.shape[0], dtype=g.dtype).index_add_(0, indices.reshape(-1), g.reshape(-1))
+        return centred_gradient, weight_gradient, bias_gradient, None, None
+
+
+def chosen_pre_activations(sae: TopKSAE, centred: torch.Tensor, pre: torch.Tensor, indices: torch.Tensor
+                           ) -> torch.Tensor:
+    """pre (B, F) (no gradient) at `indices` (B, m), with the gradient of W_enc (x_n - b_pre) + b_enc for those
+    entries alone, to b_pre through `centred` = x_n - b_pre (B, D), W_enc and b_enc: (B, m)."""
+    return _ChosenPreActivations.apply(centred, sae.W_enc, sae.b_enc, indices, pre.gather(-1, indices))
+
+
 def initialised_sae(d_model: int, num_features: int, k: int, seed: int) -> TopKSAE:
     """Random unit-norm decoder columns, the encoder their transpose (Gao et al.'s tied initialisation), biases 0
     (b_pre 0 is the training tokens' normalised mean: the normalisation centres them)."""
@@ -196,14 +229,17 @@ class TrainingSettings:
 TokenBatches = Iterator[torch.Tensor]  # minibatches of normalised training tokens, (B, D) float32
 
 
-def auxk_loss(sae: TopKSAE, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor, k_aux: int) -> torch.Tensor:
-    """Gao et al.'s AuxK loss: the residual (B, D) reconstructed from the k_aux largest pre-activations (B, F) among
-    the `dead` (F,) bool features, its squared error over the residual's own squared norm; 0 with no dead feature."""
+def auxk_loss(sae: TopKSAE, pre: torch.Tensor, centred: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor,
+              k_aux: int) -> torch.Tensor:
+    """Gao et al.'s AuxK loss: the residual (B, D) reconstructed from the k_aux largest pre-activations (B, F, no
+    gradient: the chosen entries get theirs through `centred` = x_n - b_pre, `chosen_pre_activations`) among the
+    `dead` (F,) bool features, its squared error over the residual's own squared norm; 0 with no dead feature."""
     dead_count = int(dead.sum())
     if dead_count == 0:
         return pre.new_zeros(())
     masked = pre.masked_fill(~dead, float("-inf"))  # (B, F): only the dead compete
-    values, indices = masked.topk(min(k_aux, dead_count), dim=-1)  # (B, k_aux), all among the dead
+    _, indices = masked.topk(min(k_aux, dead_count), dim=-1)  # (B, k_aux), all among the dead
+    values = chosen_pre_activations(sae, centred, pre, indices)  # (B, k_aux)
     estimate = sparse_decode(sae, F.relu(values), indices)  # (B, D): no bias, it reconstructs an error
     return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
 
@@ -229,9 +265,11 @@ def train_sae(batches_of_epoch, d_model: int, train_tokens: int, settings: Train
     since_fired = torch.zeros(settings.num_features, dtype=torch.long)  # (F,): tokens since each feature last fired
     step = 0
     for x_n in run_minibatches(batches_of_epoch, settings):
-        pre = sae.pre_activations(x_n)  # (B, F)
-        values, indices = pre.topk(sae.k, dim=-1)  # (B, k): z's non-zero entries, and where they are
-        values = F.relu(values)
+        centred = x_n - sae.b_pre  # (B, D)
+        with torch.no_grad():  # the loss reads k + k_aux entries per token: their gradient is taken sparsely
+            pre = centred @ sae.W_enc.T + sae.b_enc  # (B, F): sae.pre_activations, the same bits
+        _, indices = pre.topk(sae.k, dim=-1)  # (B, k): where z's non-zero entries are
+        values = F.relu(chosen_pre_activations(sae, centred, pre, indices))  # (B, k)
         reconstruction = sparse_decode(sae, values, indices) + sae.b_pre  # (B, D): sae.decode of the same z
         residual = x_n - reconstruction
         loss = residual.pow(2).sum(-1).mean() / d_model
@@ -239,7 +277,7 @@ def train_sae(batches_of_epoch, d_model: int, train_tokens: int, settings: Train
         fired[indices[values > 0]] = True  # (F,)
         since_fired = torch.where(fired, 0, since_fired + len(x_n))
         dead = since_fired >= dead_after
-        loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, residual.detach(), dead, k_aux)
+        loss = loss + AUXK_COEFFICIENT * auxk_loss(sae, pre, centred, residual.detach(), dead, k_aux)
         for group in optimiser.param_groups:
             group["lr"] = settings.rate_at(step, train_tokens)
         optimiser.zero_grad(set_to_none=True)

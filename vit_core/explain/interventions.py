@@ -37,13 +37,21 @@ def run_from_embedded(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Ten
     nothing hooked on it, that block computes only the prefix tokens' rows (`_prefix_rows`): the patch tokens'
     rows of its output never reach the head. The same logits to float rounding, for 7 % less of the linears' work
     in ViT-B/16 and 19 % less in the Shapes ViT (docs/performance.md, "The last block for the head only")."""
-    x = model.norm_pre(model.patch_drop(tokens))
-    if not last_block_for_the_head_only(model):
-        return head_logits(model, model.blocks(x))
-    *before, last = model.blocks
-    for block in before:
+    return logits_from_block(model, model.norm_pre(model.patch_drop(tokens)), 0)
+
+
+def logits_from_block(model: torch.nn.Module, x: torch.Tensor, first: int) -> torch.Tensor:
+    """The logits of the token sequence x entering block `first`: blocks first.. and the head, the last block for the
+    prefix tokens' rows alone where `last_block_for_the_head_only` (the same logits to float rounding). (B, T, D) ->
+    (B, C)"""
+    later = list(model.blocks[first:])
+    if not later or not last_block_for_the_head_only(model):
+        for block in later:
+            x = block(x)
+        return head_logits(model, x)
+    for block in later[:-1]:
         x = block(x)
-    return head_logits(model, _prefix_rows(last, x, model.num_prefix_tokens))
+    return head_logits(model, _prefix_rows(later[-1], x, model.num_prefix_tokens))
 
 
 def last_block_for_the_head_only(model: torch.nn.Module) -> bool:
@@ -59,16 +67,25 @@ def last_block_for_the_head_only(model: torch.nn.Module) -> bool:
     return forward_hooks_on(last) == 0  # a hook (an ablation, a probe) sees the block run whole
 
 
-def _prefix_rows(block: Block, x: torch.Tensor, p: int) -> torch.Tensor:
+def keys_values(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """The keys and values of the tokens x (..., D) entering timm's standard `Block`: the last two thirds of its
+    attention's qkv of norm1(x), each token's its own. -> (..., 2*H*hd)"""
+    attn = block.attn
+    weight, bias = attn.qkv.weight, attn.qkv.bias  # rows: q, then k, then v (timm's reshape into (3, H, hd))
+    return F.linear(block.norm1(x), weight[attn.attn_dim:], None if bias is None else bias[attn.attn_dim:])
+
+
+def _prefix_rows(block: Block, x: torch.Tensor, p: int, kv: torch.Tensor | None = None) -> torch.Tensor:
     """timm's `Block.forward` (eval mode, no mask) for the first p rows of its output only: keys and values of every
-    token, queries, the projection and the MLP of the first p. (B, T, D) -> (B, p, D)"""
+    token (`keys_values`, or `kv` (B, T, 2*H*hd) where the caller has them), queries, the projection and the MLP of the
+    first p. (B, T, D) -> (B, p, D)"""
     attn = block.attn
     b, t, _ = x.shape
     h, hd, width = attn.num_heads, attn.head_dim, attn.attn_dim
-    normed = block.norm1(x)  # (B, T, D)
-    weight, bias = attn.qkv.weight, attn.qkv.bias  # rows: q, then k, then v (timm's reshape into (3, H, hd))
-    q = F.linear(normed[:, :p], weight[:width], None if bias is None else bias[:width])  # (B, p, H*hd)
-    kv = F.linear(normed, weight[width:], None if bias is None else bias[width:])  # (B, T, 2*H*hd)
+    normed = block.norm1(x[:, :p])  # (B, p, D)
+    weight, bias = attn.qkv.weight, attn.qkv.bias
+    q = F.linear(normed, weight[:width], None if bias is None else bias[:width])  # (B, p, H*hd)
+    kv = keys_values(block, x) if kv is None else kv  # (B, T, 2*H*hd)
     q = q.reshape(b, p, h, hd).transpose(1, 2)  # (B, H, p, hd)
     k, v = kv.reshape(b, t, 2, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
     q, k = attn.q_norm(q), attn.k_norm(k)
@@ -78,9 +95,39 @@ def _prefix_rows(block: Block, x: torch.Tensor, p: int) -> torch.Tensor:
         heads = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
     out = attn.norm(heads.transpose(1, 2).reshape(b, p, width))  # (B, p, H*hd)
     if attn.gate is not None:
-        out = out * attn.gate(normed[:, :p]).sigmoid()
+        out = out * attn.gate(normed).sigmoid()
     y = x[:, :p] + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
     return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, p, D)
+
+
+def standard_block(block: torch.nn.Module) -> bool:
+    """Whether `block` is timm's standard Block / Attention with no hook on it: one `block_from_qkv` can run."""
+    return type(block) is Block and type(block.attn) is Attention and forward_hooks_on(block) == 0
+
+
+def block_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+    """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its attention's qkv of norm1(x) (B, T, 3*H*hd)
+    given (where the caller has most of its rows already). -> (B, T, D)"""
+    attn = block.attn
+    b, t, _ = x.shape
+    h, hd, width = attn.num_heads, attn.head_dim, attn.attn_dim
+    q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn.fused_attn:
+        heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
+    else:
+        heads = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+    out = attn.norm(heads.transpose(1, 2).reshape(b, t, width))  # (B, T, H*hd)
+    if attn.gate is not None:
+        out = out * attn.gate(block.norm1(x)).sigmoid()
+    y = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
+    return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, T, D)
+
+
+def last_block_logits(model: torch.nn.Module, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """The logits of x (B, T, D) entering the last block, where `last_block_for_the_head_only`: that block for the
+    prefix rows alone from the keys and values `kv` (B, T, 2*H*hd) of x's tokens (`keys_values`), then the head."""
+    return head_logits(model, _prefix_rows(model.blocks[-1], x, model.num_prefix_tokens, kv))
 
 
 def keep_tokens(tokens: torch.Tensor, kept_patches: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
