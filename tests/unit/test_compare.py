@@ -132,6 +132,33 @@ def test_fixed_sums_give_the_same_bits_in_any_order_or_split():
     assert back.value().tobytes() == whole.value().tobytes()
 
 
+def _exact_units(values: np.ndarray) -> list[int]:
+    """Per element, the sum over images of each value times 2**40 rounded half to even, as Python ints."""
+    from fractions import Fraction
+
+    return [sum(round(Fraction(float(v)) * 2**40) for v in column) for column in values.reshape(len(values), -1).T]
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**20, 2.0**40], ids=["small: summed in int64", "near the bound", "large"])
+def test_fixed_sums_are_each_images_value_rounded_half_to_even_and_summed_exactly(scale):
+    """Whichever way fixed_limbs takes (int64 sums while every image's integers fit, else limbs per image), the
+    sums are the exact integers: halves to even, negatives floored into the limbs, and one sum per element."""
+    rng = np.random.default_rng(6)
+    values = rng.normal(size=(5, 4, 3)) * scale
+    values[0, 0] = [2.5 * 2.0**-40, -2.5 * 2.0**-40, 3.5 * 2.0**-40]  # halves: to 2, -2, 4
+    values[1, 0] = [-0.0, 2.0**-60, -(2.0**-41)]  # rounded to 0
+    sums = FixedSums(1)
+    sums.add(torch.from_numpy(values), 4)  # the first 4 images; the 5th is padding
+    arrays = sums.arrays("s")
+    got = [int(h) * 2**32 + int(low) for h, low in zip(arrays["s_high"].ravel(), arrays["s_low"].ravel(), strict=True)]
+    assert got == _exact_units(values[:4])
+    assert ((arrays["s_low"] >= 0) & (arrays["s_low"] < 2**32)).all()
+    one_by_one = FixedSums(1)
+    for image in values[:4]:
+        one_by_one.add(torch.from_numpy(image[None]), 1)
+    assert {k: v.tobytes() for k, v in one_by_one.arrays("s").items()} == {k: v.tobytes() for k, v in arrays.items()}
+
+
 # ----------------------------------------------------------------------------------------------
 # The engine's values against two captures
 

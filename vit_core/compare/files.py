@@ -123,6 +123,7 @@ def compare_png(arrays: dict[str, np.ndarray], title: str = "") -> bytes:
     """The CKA heatmap (A's residual rows down, B's across), the per-head distance difference B - A and the attention
     JS (blocks down, heads across) side by side; a panel whose array is missing says why in its place."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(13, 4.2))
     panels = (("cka", "linear CKA (rows: A's residual, columns: B's)", "viridis", (0, 1)),
@@ -142,6 +143,8 @@ def compare_png(arrays: dict[str, np.ndarray], title: str = "") -> bytes:
             low, high = -bound, bound
         image = ax.imshow(values, cmap=cmap, vmin=low, vmax=high, aspect="auto", interpolation="nearest")
         fig.colorbar(image, ax=ax, fraction=0.046)
+        for axis in (ax.xaxis, ax.yaxis):  # rows, blocks and heads are whole numbers
+            axis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("B's residual row" if key == "cka" else "head")
         ax.set_ylabel("A's residual row" if key == "cka" else "block")
     fig.suptitle(title.replace("$", r"\$"), fontsize=10)
