@@ -88,16 +88,7 @@ def _prefix_rows(block: Block, x: torch.Tensor, p: int, kv: torch.Tensor | None 
     kv = keys_values(block, x) if kv is None else kv  # (B, T, 2*H*hd)
     q = q.reshape(b, p, h, hd).transpose(1, 2)  # (B, H, p, hd)
     k, v = kv.reshape(b, t, 2, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if attn.fused_attn:
-        heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, p, hd)
-    else:
-        heads = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
-    out = attn.norm(heads.transpose(1, 2).reshape(b, p, width))  # (B, p, H*hd)
-    if attn.gate is not None:
-        out = out * attn.gate(normed).sigmoid()
-    y = x[:, :p] + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
-    return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, p, D)
+    return _block_from_attention_inputs(block, x[:, :p], q, k, v, normed)  # (B, p, D)
 
 
 def standard_block(block: torch.nn.Module) -> bool:
@@ -110,18 +101,28 @@ def block_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor) -> torch.Te
     given (where the caller has most of its rows already). -> (B, T, D)"""
     attn = block.attn
     b, t, _ = x.shape
-    h, hd, width = attn.num_heads, attn.head_dim, attn.attn_dim
+    h, hd = attn.num_heads, attn.head_dim
     q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
+    normed = block.norm1(x) if attn.gate is not None else None  # only a gated attention reads it again
+    return _block_from_attention_inputs(block, x, q, k, v, normed)  # (B, T, D)
+
+
+def _block_from_attention_inputs(block: Block, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 normed: torch.Tensor | None) -> torch.Tensor:
+    """timm's `Block.forward` (eval mode, no mask) from its attention's q (B, H, R, hd), k and v (B, H, T, hd) before
+    the q/k norms, for the R rows x (B, R, D) whose norm1 is `normed` (read by a gated attention only). -> (B, R, D)"""
+    attn = block.attn
+    b, r, _ = x.shape
     q, k = attn.q_norm(q), attn.k_norm(k)
     if attn.fused_attn:
-        heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
+        heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, R, hd)
     else:
         heads = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
-    out = attn.norm(heads.transpose(1, 2).reshape(b, t, width))  # (B, T, H*hd)
+    out = attn.norm(heads.transpose(1, 2).reshape(b, r, attn.attn_dim))  # (B, R, H*hd)
     if attn.gate is not None:
-        out = out * attn.gate(block.norm1(x)).sigmoid()
+        out = out * attn.gate(normed).sigmoid()
     y = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
-    return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, T, D)
+    return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, R, D)
 
 
 def last_block_logits(model: torch.nn.Module, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
