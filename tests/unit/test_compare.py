@@ -159,6 +159,31 @@ def test_fixed_sums_are_each_images_value_rounded_half_to_even_and_summed_exactl
     assert {k: v.tobytes() for k, v in one_by_one.arrays("s").items()} == {k: v.tobytes() for k, v in arrays.items()}
 
 
+def test_merged_totals_are_copies_unless_taken_and_taken_ones_from_an_npz_stay_writable():
+    """merge copies (the merged totals are left as they were); `take` lets an empty total keep a throwaway's arrays,
+    a batch's or a part's read from its file, and add later sums into them."""
+    import io
+
+    values = np.random.default_rng(7).normal(size=(3, 2, 4))
+    part = FixedSums(1)
+    part.add(torch.from_numpy(values), 3)
+    before = {k: v.copy() for k, v in part.arrays("p").items()}
+    kept, taken = FixedSums(1), FixedSums(1)
+    kept.merge(part)
+    kept.merge(part)
+    assert {k: v.tobytes() for k, v in part.arrays("p").items()} == {k: v.tobytes() for k, v in before.items()}
+    taken.merge(part, take=True)
+    assert np.shares_memory(taken.high, part.high)
+    buffer = io.BytesIO()
+    np.savez(buffer, **part.arrays("p"))
+    with np.load(io.BytesIO(buffer.getvalue())) as npz:
+        read = FixedSums.from_arrays({k: npz[k] for k in npz.files}, "p", 1)
+    from_npz = FixedSums(1)
+    from_npz.merge(read, take=True)
+    from_npz.add(torch.from_numpy(values), 3)  # adds into the taken arrays
+    assert from_npz.value().tobytes() == kept.value().tobytes()
+
+
 # ----------------------------------------------------------------------------------------------
 # The engine's values against two captures
 

@@ -522,7 +522,7 @@ def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], file
         shard, sa, sb, sc = pending[number]
         sa.merge(ta)
         sb.merge(tb)
-        sc.merge(tc)
+        sc.merge(tc, take=True)
         remaining[number] -= len(indices)
         if remaining[number] == 0:
             store.write(shard, (sa, sb), sc, device, files_sha256)
@@ -532,7 +532,7 @@ def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], file
 def merged_compare(store: CompareStore, all_shards: Sequence[Shard], files_sha256: str) -> CompareTotals:
     totals = CompareTotals()
     for shard in all_shards:
-        totals.merge(store.read(shard, files_sha256))
+        totals.merge(store.read(shard, files_sha256), take=True)
     return totals
 
 

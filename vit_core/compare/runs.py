@@ -109,7 +109,7 @@ def compare_sources(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str,
     for _, ta, tb, tc in reduce_sources_pair(a, b, sources, labels, batches, progress=progress):
         totals[0].merge(ta)
         totals[1].merge(tb)
-        compared.merge(tc)
+        compared.merge(tc, take=True)
     if not compared.file:
         first = totals[0].failures[0] if totals[0].failures else ("", "")
         raise DatasetError(f"None of the {len(sources)} images could be read by both models ({first[0]}: {first[1]}).")
