@@ -159,6 +159,21 @@ def test_fixed_sums_are_each_images_value_rounded_half_to_even_and_summed_exactl
     assert {k: v.tobytes() for k, v in one_by_one.arrays("s").items()} == {k: v.tobytes() for k, v in arrays.items()}
 
 
+def test_small_values_with_a_nan_or_an_infinity_leave_only_their_own_row_out():
+    """Values small enough for int64 sums still go the counted way when one is NaN or infinite: that leading index
+    is NaN, the others exact."""
+    values = np.random.default_rng(8).normal(size=(4, 3, 5))
+    for odd in (np.nan, np.inf):
+        bad = values.copy()
+        bad[1, 2, 4] = odd
+        sums = FixedSums(1)
+        sums.add(torch.from_numpy(bad), 4)
+        assert np.isnan(sums.value()[2]).all() and sums.not_finite.tolist() == [0, 0, 1]
+        clean = FixedSums(1)
+        clean.add(torch.from_numpy(values), 4)
+        assert sums.value()[:2].tobytes() == clean.value()[:2].tobytes()
+
+
 def test_merged_totals_are_copies_unless_taken_and_taken_ones_from_an_npz_stay_writable():
     """merge copies (the merged totals are left as they were); `take` lets an empty total keep a throwaway's arrays,
     a batch's or a part's read from its file, and add later sums into them."""
