@@ -34,7 +34,7 @@ from ..runtime.devices import describe_device
 from .analyze import DatasetError, Masks, Progress, class_names, consecutive_batches, reduce_sources
 from .listing import Shard, ShardError, files_digest, folder_labels, list_images, list_not_images, relative_name, shards
 from .result import DatasetResult, result_of
-from .totals import NO_LABEL, Totals, moments_problem, moments_shape
+from .totals import NO_LABEL, Totals, array_scalar, moments_problem, moments_shape
 
 _logger = logging.getLogger(__name__)
 
@@ -234,17 +234,6 @@ def _geometry_problem(geometry: Any, num_names: int) -> str | None:
     return None
 
 
-def _scalar(value: Any, kind: type) -> Any:
-    """A 0-d array of `kind`'s numpy kind (int: integers, str: unicode) as that Python value, else None."""
-    if not isinstance(value, np.ndarray) or value.shape != ():
-        return None
-    if kind is int and value.dtype.kind in "iu":
-        return int(value)
-    if kind is str and value.dtype.kind == "U":
-        return str(value)
-    return None
-
-
 def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard) -> str | None:
     """What makes a part's arrays (Totals.arrays) unusable for a shard of a run with this `geometry`, or None: every
     array of its type and shape (L blocks, H heads, C classes, n analysed images), the counts consistent, and the
@@ -255,8 +244,8 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
         problem = moments_problem(arrays, prefix, shape)
         if problem:
             return problem
-    n = _scalar(arrays["distance_count"], int)
-    if any(_scalar(arrays.get(f"{prefix}_count"), int) != n for prefix in ("distance_renorm", "high_norm_rate")):
+    n = array_scalar(arrays["distance_count"], int)
+    if any(array_scalar(arrays.get(f"{prefix}_count"), int) != n for prefix in ("distance_renorm", "high_norm_rate")):
         return "its arrays count different numbers of images"
     for key, kinds, length in (("rows_file", "U", n), ("rows_label", "iu", n), ("rows_predicted", "iu", n),
                                ("rows_probability", "f", n), ("rows_explained", "f", n), ("rows_explained_keys", "U", None),
@@ -283,7 +272,7 @@ def part_problem(arrays: dict[str, np.ndarray], geometry: Geometry, shard: Shard
         return "rows_predicted holds classes the model doesn't have"
     if (label < NO_LABEL).any() or (label >= max(classes, 1)).any():
         return "rows_label holds classes the model doesn't have"
-    labelled, correct = _scalar(arrays.get("labelled"), int), _scalar(arrays.get("correct"), int)
+    labelled, correct = array_scalar(arrays.get("labelled"), int), array_scalar(arrays.get("correct"), int)
     if labelled is None or correct is None or not 0 <= correct <= labelled <= n:
         return "labelled and correct are not counts of its images"
     confusion = arrays.get("confusion")
@@ -413,7 +402,7 @@ class PartStore:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # EOFError: a 0-byte file
             raise PartsError(f"{path} can't be read ({e or type(e).__name__}); remove it and run that shard again.") from None
         own = {key: arrays.get(key) for key in ("files_sha256", "shards", "shard", "device")}
-        if any(_scalar(value, str if key in ("files_sha256", "device") else int) is None for key, value in own.items()):
+        if any(array_scalar(value, str if key in ("files_sha256", "device") else int) is None for key, value in own.items()):
             raise PartsError(f"{path} is not a shard's part (it lacks its run's digest, shard or device); remove it "
                              "and run that shard again.")
         if (str(own["files_sha256"]) != files_sha256 or int(own["shards"]) != shard.count

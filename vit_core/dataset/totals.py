@@ -449,7 +449,7 @@ def moments_shape(arrays: Mapping[str, np.ndarray], prefix: str) -> tuple[int, .
 def moments_problem(arrays: Mapping[str, np.ndarray], prefix: str, shape: tuple[int, ...]) -> str | None:
     """What is wrong with the ExactMoments.arrays of `prefix`, whose values are each of `shape`, or None. Also reads
     the hexadecimal sums of parts written before the words."""
-    count = _whole_number(arrays.get(f"{prefix}_count"))
+    count = array_scalar(arrays.get(f"{prefix}_count"), int)
     if count is None or count < 0:
         return f"{prefix}_count is not a whole number >= 0"
     if count == 0:
@@ -467,16 +467,23 @@ def moments_problem(arrays: Mapping[str, np.ndarray], prefix: str, shape: tuple[
     return None
 
 
-def _whole_number(value: object) -> int | None:
-    """A 0-d integer array as an int, else None."""
-    return int(value) if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu" else None
+def array_scalar(value: object, kind: type) -> int | str | None:
+    """A 0-d array of `kind`'s numpy kind (int: integers, str: unicode) as that Python value, else None (what a part's
+    file may hold instead)."""
+    if not isinstance(value, np.ndarray) or value.shape != ():
+        return None
+    if kind is int and value.dtype.kind in "iu":
+        return int(value)
+    if kind is str and value.dtype.kind == "U":
+        return str(value)
+    return None
 
 
 def _words_problem(name: str, words: object, shift: object, shape: tuple[int, ...]) -> str | None:
     if (not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != len(shape) + 1
             or words.shape[:-1] != shape):
         return f"{name} is not exact sums of shape {shape}"  # never broadcast to it
-    shift = _whole_number(shift)
+    shift = array_scalar(shift, int)
     if shift is None or shift < 0 or shift % LIMB_BITS or shift + LIMB_BITS * words.shape[-1] > _WIDEST_SUM + LIMB_BITS:
         return f"{name}_shift is not a bit position of the sums"
     if name.endswith("_squares") and words.shape[-1] and (words[..., -1] >= 1 << 31).any():
