@@ -440,7 +440,7 @@ def test_two_random_inits_of_one_architecture_under_two_seeds_are_two_models(fol
     b = json.loads((tmp_path / "two" / "b" / "dataset.json").read_text())
     assert b["weights"] == "random init (seed 1)"
     seed_1 = load_model("vit_shapes_patch8_96", pretrained=False, seed=1, device="cpu")
-    logits = torch.from_numpy(run_with_capture(seed_1, load_image(folder / "circle" / "a.png")).logits)
+    logits = torch.tensor(run_with_capture(seed_1, load_image(folder / "circle" / "a.png")).logits)  # a copy: read-only
     with open(tmp_path / "two" / "b" / "images.csv", newline="") as table:
         row = next(r for r in csv.DictReader(table) if r["file"] == "circle/a.png")
     assert int(row["predicted"]) == int(logits.argmax())  # B's answer is seed 1's
