@@ -104,13 +104,14 @@ def test_the_attribution_is_a_plain_autograd_loop_over_u_and_v(shapes, pair):
         assert seen.attribution[row, absent] == 0.0
 
 
-def test_the_removal_sums_are_one_removal_at_a_time(shapes, pair):
-    upstream, downstream = pair
+@pytest.mark.parametrize("b", [2, 3])  # block b right after a, or with a whole block between them
+def test_the_removal_sums_are_one_removal_at_a_time(shapes, pair, b):
+    upstream, downstream = pair[0], replace(pair[1], layer=b)
     h = residual(shapes, draw_set(1, seed=4).images[0], 1)
     z = upstream.codes(h[P:])
     present = np.flatnonzero((z > 0).any(dim=0).numpy())
     with torch.no_grad():
-        fires = downstream.codes(blocks_between(shapes, h[None], 1, 2)[0, P:]) > 0  # (N, Fb)
+        fires = downstream.codes(blocks_between(shapes, h[None], 1, b)[0, P:]) > 0  # (N, Fb)
     v_fires = np.flatnonzero(fires.any(dim=0).numpy())
     absent = int(np.flatnonzero((z == 0).all(dim=0).numpy())[0])
     edges = np.array([(int(present[0]), int(v_fires[0])), (int(present[1]), int(v_fires[0])),
@@ -121,8 +122,8 @@ def test_the_removal_sums_are_one_removal_at_a_time(shapes, pair):
         with torch.no_grad():
             moved = h.clone()
             moved[P:] -= upstream.normalisation.scale * z[:, u:u + 1] * upstream.sae.W_dec[:, u]
-            after = downstream.codes(blocks_between(shapes, moved[None], 1, 2)[0, P:])[:, v]
-            before = downstream.codes(blocks_between(shapes, h[None], 1, 2)[0, P:])[:, v]
+            after = downstream.codes(blocks_between(shapes, moved[None], 1, b)[0, P:])[:, v]
+            before = downstream.codes(blocks_between(shapes, h[None], 1, b)[0, P:])[:, v]
         mask = fires[:, v]
         assert plain[e] == pytest.approx(float(before[mask].double().sum()), rel=1e-5)
         assert removed[e] == pytest.approx(float(after[mask].double().sum()), rel=1e-4, abs=1e-4)

@@ -30,12 +30,13 @@ from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
 from ..dataset.workers import forward_pool, map_forwards, model_workers
+from ..explain.interventions import block_rows_from_qkv, standard_block
 from ..explain.passes import eval_mode, model_pass
 from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
 from .collect import held_out, residuals_after
 from .folders import CIRCUIT_EDGES_PER_FEATURE, CIRCUIT_FILE, CIRCUIT_MAX_LAYERS
-from .quality import first_block_after_removals
+from .quality import first_block_after_removals, qkv_after_removals
 from .sae import Concepts, ConceptsError
 
 CIRCUIT_FORMAT = "vit-lens circuit 1"
@@ -131,28 +132,54 @@ def removal_sums(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, 
                  edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each edge (u, v) of `edges` (int (E, 2)) on one image: the sum of z_v over the tokens where v fires, plain
     and with u removed at block a (h (T, D) after it) -> float64 (E,), (E,). An edge whose u does not fire on the
-    image has its removed sum equal to the plain one. Call inside `model_pass`."""
+    image, or whose v does not, has its removed sum equal to the plain one. Block b runs, for each removal, only at
+    the patches where one of u's downstream features fires (`patches_after_removals`): the sums read no other.
+    Call inside `model_pass`."""
     a, b = upstream.layer, downstream.layer
     z_a = upstream.codes(_patches(loaded, h).float())  # (N, Fa)
     z_b = downstream.codes(_patches(loaded, blocks_between(loaded, h[None], a, b)[0]).float())  # (N, Fb)
-    fires = (z_b > 0).double()  # (N, Fb)
+    fires = z_b > 0  # (N, Fb)
     plain = (z_b.double() * fires)[:, edges[:, 1]].sum(dim=0).numpy()  # (E,)
     removed = plain.copy()
-    present = np.flatnonzero((z_a > 0).any(dim=0).numpy())
-    upstream_here = np.intersect1d(np.unique(edges[:, 0]), present)  # (U,): the removals that change something
+    by_upstream = {u: np.flatnonzero(edges[:, 0] == u) for u in np.unique(edges[:, 0]).tolist()}  # u -> its edges
+    present = (z_a > 0).any(dim=0).numpy()
+    needed = {u: fires[:, torch.as_tensor(edges[these, 1])].any(dim=1) for u, these in by_upstream.items()
+              if present[u]}  # u -> bool (N,): the patches where one of its downstream features fires
+    upstream_here = np.array([u for u, patches in needed.items() if patches.any()], dtype=np.int64)  # (U,)
     for first in range(0, len(upstream_here), ROWS_AT_ONCE):
         chosen = upstream_here[first:first + ROWS_AT_ONCE]  # (r,)
-        rows = removed_rows(loaded, upstream, h, z_a, torch.as_tensor(chosen))
-        changed = torch.zeros(rows.shape[:2], dtype=torch.bool)  # (r, T): the tokens where u fires
-        changed[:, loaded.geometry.num_prefix_tokens:] = z_a[:, torch.as_tensor(chosen)].T > 0
-        entered = first_block_after_removals(loaded, h, rows, changed.to(rows.device), a)  # (r, T, D): block a + 1
-        z_removed = downstream.codes(_patches(loaded, blocks_between(loaded, entered, a + 1, b)).float()
-                                     .reshape(-1, h.shape[-1])).reshape(len(chosen), -1, z_b.shape[1])  # (r, N, Fb)
+        selected = torch.stack([needed[u] for u in chosen.tolist()])  # (r, N)
+        after = patches_after_removals(loaded, upstream, b, h, z_a, torch.as_tensor(chosen), selected)  # (M, D)
+        z_removed = downstream.codes(after.float())  # (M, Fb): row by row, each row's selected patches in order
+        ends = selected.sum(dim=1).cumsum(dim=0).tolist()
         for row, u in enumerate(chosen.tolist()):
-            these = np.flatnonzero(edges[:, 0] == u)
+            these = by_upstream[u]
             columns = torch.as_tensor(edges[these, 1])  # (e,): u's downstream features
-            removed[these] = (z_removed[row][:, columns].double() * fires[:, columns]).sum(dim=0).numpy()
+            rows = slice(ends[row - 1] if row else 0, ends[row])
+            removed[these] = (z_removed[rows][:, columns].double() * fires[selected[row]][:, columns]).sum(dim=0).numpy()
     return plain, removed
+
+
+def patches_after_removals(loaded: LoadedModel, upstream: Concepts, b: int, h: torch.Tensor, z: torch.Tensor,
+                           features: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """The residual stream after block b at the `selected` patches (bool (r, N)) of h (T, D) after block a =
+    upstream.layer with one feature of `features` (r,) removed per row (`removed_rows`; z (N, Fa) h's codes there):
+    (M, D), row by row. The blocks before b run whole (every token's keys and values reach b); b itself, where it is
+    timm's standard block, runs its projection and MLP for the selected patches alone."""
+    a, p = upstream.layer, loaded.geometry.num_prefix_tokens
+    rows = removed_rows(loaded, upstream, h, z, features)  # (r, T, D)
+    changed = torch.zeros(rows.shape[:2], dtype=torch.bool)  # (r, T): the tokens where the removed feature fires
+    changed[:, p:] = z[:, features].T > 0
+    changed = changed.to(rows.device)
+    block = loaded.model.blocks[b]
+    tokens = torch.cat([torch.zeros((len(rows), p), dtype=torch.bool), selected], dim=1).to(rows.device)  # (r, T)
+    if b > a + 1:
+        rows = blocks_between(loaded, first_block_after_removals(loaded, h, rows, changed, a), a + 1, b - 1)
+    if not standard_block(block):
+        return block(rows)[tokens]
+    qkv = (qkv_after_removals(block, h, rows, changed) if b == a + 1
+           else block.attn.qkv(block.norm1(rows)))  # (r, T, 3 H hd)
+    return block_rows_from_qkv(block, rows, qkv, tokens)
 
 
 def top_upstream(attribution: np.ndarray, alive: np.ndarray, count: int = EDGES_PER_FEATURE) -> np.ndarray:

@@ -82,9 +82,16 @@ def first_block_after_removals(loaded: LoadedModel, h: torch.Tensor, removed: to
     block = loaded.model.blocks[layer + 1]
     if not standard_block(block):
         return block(removed)
+    return block_from_qkv(block, removed, qkv_after_removals(block, h, removed, changed))
+
+
+def qkv_after_removals(block: torch.nn.Module, h: torch.Tensor, removed: torch.Tensor, changed: torch.Tensor
+                       ) -> torch.Tensor:
+    """The attention's qkv of norm1 (r, T, 3 H hd) of the rows `removed` (r, T, D) entering timm's standard `block`,
+    each h (T, D) with the tokens `changed` (bool (r, T)) changed: h's computed once, the changed tokens' alone."""
     qkv = block.attn.qkv(block.norm1(h))[None].repeat(len(removed), 1, 1)  # (r, T, 3 H hd)
     qkv[changed] = block.attn.qkv(block.norm1(removed[changed]))  # (M, D) -> (M, 3 H hd): the changed tokens
-    return block_from_qkv(block, removed, qkv)
+    return qkv
 
 
 def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candidates: np.ndarray) -> np.ndarray:

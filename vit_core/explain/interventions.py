@@ -111,18 +111,43 @@ def _block_from_attention_inputs(block: Block, x: torch.Tensor, q: torch.Tensor,
                                  normed: torch.Tensor | None) -> torch.Tensor:
     """timm's `Block.forward` (eval mode, no mask) from its attention's q (B, H, R, hd), k and v (B, H, T, hd) before
     the q/k norms, for the R rows x (B, R, D) whose norm1 is `normed` (read by a gated attention only). -> (B, R, D)"""
+    return _block_tail(block, x, _attention_heads(block, q, k, v), normed)
+
+
+def _attention_heads(block: Block, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """timm's `Attention.forward` up to its projection's input, from q (B, H, R, hd), k and v (B, H, T, hd) before the
+    q/k norms: (B, R, H*hd)."""
     attn = block.attn
-    b, r, _ = x.shape
+    b, _, r, _ = q.shape
     q, k = attn.q_norm(q), attn.k_norm(k)
     if attn.fused_attn:
         heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, R, hd)
     else:
         heads = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
-    out = attn.norm(heads.transpose(1, 2).reshape(b, r, attn.attn_dim))  # (B, R, H*hd)
+    return attn.norm(heads.transpose(1, 2).reshape(b, r, attn.attn_dim))  # (B, R, H*hd)
+
+
+def _block_tail(block: Block, x: torch.Tensor, out: torch.Tensor, normed: torch.Tensor | None) -> torch.Tensor:
+    """The rest of timm's `Block.forward` after the attention's heads `out` (B, R, H*hd) of the rows x (B, R, D):
+    the gate, projection, residual and MLP, each token on its own. -> (B, R, D)"""
+    attn = block.attn
     if attn.gate is not None:
         out = out * attn.gate(normed).sigmoid()
     y = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
     return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, R, D)
+
+
+def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its qkv of norm1(x) (B, T, 3*H*hd) given, for
+    the `selected` tokens (bool (B, T)) only, in row-major order: every token's attention is cheap next to the
+    projection and MLP, which run for the selected tokens alone. -> (M, D), M = selected.sum()"""
+    attn = block.attn
+    b, t, _ = x.shape
+    h, hd = attn.num_heads, attn.head_dim
+    q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
+    out = _attention_heads(block, q, k, v)[selected][None]  # (1, M, H*hd)
+    normed = block.norm1(x[selected][None]) if attn.gate is not None else None
+    return _block_tail(block, x[selected][None], out, normed)[0]  # (M, D)
 
 
 def last_block_logits(model: torch.nn.Module, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
