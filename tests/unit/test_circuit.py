@@ -81,11 +81,17 @@ def test_several_blocks_collect_the_tokens_each_block_collects_alone(shapes, fol
                               np.load(alone.shard_path(plan.shards[0]) / "tokens-00000.npy"))
 
 
-def test_the_attribution_is_a_plain_autograd_loop_over_u_and_v(shapes, pair):
-    upstream, downstream = pair
+@pytest.mark.parametrize("b, hooked", [(2, False), (3, False), (2, True)])  # a hooked block b runs whole
+def test_the_attribution_is_a_plain_autograd_loop_over_u_and_v(shapes, pair, b, hooked):
+    upstream, downstream = pair[0], replace(pair[1], layer=b)
     h = residual(shapes, draw_set(1, seed=3).images[0], 1)
-    with gradient_pass(shapes):
-        seen = image_attribution(shapes, upstream, downstream, h)
+    hook = shapes.model.blocks[b].register_forward_hook(lambda *_: None) if hooked else None
+    try:
+        with gradient_pass(shapes):
+            seen = image_attribution(shapes, upstream, downstream, h)
+    finally:
+        if hook is not None:
+            hook.remove()
     assert len(seen.downstream) > 3 and seen.attribution.shape == (len(seen.downstream), upstream.sae.num_features)
     z = upstream.codes(h[P:])  # (N, Fa)
     absent = int(np.flatnonzero((z == 0).all(dim=0).numpy())[0])
@@ -96,7 +102,7 @@ def test_the_attribution_is_a_plain_autograd_loop_over_u_and_v(shapes, pair):
             z_u = z[:, u].clone().requires_grad_(True)  # (N,): x(t') moves by s d_u per unit of z_u(t')
             with gradient_pass(shapes):
                 moved = h[P:] + upstream.normalisation.scale * (z_u - z_u.detach())[:, None] * upstream.sae.W_dec[:, u].detach()
-                after = blocks_between(shapes, torch.cat([h[:P], moved])[None], 1, 2)[0, P:]  # (N, D)
+                after = blocks_between(shapes, torch.cat([h[:P], moved])[None], 1, b)[0, P:]  # (N, D)
                 pre = downstream.sae.pre_activations(downstream.normalisation.apply(after))[:, v]  # (N,)
                 (gradient,) = torch.autograd.grad((pre * torch.as_tensor(seen.fires[:, v])).sum(), z_u)
             expected = sum(float(z[t, u]) * float(gradient[t]) for t in range(len(z)))

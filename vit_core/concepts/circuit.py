@@ -30,7 +30,7 @@ from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
 from ..dataset.workers import forward_pool, map_forwards, model_workers
-from ..explain.interventions import block_rows_from_qkv, standard_block
+from ..explain.interventions import attention_heads, block_rows_from_qkv, block_tail, standard_block
 from ..explain.passes import eval_mode, model_pass
 from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
@@ -101,14 +101,14 @@ def image_attribution(loaded: LoadedModel, upstream: Concepts, downstream: Conce
                       wanted: np.ndarray | None = None) -> ImageAttribution:
     """attribution(u -> v) on one image for every u and every v of `wanted` (bool (Fb,), default all) that fires on
     it: h (T, D) is its residual stream after block a = upstream.layer. One forward of blocks a+1..b, then one
-    backward per v, ROWS_AT_ONCE at a time (batched: the forward is the same for every v); the sum over t' runs over
-    u's k non-zero codes per token only. Call inside `gradient_pass`."""
+    backward per v, ROWS_AT_ONCE at a time (batched: the forward is the same for every v; `_BlocksGraph`); the sum over
+    t' runs over u's k non-zero codes per token only. Call inside `gradient_pass`."""
     a, b = upstream.layer, downstream.layer
     h = h.detach().float()[None].clone().requires_grad_(True)  # (1, T, D): a copy, a capture's may be an inference tensor
-    after = _patches(loaded, blocks_between(loaded, h, a, b))[0]  # (N, D): one forward, its graph kept for every v
+    graph = _BlocksGraph(loaded, h, a, b)
     with torch.no_grad():
         z_a = upstream.codes(_patches(loaded, h[0]))  # (N, Fa)
-        z_b = downstream.codes(after)  # (N, Fb)
+        z_b = downstream.codes(graph.patches_after())  # (N, Fb)
     fires = z_b > 0  # (N, Fb)
     wanted_here = fires.any(dim=0).numpy() & (wanted if wanted is not None else True)
     features = np.flatnonzero(wanted_here)  # (m,)
@@ -118,14 +118,67 @@ def image_attribution(loaded: LoadedModel, upstream: Concepts, downstream: Conce
     encoder = downstream.sae.W_enc.detach() / downstream.normalisation.scale  # (Fb, D): d pre_v / d h_b(t)
     for first in range(0, len(features), ROWS_AT_ONCE):
         chosen = torch.as_tensor(features[first:first + ROWS_AT_ONCE])  # (r,)
-        outward = fires[:, chosen].T[:, :, None] * encoder[chosen][:, None, :]  # (r, N, D): sum_t pre_v(t)'s gradient
-        (gradient,) = torch.autograd.grad(after, h, outward, retain_graph=True, is_grads_batched=True)  # (r, 1, T, D)
-        gradient = _patches(loaded, gradient[:, 0]).double()  # (r, N, D)
+        gradient = _patches(loaded, graph.gradient(fires[:, chosen].T, encoder[chosen])).double()  # (r, N, D)
         along = torch.einsum("rnd,dnk->rnk", gradient, directions) * values.double()  # (r, N, k): z_u d_u . grad
         per_feature = torch.zeros((len(chosen), upstream.sae.num_features), dtype=torch.float64)
         per_feature.index_add_(1, indices.reshape(-1), along.reshape(len(chosen), -1))
         found[first:first + len(chosen)] = upstream.normalisation.scale * per_feature.numpy()
     return ImageAttribution(features.astype(np.int64), found, fires.numpy())
+
+
+class _BlocksGraph:
+    """Blocks a+1..b run once on h (1, T, D) after block a, kept for the gradients of many outputs. Where block b is
+    timm's standard block, its tail (projection, MLP) is left out of the graph: a gradient that reaches a few of b's
+    output tokens only (a feature fires on a few) backs the tail up at those tokens alone (`block_tail` works token by
+    token), then the attention and the blocks before it for every token."""
+
+    def __init__(self, loaded: LoadedModel, h: torch.Tensor, a: int, b: int) -> None:
+        self.loaded, self.h, self.p = loaded, h, loaded.geometry.num_prefix_tokens
+        self.block = loaded.model.blocks[b]
+        self.split = standard_block(self.block)
+        if not self.split:
+            self.after = blocks_between(loaded, h, a, b)  # (1, T, D)
+            return
+        self.entering = blocks_between(loaded, h, a, b - 1)  # (1, T, D): h itself where b = a + 1
+        self.heads = attention_heads(self.block, self.entering)  # (1, T, H*hd)
+
+    def _tail(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        normed = self.block.norm1(x) if self.block.attn.gate is not None else None
+        return block_tail(self.block, x, heads, normed)
+
+    def patches_after(self) -> torch.Tensor:
+        """The residual stream after block b at the patches: (N, D), no gradient."""
+        with torch.no_grad():
+            after = self.after if not self.split else self._tail(self.entering, self.heads)
+        return _patches(self.loaded, after[0])
+
+    def gradient(self, at: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """For each row i, the gradient with respect to h of the sum over the patches t where at[i, t] (bool (r, N)) of
+        direction[i] (r, D) . (the stream after block b at t): (r, T, D)."""
+        r, t, d = len(at), self.h.shape[1], self.h.shape[2]
+        if not self.split:
+            outward = torch.zeros((r, t, d))
+            outward[:, self.p:] = at[:, :, None] * direction[:, None, :]  # (r, T, D)
+            (gradient,) = torch.autograd.grad(self.after, self.h, outward[:, None], retain_graph=True,
+                                              is_grads_batched=True)  # (r, 1, T, D)
+            return gradient[:, 0]
+        rows, patches = at.nonzero(as_tuple=True)  # (M,), (M,): the (row, patch) pairs that the sums read
+        tokens = patches + self.p
+        x = self.entering[0, tokens].detach().requires_grad_(True)  # (M, D)
+        heads = self.heads[0, tokens].detach().requires_grad_(True)  # (M, H*hd)
+        tail = self._tail(x[None], heads[None])[0]  # (M, D)
+        into_x, into_heads = torch.autograd.grad(tail, (x, heads), direction[rows])  # (M, D), (M, H*hd)
+        outward_heads = torch.zeros((r, t, self.heads.shape[-1]))
+        outward_heads[rows, tokens] = into_heads
+        outward_x = torch.zeros((r, t, d))
+        outward_x[rows, tokens] = into_x
+        if self.entering is self.h:  # b = a + 1: the residual reaches h directly
+            (gradient,) = torch.autograd.grad(self.heads, self.h, outward_heads[:, None], retain_graph=True,
+                                              is_grads_batched=True)  # (r, 1, T, D)
+            return gradient[:, 0] + outward_x
+        gradient = torch.autograd.grad((self.heads, self.entering), self.h, (outward_heads[:, None], outward_x[:, None]),
+                                       retain_graph=True, is_grads_batched=True)[0]  # (r, 1, T, D)
+        return gradient[:, 0]
 
 
 def removal_sums(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, h: torch.Tensor,

@@ -111,7 +111,7 @@ def _block_from_attention_inputs(block: Block, x: torch.Tensor, q: torch.Tensor,
                                  normed: torch.Tensor | None) -> torch.Tensor:
     """timm's `Block.forward` (eval mode, no mask) from its attention's q (B, H, R, hd), k and v (B, H, T, hd) before
     the q/k norms, for the R rows x (B, R, D) whose norm1 is `normed` (read by a gated attention only). -> (B, R, D)"""
-    return _block_tail(block, x, _attention_heads(block, q, k, v), normed)
+    return block_tail(block, x, _attention_heads(block, q, k, v), normed)
 
 
 def _attention_heads(block: Block, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -127,14 +127,23 @@ def _attention_heads(block: Block, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return attn.norm(heads.transpose(1, 2).reshape(b, r, attn.attn_dim))  # (B, R, H*hd)
 
 
-def _block_tail(block: Block, x: torch.Tensor, out: torch.Tensor, normed: torch.Tensor | None) -> torch.Tensor:
+def block_tail(block: Block, x: torch.Tensor, out: torch.Tensor, normed: torch.Tensor | None) -> torch.Tensor:
     """The rest of timm's `Block.forward` after the attention's heads `out` (B, R, H*hd) of the rows x (B, R, D):
-    the gate, projection, residual and MLP, each token on its own. -> (B, R, D)"""
+    the gate (of norm1(x), `normed`), projection, residual and MLP, each token on its own. -> (B, R, D)"""
     attn = block.attn
     if attn.gate is not None:
         out = out * attn.gate(normed).sigmoid()
     y = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(out))))
     return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))  # (B, R, D)
+
+
+def attention_heads(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """The input of timm's standard `Block`'s attention projection for x (B, T, D) entering it: (B, T, H*hd)."""
+    attn = block.attn
+    b, t, _ = x.shape
+    qkv = attn.qkv(block.norm1(x))  # (B, T, 3*H*hd)
+    q, k, v = qkv.reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
+    return _attention_heads(block, q, k, v)
 
 
 def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
@@ -147,7 +156,7 @@ def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, select
     q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
     out = _attention_heads(block, q, k, v)[selected][None]  # (1, M, H*hd)
     normed = block.norm1(x[selected][None]) if attn.gate is not None else None
-    return _block_tail(block, x[selected][None], out, normed)[0]  # (M, D)
+    return block_tail(block, x[selected][None], out, normed)[0]  # (M, D)
 
 
 def last_block_logits(model: torch.nn.Module, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
