@@ -23,6 +23,7 @@ from vit_core.concepts.circuit import (
     gradient_pass,
     image_attribution,
     layer_pair,
+    padded,
     removal_sums,
     top_upstream,
 )
@@ -134,6 +135,16 @@ def test_the_removal_sums_are_one_removal_at_a_time(shapes, pair, b):
         assert plain[e] == pytest.approx(float(before[mask].double().sum()), rel=1e-5)
         assert removed[e] == pytest.approx(float(after[mask].double().sum()), rel=1e-4, abs=1e-4)
     assert removed[3] == plain[3] and plain[0] > 0
+
+
+def test_the_pairs_are_padded_to_a_few_sizes_with_copies_of_the_first():
+    for count, size in ((0, 64), (1, 64), (64, 64), (65, 128), (1000, 1024)):
+        rows, patches = torch.arange(count) // 7, torch.arange(count) % 7 + 3
+        rows_padded, patches_padded = padded(rows, patches)
+        assert len(rows_padded) == len(patches_padded) == size
+        assert torch.equal(rows_padded[:count], rows) and torch.equal(patches_padded[:count], patches)
+        first = (int(rows[0]), int(patches[0])) if count else (0, 0)
+        assert set(zip(rows_padded[count:].tolist(), patches_padded[count:].tolist(), strict=True)) <= {first}
 
 
 def test_the_edges_are_the_largest_absolute_attributions_ties_by_index():

@@ -163,15 +163,20 @@ class _BlocksGraph:
                                               is_grads_batched=True)  # (r, 1, T, D)
             return gradient[:, 0]
         rows, patches = at.nonzero(as_tuple=True)  # (M,), (M,): the (row, patch) pairs that the sums read
+        count = len(rows)
+        rows, patches = padded(rows, patches)  # (M',) each
         tokens = patches + self.p
-        x = self.entering[0, tokens].detach().requires_grad_(True)  # (M, D)
-        heads = self.heads[0, tokens].detach().requires_grad_(True)  # (M, H*hd)
-        tail = self._tail(x[None], heads[None])[0]  # (M, D)
-        into_x, into_heads = torch.autograd.grad(tail, (x, heads), direction[rows])  # (M, D), (M, H*hd)
+        x = self.entering[0, tokens].detach().requires_grad_(True)  # (M', D)
+        heads = self.heads[0, tokens].detach().requires_grad_(True)  # (M', H*hd)
+        tail = self._tail(x[None], heads[None])[0]  # (M', D)
+        outward = direction[rows]  # (M', D)
+        outward[count:] = 0  # the padding's pairs add nothing
+        into_x, into_heads = torch.autograd.grad(tail, (x, heads), outward)  # (M', D), (M', H*hd)
+        rows, tokens = rows[:count], tokens[:count]
         outward_heads = torch.zeros((r, t, self.heads.shape[-1]))
-        outward_heads[rows, tokens] = into_heads
+        outward_heads[rows, tokens] = into_heads[:count]
         outward_x = torch.zeros((r, t, d))
-        outward_x[rows, tokens] = into_x
+        outward_x[rows, tokens] = into_x[:count]
         if self.entering is self.h:  # b = a + 1: the residual reaches h directly
             (gradient,) = torch.autograd.grad(self.heads, self.h, outward_heads[:, None], retain_graph=True,
                                               is_grads_batched=True)  # (r, 1, T, D)
@@ -202,37 +207,48 @@ def removal_sums(loaded: LoadedModel, upstream: Concepts, downstream: Concepts, 
     for first in range(0, len(upstream_here), ROWS_AT_ONCE):
         chosen = upstream_here[first:first + ROWS_AT_ONCE]  # (r,)
         selected = torch.stack([needed[u] for u in chosen.tolist()])  # (r, N)
-        after = patches_after_removals(loaded, upstream, b, h, z_a, torch.as_tensor(chosen), selected)  # (M, D)
-        z_removed = downstream.codes(after.float())  # (M, Fb): row by row, each row's selected patches in order
+        rows, patches = padded(*selected.nonzero(as_tuple=True))  # (M',) each: the (row, patch) pairs, row by row
+        after = patches_after_removals(loaded, upstream, b, h, z_a, torch.as_tensor(chosen), rows, patches)  # (M', D)
+        z_removed = downstream.codes(after.float())  # (M', Fb)
         ends = selected.sum(dim=1).cumsum(dim=0).tolist()
         for row, u in enumerate(chosen.tolist()):
             these = by_upstream[u]
             columns = torch.as_tensor(edges[these, 1])  # (e,): u's downstream features
-            rows = slice(ends[row - 1] if row else 0, ends[row])
-            removed[these] = (z_removed[rows][:, columns].double() * fires[selected[row]][:, columns]).sum(dim=0).numpy()
+            pairs = slice(ends[row - 1] if row else 0, ends[row])
+            removed[these] = (z_removed[pairs][:, columns].double() * fires[selected[row]][:, columns]).sum(dim=0).numpy()
     return plain, removed
 
 
+def padded(rows: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The M (row, patch) pairs, then copies of the first up to the next power of two (at least 64): the ragged work
+    of a chunk then comes in a few sizes, whose freed memory the C heap reuses (with a new size per chunk a run's RSS
+    grew by 60 MB per image). The pairs past M are to be ignored. -> (M',), (M',)"""
+    size = max(64, 1 << max(0, len(rows) - 1).bit_length())
+    fill = size - len(rows)
+    first_row, first_patch = (rows[:1], patches[:1]) if len(rows) else (rows.new_zeros(1), patches.new_zeros(1))
+    return torch.cat([rows, first_row.expand(fill)]), torch.cat([patches, first_patch.expand(fill)])
+
+
 def patches_after_removals(loaded: LoadedModel, upstream: Concepts, b: int, h: torch.Tensor, z: torch.Tensor,
-                           features: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """The residual stream after block b at the `selected` patches (bool (r, N)) of h (T, D) after block a =
-    upstream.layer with one feature of `features` (r,) removed per row (`removed_rows`; z (N, Fa) h's codes there):
-    (M, D), row by row. The blocks before b run whole (every token's keys and values reach b); b itself, where it is
-    timm's standard block, runs its projection and MLP for the selected patches alone."""
+                           features: torch.Tensor, rows: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+    """The residual stream after block b at the (row, patch) pairs `rows`, `patches` (M,) of h (T, D) after block
+    a = upstream.layer with one feature of `features` (r,) removed per row (`removed_rows`; z (N, Fa) h's codes there):
+    (M, D). The blocks before b run whole (every token's keys and values reach b); b itself, where it is timm's
+    standard block, runs its projection and MLP for those pairs alone."""
     a, p = upstream.layer, loaded.geometry.num_prefix_tokens
-    rows = removed_rows(loaded, upstream, h, z, features)  # (r, T, D)
-    changed = torch.zeros(rows.shape[:2], dtype=torch.bool)  # (r, T): the tokens where the removed feature fires
+    removed = removed_rows(loaded, upstream, h, z, features)  # (r, T, D)
+    changed = torch.zeros(removed.shape[:2], dtype=torch.bool)  # (r, T): the tokens where the removed feature fires
     changed[:, p:] = z[:, features].T > 0
-    changed = changed.to(rows.device)
+    changed = changed.to(removed.device)
+    rows, tokens = rows.to(removed.device), (patches + p).to(removed.device)
     block = loaded.model.blocks[b]
-    tokens = torch.cat([torch.zeros((len(rows), p), dtype=torch.bool), selected], dim=1).to(rows.device)  # (r, T)
     if b > a + 1:
-        rows = blocks_between(loaded, first_block_after_removals(loaded, h, rows, changed, a), a + 1, b - 1)
+        removed = blocks_between(loaded, first_block_after_removals(loaded, h, removed, changed, a), a + 1, b - 1)
     if not standard_block(block):
-        return block(rows)[tokens]
-    qkv = (qkv_after_removals(block, h, rows, changed) if b == a + 1
-           else block.attn.qkv(block.norm1(rows)))  # (r, T, 3 H hd)
-    return block_rows_from_qkv(block, rows, qkv, tokens)
+        return block(removed)[rows, tokens]
+    qkv = (qkv_after_removals(block, h, removed, changed) if b == a + 1
+           else block.attn.qkv(block.norm1(removed)))  # (r, T, 3 H hd)
+    return block_rows_from_qkv(block, removed, qkv, rows, tokens)
 
 
 def top_upstream(attribution: np.ndarray, alive: np.ndarray, count: int = EDGES_PER_FEATURE) -> np.ndarray:

@@ -146,17 +146,19 @@ def attention_heads(block: Block, x: torch.Tensor) -> torch.Tensor:
     return _attention_heads(block, q, k, v)
 
 
-def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its qkv of norm1(x) (B, T, 3*H*hd) given, for
-    the `selected` tokens (bool (B, T)) only, in row-major order: every token's attention is cheap next to the
-    projection and MLP, which run for the selected tokens alone. -> (M, D), M = selected.sum()"""
+def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor
+                        ) -> torch.Tensor:
+    """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its qkv of norm1(x) (B, T, 3*H*hd) given, at the
+    M (row, token) pairs `rows`, `tokens` (M,) only: every token's attention is cheap next to the projection and MLP,
+    which run for those pairs alone. -> (M, D)"""
     attn = block.attn
     b, t, _ = x.shape
     h, hd = attn.num_heads, attn.head_dim
     q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
-    out = _attention_heads(block, q, k, v)[selected][None]  # (1, M, H*hd)
-    normed = block.norm1(x[selected][None]) if attn.gate is not None else None
-    return block_tail(block, x[selected][None], out, normed)[0]  # (M, D)
+    out = _attention_heads(block, q, k, v)[rows, tokens][None]  # (1, M, H*hd)
+    chosen = x[rows, tokens][None]  # (1, M, D)
+    normed = block.norm1(chosen) if attn.gate is not None else None
+    return block_tail(block, chosen, out, normed)[0]  # (M, D)
 
 
 def last_block_logits(model: torch.nn.Module, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
