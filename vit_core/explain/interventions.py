@@ -99,12 +99,15 @@ def standard_block(block: torch.nn.Module) -> bool:
 def block_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
     """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its attention's qkv of norm1(x) (B, T, 3*H*hd)
     given (where the caller has most of its rows already). -> (B, T, D)"""
-    attn = block.attn
-    b, t, _ = x.shape
-    h, hd = attn.num_heads, attn.head_dim
-    q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
-    normed = block.norm1(x) if attn.gate is not None else None  # only a gated attention reads it again
+    q, k, v = _split_qkv(block.attn, qkv)  # (B, H, T, hd) each
+    normed = block.norm1(x) if block.attn.gate is not None else None  # only a gated attention reads it again
     return _block_from_attention_inputs(block, x, q, k, v, normed)  # (B, T, D)
+
+
+def _split_qkv(attn: Attention, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, H, T, hd) each of the attention's qkv (B, T, 3*H*hd), as timm's `Attention.forward` splits it."""
+    b, t, _ = qkv.shape
+    return qkv.reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def _block_from_attention_inputs(block: Block, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -139,11 +142,7 @@ def block_tail(block: Block, x: torch.Tensor, out: torch.Tensor, normed: torch.T
 
 def attention_heads(block: Block, x: torch.Tensor) -> torch.Tensor:
     """The input of timm's standard `Block`'s attention projection for x (B, T, D) entering it: (B, T, H*hd)."""
-    attn = block.attn
-    b, t, _ = x.shape
-    qkv = attn.qkv(block.norm1(x))  # (B, T, 3*H*hd)
-    q, k, v = qkv.reshape(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
-    return _attention_heads(block, q, k, v)
+    return _attention_heads(block, *_split_qkv(block.attn, block.attn.qkv(block.norm1(x))))
 
 
 def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor
@@ -151,13 +150,9 @@ def block_rows_from_qkv(block: Block, x: torch.Tensor, qkv: torch.Tensor, rows: 
     """timm's `Block.forward` (eval mode, no mask) of x (B, T, D) with its qkv of norm1(x) (B, T, 3*H*hd) given, at the
     M (row, token) pairs `rows`, `tokens` (M,) only: every token's attention is cheap next to the projection and MLP,
     which run for those pairs alone. -> (M, D)"""
-    attn = block.attn
-    b, t, _ = x.shape
-    h, hd = attn.num_heads, attn.head_dim
-    q, k, v = qkv.reshape(b, t, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, hd) each
-    out = _attention_heads(block, q, k, v)[rows, tokens][None]  # (1, M, H*hd)
+    out = _attention_heads(block, *_split_qkv(block.attn, qkv))[rows, tokens][None]  # (1, M, H*hd)
     chosen = x[rows, tokens][None]  # (1, M, D)
-    normed = block.norm1(chosen) if attn.gate is not None else None
+    normed = block.norm1(chosen) if block.attn.gate is not None else None
     return block_tail(block, chosen, out, normed)[0]  # (M, D)
 
 
