@@ -2,7 +2,7 @@
 CKA sums.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m tools.benchmarks.compare [--model vit_base_patch16_224] [--images 16] [--repeats 3]
-                                                 [--device cpu] [--cka-memory-only]
+                                                 [--device cpu] [--cka-memory-only] [--command]
 
 Time: the same in-memory JPEGs (drawn here, 500 x 375 px), one process, no decoding workers. One side runs
 `dataset`'s engine twice (`analyze_totals` of model A, then of model B: two random inits, seeds 0 and 1, of --model),
@@ -10,8 +10,12 @@ the other `compare_sources` (each image decoded once; both models' dataset reduc
 of every pair of residual rows, attention JS, KL, rollout correlation). Interleaved --repeats times after a warm-up;
 medians and their ratio (target: compare <= 1.1 x the two dataset runs).
 
-Memory: the CKA sums' arrays for two --model models (FixedSums: two int64 limbs per sum) computed from the geometry
-(target for two ViT-B/16: under 2 GB), and the process's peak RSS after the runs (ru_maxrss).
+Memory: the CKA sums' arrays for two --model models (FixedSums: an int64 and a uint32 limb per sum) computed from the
+geometry (target for two ViT-B/16: under 2 GB), and the process's peak RSS after the runs (ru_maxrss).
+
+--command: the command itself instead, `python -m vit_core compare` over --images drawn Shapes images enlarged to 256 px
+(tools.benchmarks.concepts' draw_folder) in a temporary folder, --model at random init (seed 0) against its random init
+under seed 1, one process: its wall time and the peak resident memory of its processes (getrusage of the children).
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import argparse
 import io
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -44,9 +52,27 @@ def jpegs(count: int, seed: int = 0) -> list[tuple[str, bytes]]:
 
 def cka_bytes(a: Geometry, b: Geometry) -> int:
     """Bytes of the CKA sums held while a run accumulates: cross (La+1, Lb+1, Da, Db), self_a, self_b, the column sums,
-    each two int64 limbs."""
+    each an int64 and a uint32 limb."""
     la, lb, da, db = a.num_layers + 1, b.num_layers + 1, a.embed_dim, b.embed_dim
-    return 2 * 8 * (la * lb * da * db + la * da * da + lb * db * db + la * da + lb * db)
+    return (8 + 4) * (la * lb * da * db + la * da * da + lb * db * db + la * da + lb * db)
+
+
+def run_command(model: str, images: int) -> None:
+    """`python -m vit_core compare` over `images` drawn images: prints its wall time and its peak RSS."""
+    from tools.benchmarks.concepts import draw_folder
+
+    with tempfile.TemporaryDirectory() as temporary:
+        folder, out = Path(temporary) / "images", Path(temporary) / "compare"
+        folder.mkdir()
+        draw_folder(folder, images, side=256)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "vit_core", "compare", str(folder), "--model", model, "--random-init",
+                               "--random-init-b", "--seed-b", "1", "--out", str(out)], capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"the command failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # bytes: ru_maxrss is in KiB
+    print(f"compare command: {seconds:.1f} s for {images} images; peak RSS {peak / 1e9:.2f} GB ({peak / 2**30:.2f} GiB)")
 
 
 def main() -> None:
@@ -56,7 +82,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cka-memory-only", action="store_true")
+    parser.add_argument("--command", action="store_true", help="time the command and its peak RSS instead")
     args = parser.parse_args()
+    if args.command:
+        run_command(args.model, args.images)
+        return
 
     a = load_model(args.model, pretrained=False, seed=0, device=args.device)
     b = load_model(args.model, pretrained=False, seed=1, device=args.device)
