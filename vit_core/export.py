@@ -7,11 +7,12 @@ assembles the same keys from what it holds with `image_arrays` and `model_arrays
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import zipfile
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -206,6 +207,30 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     write_npz(buffer, arrays)
     return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def npz_member(npz: np.lib.npyio.NpzFile, key: str) -> Iterator[tuple[tuple[int, ...], np.dtype, IO[bytes]]]:
+    """One array of an open .npz to be read a piece at a time (`read_piece`): its shape, its dtype and its stored
+    data as a file at the data's start. Raises KeyError for a missing key, ValueError for what isn't a plain
+    C-ordered array."""
+    with npz.zip.open(f"{key}.npy") as file:
+        version = np.lib.format.read_magic(file)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(file)
+        if fortran_order or dtype.hasobject:
+            raise ValueError(f"{key} is not a C-ordered array of numbers")
+        yield tuple(shape), dtype, file
+
+
+def read_piece(file: IO[bytes], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The next values of an array stored in `file` (`npz_member`) as a piece of `shape` (C order; read-only).
+    Raises ValueError where the file ends before them."""
+    size = math.prod(shape) * dtype.itemsize
+    data = file.read(size)
+    if len(data) != size:
+        raise ValueError("the array's data ends early")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def json_bytes(data: dict[str, Any]) -> bytes:

@@ -199,6 +199,120 @@ def test_merged_totals_are_copies_unless_taken_and_taken_ones_from_an_npz_stay_w
     assert from_npz.value().tobytes() == kept.value().tobytes()
 
 
+def _limbs(sums: FixedSums) -> dict[str, bytes]:
+    return {k: v.tobytes() for k, v in sums.arrays("s").items()}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """FixedSums' work in chunks of 20 values: boundaries inside the (3, 4) blocks that share a not-finite count."""
+    from vit_core.compare import sums
+
+    monkeypatch.setattr(sums, "CHUNK_VALUES", 20)
+    assert sums.flat_chunks(50) == [slice(0, 20), slice(20, 40), slice(40, 50)]
+    assert sums.row_chunks((5, 3, 4), 1) == [slice(k, k + 1) for k in range(5)] and sums.row_chunks((5, 3, 4), 0) == [...]
+    assert sums.row_chunks((5, 2, 4), 1) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+
+
+def _signed_values(seed: int) -> np.ndarray:
+    """(images, 2, 5, 3, 4): negatives and positives over a wide range, a half-unit tie, one NaN, one huge value."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(4, 2, 5, 3, 4)) * 10.0 ** rng.integers(-12, 6, size=(4, 2, 5, 3, 4))
+    values[0, 0, 0, 0] = [2.5 * 2.0**-40, -2.5 * 2.0**-40, -3.5 * 2.0**-40, -(2.0**-41)]
+    values[1, 1, 3, 2, 1] = np.nan  # pair (1, 3) is left out; its block straddles a chunk boundary
+    values[2, 0, 4, 0, 0] = -(2.0**40) - 0.75  # too large for int64 sums of units: the limbs' way, its chunk only
+    return values
+
+
+def test_fixed_sums_added_and_merged_a_chunk_at_a_time_are_the_plain_exact_sums(small_chunks):
+    """Rows of a large whole (`at`) and whole arrays, added and merged in chunks of rows: per value the exact integer
+    sum of the images' rounded units (negatives too), a NaN leaving out its own pair only, the same limbs as one
+    pass over unchunked arrays."""
+    from vit_core.compare import sums as sums_module
+
+    values = _signed_values(9)
+    by_rows, whole = FixedSums(2), FixedSums(2)
+    for i in range(2):  # (images, 5, 3, 4) a row at a time into (2, 5, 3, 4)
+        by_rows.add(torch.from_numpy(values[:, i]), 4, shape=(2, 5, 3, 4), at=i)
+    whole.add(torch.from_numpy(values), 4)
+    assert _limbs(by_rows) == _limbs(whole)
+    got = by_rows.arrays("s")
+    units = [int(h) * 2**32 + int(low) for h, low in zip(got["s_high"].ravel(), got["s_low"].ravel(), strict=True)]
+    finite = np.where(np.isnan(values), 0.0, values)
+    assert units == _exact_units(finite)  # the NaN's pair: the other images' units, counted as left out
+    assert got["s_not_finite"].tolist() == [[0] * 5, [0, 0, 0, 1, 0]]
+    value = by_rows.value()
+    assert np.isnan(value[1, 3]).all() and not np.isnan(np.delete(value.reshape(10, 12), 8, axis=0)).any()
+    split = FixedSums(2)  # images one by one, merged into a total a chunk at a time
+    for image in values:
+        one = FixedSums(2)
+        one.add(torch.from_numpy(image[None]), 1)
+        split.merge(one)
+    assert _limbs(split) == _limbs(whole)
+    unchunked = FixedSums(2)
+    small_chunks_size, sums_module.CHUNK_VALUES = sums_module.CHUNK_VALUES, 2**40
+    try:
+        unchunked.add(torch.from_numpy(values), 4)
+    finally:
+        sums_module.CHUNK_VALUES = small_chunks_size
+    assert _limbs(unchunked) == _limbs(whole)
+
+
+def test_add_limbs_keeps_low_in_32_bits_and_the_sum_exact_for_negative_parts():
+    from vit_core.compare.sums import add_limbs
+
+    rng = np.random.default_rng(12)
+    high, low = rng.integers(-(2**40), 2**40, size=50), rng.integers(0, 2**32, size=50).astype(np.uint32)
+    expected = [int(h) * 2**32 + int(lo) for h, lo in zip(high, low, strict=True)]
+    for _ in range(3):
+        part_high, part_low = rng.integers(-(2**40), 2**40, size=50), rng.integers(-(2**40), 2**40, size=50)
+        add_limbs(high, low, part_high, part_low)
+        expected = [e + int(h) * 2**32 + int(lo) for e, h, lo in zip(expected, part_high, part_low, strict=True)]
+    assert low.dtype == np.uint32 and [int(h) * 2**32 + int(lo) for h, lo in zip(high, low, strict=True)] == expected
+
+
+def test_fixed_sums_read_one_index_at_a_time_are_the_whole_values(small_chunks):
+    values = _signed_values(10)
+    sums = FixedSums(2)
+    sums.add(torch.from_numpy(values), 4)
+    whole = sums.value()
+    for index in np.ndindex(2, 5):
+        assert sums.value(index).tobytes() == whole[index].tobytes()
+    assert sums.value((1,)).tobytes() == whole[1].tobytes()
+    column = FixedSums(1)  # values (images, 3): a (3,) sum with no leading dims, never cut
+    column.add(torch.from_numpy(values[:, 0, 0, 0, :3]), 4)
+    assert column.value().shape == (3,) and column.not_finite.shape == ()
+
+
+def test_fixed_sums_merged_from_a_file_a_chunk_at_a_time_are_the_in_memory_merge(small_chunks, tmp_path):
+    """A part's file streamed into place is the bytes of its arrays; merged back from it a chunk at a time (into
+    nothing, and into other sums) it is the in-memory merge, and a file of another shape is refused."""
+    from vit_core.export import npz_bytes, write_npz
+    from vit_core.images.files import OutputFolder
+
+    values = _signed_values(11)
+    first, second = FixedSums(2), FixedSums(2)
+    first.add(torch.from_numpy(values[:2]), 2)
+    second.add(torch.from_numpy(values[2:]), 2)
+    with OutputFolder(tmp_path) as out:
+        path = out.write_with("part.npz", lambda file: write_npz(file, second.arrays("s")))
+    assert path.read_bytes() == npz_bytes(second.arrays("s"))
+    expected = FixedSums(2)
+    expected.merge(first)
+    expected.merge(second)
+    read, into = FixedSums(2), FixedSums(2)
+    into.merge(first)
+    with np.load(path) as npz:
+        read.merge_npz(npz, "s")
+        into.merge_npz(npz, "s")
+        FixedSums(2).merge_npz(npz, "other")  # a prefix the file lacks adds nothing
+    assert _limbs(read) == _limbs(second) and _limbs(into) == _limbs(expected)
+    wrong = FixedSums(2)
+    wrong.add(torch.from_numpy(values[:, 0, :4]), 4)  # (4, 3, 4): another shape
+    with np.load(path) as npz, pytest.raises(ValueError):
+        wrong.merge_npz(npz, "s")
+
+
 # ----------------------------------------------------------------------------------------------
 # The engine's values against two captures
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -319,23 +320,30 @@ class Pair:
 Decoded = Callable[[range, Sequence[tuple[int, Any, Any]]], None]  # (batch, its items as pair_loader gives them)
 
 
+Into = Callable[[range], CompareTotals]  # a batch -> the totals its comparison is added to
+
+
 def reduce_pairs(pair: Pair, batches: Sequence[range], *, workers: int = 0, progress: Progress | None = None,
-                 explain: Explain | None = None, decoded: Decoded | None = None
+                 explain: Explain | None = None, decoded: Decoded | None = None, into: Into | None = None
                  ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """`reduce_sources_pair` of a folder's run (the plans' images and labels)."""
     yield from reduce_sources_pair(pair.a, pair.b, pair.plan_a.sources(), (pair.plan_a.labels, pair.plan_b.labels),
-                                   batches, workers=workers, progress=progress, explain=explain, decoded=decoded)
+                                   batches, workers=workers, progress=progress, explain=explain, decoded=decoded,
+                                   into=into)
 
 
 def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str, Any]],
                         labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None], batches: Sequence[range],
                         *, workers: int = 0, progress: Progress | None = None, explain: Explain | None = None,
-                        decoded: Decoded | None = None) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
+                        decoded: Decoded | None = None, into: Into | None = None
+                        ) -> Iterator[tuple[list[int], Totals, Totals, CompareTotals]]:
     """For each batch (indices into `sources`, (name, bytes or path) each, in order): its indices, A's and B's totals
     (as `dataset`'s reduce_sources makes them: the same bits) and the comparison's totals over the images both models
     could read. `labels`: each model's true class per source (or None). `explain`: each model's `--explain` scalars
     of each image too (dataset's explained_values, as `dataset --explain` adds them). `decoded(batch, items)`: called
-    with each batch's decoded inputs first (what else is made of the same decoding: --concepts-layer's tokens)."""
+    with each batch's decoded inputs first (what else is made of the same decoding: --concepts-layer's tokens).
+    `into(batch)`: the totals each batch's comparison is added to, and yielded (a shard's: two ViT-B/16s' sums are
+    1.3 GiB, too large for a batch's own beside them); without it, a batch's own."""
     logit_lens = logit_lens_of(labels)
     distances = (patch_distances_on(a.geometry, a.device), patch_distances_on(b.geometry, b.device))
     own = (replica(a), replica(b))  # hooks and fused_attn flags of our own, the weights shared (see paired_values)
@@ -344,7 +352,7 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
     for batch, items in zip(batches, pair_loader(a, b, sources, batches, workers), strict=True):
         if decoded:
             decoded(batch, items)
-        paired = pair_batch((a, b), own, sources, items, logit_lens, distances, explain)
+        paired = pair_batch((a, b), own, sources, items, logit_lens, distances, explain, into(batch) if into else None)
         totals = (Totals(), Totals())
         for side in range(2):  # failures first, as reduce_sources reports them
             totals[side].failures.extend((sources[i][0], why) for i, why in paired.unread[side].items())
@@ -358,7 +366,10 @@ def reduce_sources_pair(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[
                                            [paired.explained[side][index]] if paired.explained else None)
         done += len(batch)
         report(done, total)
-        yield list(batch), totals[0], totals[1], paired.compared
+        compared = paired.compared
+        del paired  # held across the yield, it would keep a finished shard's sums while the next shard's are made
+        yield list(batch), totals[0], totals[1], compared
+        del compared
 
 
 def logit_lens_of(labels: tuple[Sequence[int | None] | None, Sequence[int | None] | None]) -> tuple[bool, bool]:
@@ -381,17 +392,19 @@ class PairedBatch:
 
 def pair_batch(models: tuple[LoadedModel, LoadedModel], own: tuple[LoadedModel, LoadedModel], sources: Any,
                items: Sequence[tuple[int, Any, Any]], logit_lens: tuple[bool, bool],
-               distances: tuple[torch.Tensor, torch.Tensor], explain: Explain | None) -> PairedBatch:
+               distances: tuple[torch.Tensor, torch.Tensor], explain: Explain | None,
+               compared: CompareTotals | None = None) -> PairedBatch:
     """A batch of decoded items ((index, A's input (3, H, W) or why not, B's likewise), in index order) through both
     models: the images both read in paired forwards on `own` (the caller's replicas, `paired_values`), the comparison
-    recorded; an image only one model read by that model alone. `sources[index]`: the image's (name, bytes or path)."""
+    recorded (added to `compared`, default a batch's own); an image only one model read by that model alone.
+    `sources[index]`: the image's (name, bytes or path)."""
     unread: tuple[dict[int, str], dict[int, str]] = ({}, {})
     for index, *inputs in items:
         for side, x in enumerate(inputs):
             if isinstance(x, str):
                 unread[side][index] = x
                 _logger.info("skipped %s for model %s: %s", sources[index][0], "AB"[side], x)
-    compared = CompareTotals()
+    compared = CompareTotals() if compared is None else compared
     values: dict[int, tuple[BatchValues | None, BatchValues | None]] = {}
     both = [(i, xa, xb) for i, xa, xb in items if i not in unread[0] and i not in unread[1]]
     if both:
@@ -487,13 +500,15 @@ class CompareStore:
             store.write(shard, one, device, files_sha256)
         self.parts.write_part(shard, compared.arrays(), device, files_sha256)
 
-    def read(self, shard: Shard, files_sha256: str) -> CompareTotals:
-        arrays, _ = self.parts.read_part(shard, files_sha256)
-        try:
-            return CompareTotals.from_arrays(arrays)
-        except (ValueError, KeyError, TypeError) as e:
-            raise PartsError(f"{self.part_path(shard)} is damaged ({e or type(e).__name__}); remove it and run that shard "
-                             "again.") from None
+    def merge_into(self, totals: CompareTotals, shard: Shard, files_sha256: str) -> None:
+        """Add a shard's part to `totals`, its sums read a chunk at a time (`CompareTotals.merge_npz`). Raises
+        PartsError for a part of another run or a damaged one."""
+        with self.parts.opened_part(shard, files_sha256) as (npz, _):
+            try:
+                totals.merge_npz(npz)
+            except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
+                raise PartsError(f"{self.part_path(shard)} is damaged ({e or type(e).__name__}); remove it and run that "
+                                 "shard again.") from None
 
 
 def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], files_sha256: str, *, batch_size: int,
@@ -516,23 +531,28 @@ def run_pair_shards(pair: Pair, store: CompareStore, todo: Sequence[Shard], file
             store.write(shard, (ta, tb), tc, device, files_sha256)
     shard_of = {shard.number: shard for shard in todo}
     each = (lambda batch, items: decoded(shard_of[owner[batch.start]], items)) if decoded else None
-    for indices, ta, tb, tc in reduce_pairs(pair, batches, workers=workers, progress=progress, explain=explain,
-                                            decoded=each):
+
+    def into(batch: range) -> CompareTotals:  # each batch's comparison straight into its shard's sums
+        return pending[owner[batch.start]][3]
+
+    for indices, ta, tb, compared in reduce_pairs(pair, batches, workers=workers, progress=progress, explain=explain,
+                                                  decoded=each, into=into):
+        del compared  # pending[number]'s: gone with it once written, not kept until the next shard's sums are made
         number = owner[indices[0]]
-        shard, sa, sb, sc = pending[number]
-        sa.merge(ta)
-        sb.merge(tb)
-        sc.merge(tc, take=True)
+        pending[number][1].merge(ta)
+        pending[number][2].merge(tb)
         remaining[number] -= len(indices)
         if remaining[number] == 0:
+            shard, sa, sb, sc = pending.pop(number)
             store.write(shard, (sa, sb), sc, device, files_sha256)
-            del pending[number]
+            del sc
 
 
 def merged_compare(store: CompareStore, all_shards: Sequence[Shard], files_sha256: str) -> CompareTotals:
+    """Every shard's part added, in shard order, into one CompareTotals (each read a chunk at a time into its sums)."""
     totals = CompareTotals()
     for shard in all_shards:
-        totals.merge(store.read(shard, files_sha256), take=True)
+        store.merge_into(totals, shard, files_sha256)
     return totals
 
 

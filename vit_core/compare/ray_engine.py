@@ -129,7 +129,7 @@ def shard_compared(pieces: list[dict[str, np.ndarray]], position: dict[str, int]
         for data in piece["compared"]:
             if len(data):
                 with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                    totals.merge(CompareTotals.from_arrays({key: npz[key] for key in npz.files}), take=True)
+                    totals.merge_npz(npz)
     order = sorted(range(len(totals.file)), key=lambda k: position[totals.file[k]])
     totals.file = [totals.file[k] for k in order]
     totals.kl = [totals.kl[k] for k in order]

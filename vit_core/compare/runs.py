@@ -106,10 +106,10 @@ def compare_sources(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str,
         raise DatasetError(NO_IMAGES)
     batches = consecutive_batches(0, len(sources), batch_size or default_batch_size(a.device))
     totals, compared = (Totals(), Totals()), CompareTotals()
-    for _, ta, tb, tc in reduce_sources_pair(a, b, sources, labels, batches, progress=progress):
+    for _, ta, tb, _ in reduce_sources_pair(a, b, sources, labels, batches, progress=progress,
+                                            into=lambda batch: compared):  # every batch's comparison into one
         totals[0].merge(ta)
         totals[1].merge(tb)
-        compared.merge(tc, take=True)
     if not compared.file:
         first = totals[0].failures[0] if totals[0].failures else ("", "")
         raise DatasetError(f"None of the {len(sources)} images could be read by both models ({first[0]}: {first[1]}).")

@@ -13,6 +13,7 @@ the same for parts gathered from several folders (shards run on several machines
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -21,12 +22,12 @@ import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ViTLensError
-from ..export import json_bytes, npz_bytes
+from ..export import json_bytes, write_npz
 from ..images.files import OutputFolder
 from ..lenses import Lens
 from ..loading.model import Geometry, LoadedModel
@@ -386,29 +387,43 @@ class PartStore:
 
     def write_part(self, shard: Shard, arrays: dict[str, np.ndarray], device: str, files_sha256: str) -> None:
         """A shard's arrays written atomically with what ties them to their run: the shard, the count of shards, the
-        device that made them and the files' digest (`read_part` checks them)."""
+        device that made them and the files' digest (`read_part` checks them); streamed into the file (`write_npz`),
+        so a large part is never a second time in memory as bytes."""
         arrays = {**arrays, "shard": np.asarray(shard.number), "shards": np.asarray(shard.count),
                   "device": np.asarray(device), "files_sha256": np.asarray(files_sha256)}
         with OutputFolder(self.path) as out:
-            out.write(self.part_path(shard).name, npz_bytes(arrays))
+            out.write_with(self.part_path(shard).name, lambda file: write_npz(file, arrays))
 
     def read_part(self, shard: Shard, files_sha256: str) -> tuple[dict[str, np.ndarray], str]:
         """A part's arrays and the device that made them, checked to be this run's `shard` (not their contents).
         Raises PartsError for a part of another run, or one that can't be read."""
+        with self.opened_part(shard, files_sha256) as (npz, device):
+            try:
+                return {key: npz[key] for key in npz.files}, device
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+                raise PartsError(f"{self.part_path(shard)} can't be read ({e or type(e).__name__}); remove it and run "
+                                 "that shard again.") from None
+
+    @contextlib.contextmanager
+    def opened_part(self, shard: Shard, files_sha256: str) -> Iterator[tuple[np.lib.npyio.NpzFile, str]]:
+        """A part opened, its arrays read only when asked for (a large one a piece at a time: export.npz_member), and
+        the device that made it; checked to be this run's `shard` (not its contents). Raises PartsError for a part
+        of another run, or one that can't be read."""
         path = self.part_path(shard)
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files}
+            npz = np.load(path, allow_pickle=False)
+            own = {key: npz[key] if key in npz.files else None for key in ("files_sha256", "shards", "shard", "device")}
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # EOFError: a 0-byte file
             raise PartsError(f"{path} can't be read ({e or type(e).__name__}); remove it and run that shard again.") from None
-        own = {key: arrays.get(key) for key in ("files_sha256", "shards", "shard", "device")}
-        if any(array_scalar(value, str if key in ("files_sha256", "device") else int) is None for key, value in own.items()):
-            raise PartsError(f"{path} is not a shard's part (it lacks its run's digest, shard or device); remove it "
-                             "and run that shard again.")
-        if (str(own["files_sha256"]) != files_sha256 or int(own["shards"]) != shard.count
-                or int(own["shard"]) != shard.number):
-            raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
-        return arrays, str(own["device"])
+        with npz:
+            if any(array_scalar(value, str if key in ("files_sha256", "device") else int) is None
+                   for key, value in own.items()):
+                raise PartsError(f"{path} is not a shard's part (it lacks its run's digest, shard or device); remove it "
+                                 "and run that shard again.")
+            if (str(own["files_sha256"]) != files_sha256 or int(own["shards"]) != shard.count
+                    or int(own["shard"]) != shard.number):
+                raise PartsError(f"{path} belongs to another run; remove it and run that shard again.")
+            yield npz, str(own["device"])
 
     def read(self, shard: Shard, files_sha256: str, geometry: Geometry | None = None) -> tuple[Totals, str]:
         """A part's totals and the device that made them, its arrays checked against the model's `geometry` (default:

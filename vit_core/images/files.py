@@ -19,6 +19,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from ..errors import ImageError
 
@@ -95,6 +96,11 @@ class OutputFolder:
         The new file gets the permissions a plain `open(path, "wb")` would give it. A symlink under `name` is
         replaced, never followed. Raises OSError naming the final path (the folder is read-only, the name is a
         folder, the disk is full, ...) after removing the temporary file; the previous file is then untouched."""
+        return self.write_with(name, lambda out: out.write(data))
+
+    def write_with(self, name: str, fill: Callable[[BinaryIO], object]) -> Path:
+        """`write`, the file's bytes written by `fill(file)` (a seekable binary file at its start): a large file
+        streamed into place, never whole in memory."""
         assert name and "/" not in name and os.sep not in name and name not in (".", ".."), name
         final = self.path / name
         temporary = f".{name}.{secrets.token_hex(4)}{PART_SUFFIX}"
@@ -107,7 +113,7 @@ class OutputFolder:
             raise OSError(e.errno, e.strerror or str(e), str(final)) from e
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(data)
+                fill(out)
                 out.flush()
                 if hasattr(os, "fchmod"):  # a umask set by another thread since: the same mode as a plain open
                     os.fchmod(out.fileno(), 0o666 & ~_process_umask())
