@@ -93,11 +93,9 @@ def add_small_units(high: np.ndarray, low: np.ndarray, values: np.ndarray, scrat
         np.copyto(units if k == 0 else part, scaled, casting="unsafe")  # exact: integers below 2**62
         if k:
             units += part
+    units += low  # below 2**62 + 2**32: within int64
     high += np.right_shift(units, LIMB_BITS, out=part)  # floor division: also right for negatives
-    np.bitwise_and(units, LOW_MASK, out=units)
-    units += low  # below 2**33
-    high += np.right_shift(units, LIMB_BITS, out=part)
-    np.copyto(low, np.bitwise_and(units, LOW_MASK, out=units), casting="unsafe")
+    np.copyto(low, units, casting="unsafe")  # int64 -> uint32 keeps the low 32 bits (C's modular conversion)
     return True
 
 
