@@ -36,7 +36,7 @@ from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
 from .collect import held_out, residuals_after
 from .folders import CIRCUIT_EDGES_PER_FEATURE, CIRCUIT_FILE, CIRCUIT_MAX_LAYERS
-from .quality import first_block_after_removals, qkv_after_removals
+from .quality import first_block_after_removals, qkv_after_removals, removed_rows
 from .sae import Concepts, ConceptsError
 
 CIRCUIT_FORMAT = "vit-lens circuit 1"
@@ -75,17 +75,6 @@ def pre_activations(concepts: Concepts, tokens: torch.Tensor) -> torch.Tensor:
 
 def _patches(loaded: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     return h[..., loaded.geometry.num_prefix_tokens:, :]  # (..., T, D) -> (..., N, D)
-
-
-def removed_rows(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, z: torch.Tensor, features: torch.Tensor
-                 ) -> torch.Tensor:
-    """h (T, D) repeated once per feature u of `features` (r,), each row with s z_u d_u taken off its patch tokens
-    (z (N, F) the codes of h's patches): (r, T, D)."""
-    p = loaded.geometry.num_prefix_tokens
-    shares = concepts.normalisation.scale * z[:, features].T[:, :, None] * concepts.sae.W_dec[:, features].T[:, None, :]
-    rows = h[None].repeat(len(features), 1, 1)  # (r, T, D)
-    rows[:, p:] = h[None, p:] - shares.to(h.dtype)  # (r, N, D): one feature less on each row
-    return rows
 
 
 @dataclass(frozen=True)
@@ -236,10 +225,7 @@ def patches_after_removals(loaded: LoadedModel, upstream: Concepts, b: int, h: t
     (M, D). The blocks before b run whole (every token's keys and values reach b); b itself, where it is timm's
     standard block, runs its projection and MLP for those pairs alone."""
     a, p = upstream.layer, loaded.geometry.num_prefix_tokens
-    removed = removed_rows(loaded, upstream, h, z, features)  # (r, T, D)
-    changed = torch.zeros(removed.shape[:2], dtype=torch.bool)  # (r, T): the tokens where the removed feature fires
-    changed[:, p:] = z[:, features].T > 0
-    changed = changed.to(removed.device)
+    removed, changed = removed_rows(loaded, upstream, h, z, features)  # (r, T, D), (r, T)
     rows, tokens = rows.to(removed.device), (patches + p).to(removed.device)
     block = loaded.model.blocks[b]
     if b > a + 1:
@@ -442,7 +428,7 @@ def image_removal(loaded: LoadedModel, upstream: Concepts, downstream: Concepts,
     with model_pass(loaded):
         h = residuals_after(loaded, x.to(loaded.device), (upstream.layer,))[0][0]  # (T, D)
         z = upstream.codes(_patches(loaded, h).float())  # (N, Fa)
-        rows = torch.cat([h[None], removed_rows(loaded, upstream, h, z, torch.tensor([u]))])  # (2, T, D): plain, removed
+        rows = torch.cat([h[None], removed_rows(loaded, upstream, h, z, torch.tensor([u]))[0]])  # (2, T, D): plain, removed
         after = _patches(loaded, blocks_between(loaded, rows, upstream.layer, downstream.layer)).float()  # (2, N, D)
         plain, removed = (downstream.codes(after[i])[:, v].numpy() for i in range(2))
     return plain, removed

@@ -94,6 +94,20 @@ def qkv_after_removals(block: torch.nn.Module, h: torch.Tensor, removed: torch.T
     return qkv
 
 
+def removed_rows(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, z: torch.Tensor, features: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """h (T, D) repeated once per feature f of `features` (r,), each row with s z_f d_f taken off its patch tokens
+    (the spec's "remove this concept"; z (N, F) the codes of h's patches), and the tokens each row changes (where
+    z_f > 0; elsewhere the share is 0): (r, T, D), bool (r, T)."""
+    p = loaded.geometry.num_prefix_tokens
+    shares = concepts.normalisation.scale * z[:, features].T[:, :, None] * concepts.sae.W_dec[:, features].T[:, None, :]
+    rows = h[None].repeat(len(features), 1, 1)  # (r, T, D)
+    rows[:, p:] = h[None, p:] - shares.to(h.dtype)  # (r, N, D): one feature less on each row
+    changed = torch.zeros(rows.shape[:2], dtype=torch.bool)  # (r, T)
+    changed[:, p:] = z[:, features].T > 0
+    return rows, changed.to(rows.device)
+
+
 def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candidates: np.ndarray) -> np.ndarray:
     """Which of the `candidates` (int (m,) features) change this image's top-1 when removed: h (T, D) is its residual
     stream after the concepts' layer, each removal x - s z_f d_f on its patch tokens (the spec's "remove this
@@ -105,11 +119,7 @@ def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candi
     steers = np.zeros(len(candidates), dtype=bool)
     for first in range(0, len(candidates), REMOVALS_AT_ONCE):
         chosen = torch.as_tensor(candidates[first:first + REMOVALS_AT_ONCE])  # (r,)
-        shares = concepts.normalisation.scale * z[:, chosen].T[:, :, None] * concepts.sae.W_dec[:, chosen].T[:, None, :]
-        removed = h[None].repeat(len(chosen), 1, 1).cpu()  # (r, T, D)
-        removed[:, p:] = patches[None] - shares  # (r, N, D): one feature less on each row
-        changed = torch.zeros(removed.shape[:2], dtype=torch.bool)  # (r, T)
-        changed[:, p:] = z[:, chosen].T > 0  # elsewhere the share is 0
+        removed, changed = removed_rows(loaded, concepts, h.float().cpu(), z, chosen)  # (r, T, D), (r, T)
         top = removals_logits(loaded, h, removed.to(h.dtype).to(loaded.device), changed.to(loaded.device),
                               concepts.layer).argmax(-1).cpu()  # (r,)
         steers[first:first + len(chosen)] = (top != plain).numpy()
