@@ -149,7 +149,7 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
                               "synset id) give the true labels")
     _add_model_arguments(dataset)
     dataset.add_argument("--batch-size", type=_positive, metavar="B",
-                         help="images per forward (default: 8 on a CPU, 64 on a GPU)")
+                         help="images per decoded batch (default: 32 on a CPU, 64 on a GPU)")
     dataset.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     workers = default_workers()  # read once: the default and its help
     dataset.add_argument("--workers", type=_not_negative, metavar="W",
@@ -220,7 +220,7 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     concepts.add_argument("--stability", action="store_true",
                           help="also train at seed S + 1 and report how many features both seeds find (concepts.json: "
                                "stability, stable_share)")
-    concepts.add_argument("--batch-size", type=_positive, metavar="B", help="images per decoded batch (default: 8 on a "
+    concepts.add_argument("--batch-size", type=_positive, metavar="B", help="images per decoded batch (default: 32 on a "
                           "CPU, 64 on a GPU)")
     concepts.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     concepts.add_argument("--workers", type=_not_negative, metavar="W",
@@ -282,7 +282,7 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("--tests", type=_tests, default=EXPORT_TESTS, metavar="all|T[,T...]",
                          help=f"with --explain: the faithfulness tests per image (default: {','.join(EXPORT_TESTS)})")
     compare.add_argument("--batch-size", type=_positive, metavar="B",
-                         help="images per decoded batch (default: 8 on a CPU, 64 on a GPU)")
+                         help="images per decoded batch (default: 32 on a CPU, 64 on a GPU)")
     compare.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     compare.add_argument("--workers", type=_not_negative, metavar="W",
                          help=f"processes that decode images, 0: in this one (default: one fewer than the CPUs this "

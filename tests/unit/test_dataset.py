@@ -384,7 +384,7 @@ def test_the_batch_forward_runs_in_full_float32_for_the_model_device(monkeypatch
 def test_default_batch_is_small_on_a_cpu_and_large_on_an_accelerator():
     from vit_core.dataset import default_batch_size, forward_images
 
-    assert default_batch_size(torch.device("cpu")) == 8
+    assert default_batch_size(torch.device("cpu")) == 32
     assert default_batch_size(torch.device("meta")) == 64
     assert forward_images(torch.device("cpu")) == 1 and forward_images(torch.device("meta")) == 64
 

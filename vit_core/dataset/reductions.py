@@ -121,16 +121,28 @@ def _exact_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+def attention_sums(pattern: torch.Tensor, distance: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """What mean attention distance needs of one layer's pattern, per patch query: pattern (B, H, T, T), distance
+    (N, N) pixels float32 -> float32 (B, H, 2, N): [..., 0, i] sum_j a_ij d_ij, [..., 1, i] sum_j a_ij, over patch keys
+    j. Each row contiguous: a strided mean would sum in another order, and another last bit."""
+    p = num_prefix_tokens
+    patch_to_patch = pattern[:, :, p:, p:].float()  # (B, H, N, N): a view when the pattern is float32 already
+    return torch.stack([(patch_to_patch * distance).sum(dim=-1), patch_to_patch.sum(dim=-1)], dim=-2)
+
+
+def distances_of_sums(sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean attention distance in both conventions of analyses.mean_attention_distance from `attention_sums`
+    (..., 2, N) -> ((...) prefix attention left out, (...) each patch row renormalised over patch keys), float32."""
+    per_query, row_mass = sums[..., 0, :], sums[..., 1, :]  # (..., N)
+    return per_query.mean(dim=-1), (per_query / row_mass.clamp_min(1e-12)).mean(dim=-1)
+
+
 def attention_distances(pattern: torch.Tensor, distance: torch.Tensor,
                         num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean attention distance of every image and head of one layer, in both conventions of
     analyses.mean_attention_distance: pattern (B, H, T, T), distance (N, N) pixels float32 ->
     ((B, H) prefix attention left out, (B, H) each patch row renormalised over patch keys), float32."""
-    p = num_prefix_tokens
-    patch_to_patch = pattern[:, :, p:, p:].float()  # (B, H, N, N): a view when the pattern is float32 already
-    per_query = (patch_to_patch * distance).sum(dim=-1)  # (B, H, N): sum_j a_ij d_ij
-    row_mass = patch_to_patch.sum(dim=-1)  # (B, H, N): what each patch row gives to patches
-    return per_query.mean(dim=-1), (per_query / row_mass.clamp_min(1e-12)).mean(dim=-1)
+    return distances_of_sums(attention_sums(pattern, distance, num_prefix_tokens))
 
 
 def token_norms(tokens: torch.Tensor) -> torch.Tensor:
@@ -140,15 +152,15 @@ def token_norms(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def high_norm_rates(norms: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """Share of patch tokens above Q3 + 3 IQR of their image's patch norms (analyses.high_norm_rate, one
-    layer of each image): norms float32 (B, T) -> float32 (B,). Quartiles by linear interpolation in
+    """Share of patch tokens above Q3 + 3 IQR of their row's patch norms (analyses.high_norm_rate, one
+    layer of one image per row): norms float32 (..., T) -> float32 (...). Quartiles by linear interpolation in
     float64 (float32 on MPS), as numpy's, so the fence equals analyses.high_norm_fence."""
-    patch_norms = norms[:, num_prefix_tokens:]  # (B, N)
-    quartiles = torch.quantile(patch_norms.to(_exact_dtype(norms.device)),
-                               torch.tensor([0.25, 0.75], dtype=_exact_dtype(norms.device), device=norms.device), dim=-1)
-    q1, q3 = quartiles  # (2, B) -> (B,), (B,)
-    fence = (q3 + analyses.HIGH_NORM_IQR_FACTOR * (q3 - q1)).float()  # (B,)
-    return (patch_norms > fence[:, None]).float().mean(dim=-1)
+    patch_norms = norms[..., num_prefix_tokens:]  # (..., N)
+    exact = _exact_dtype(norms.device)
+    quartiles = torch.quantile(patch_norms.to(exact), torch.tensor([0.25, 0.75], dtype=exact, device=norms.device), dim=-1)
+    q1, q3 = quartiles  # (2, ...) -> (...), (...)
+    fence = (q3 + analyses.HIGH_NORM_IQR_FACTOR * (q3 - q1)).float()  # (...)
+    return (patch_norms > fence[..., None]).float().mean(dim=-1)
 
 
 def patch_distances_on(geometry: Geometry, device: torch.device) -> torch.Tensor:
@@ -158,29 +170,38 @@ def patch_distances_on(geometry: Geometry, device: torch.device) -> torch.Tensor
 
 @dataclass
 class _BatchReductions:
-    """What the hooks of one forward left, all on the device; lists in layer order."""
+    """What the hooks of one forward left, all on the device; lists in layer order. Each hook keeps the least it
+    must (the pattern and the tokens are gone after their block), and `reduced` finishes all layers at once: a few
+    operators per forward rather than a dozen per layer, which a small model's forward would feel."""
 
-    distance: list[torch.Tensor] = field(default_factory=list)  # L x (B, H)
-    distance_renorm: list[torch.Tensor] = field(default_factory=list)  # L x (B, H)
-    high_norm_rate: list[torch.Tensor] = field(default_factory=list)  # (L+1) x (B,)
+    attention_sums: list[torch.Tensor] = field(default_factory=list)  # L x (B, H, 2, N): attention_sums
+    norms: list[torch.Tensor] = field(default_factory=list)  # (L+1) x (B, T): token_norms
     lens_top1: list[torch.Tensor] = field(default_factory=list)  # (L+1) x (B,), only when asked for
+
+    def reduced(self, num_prefix_tokens: int) -> dict[str, torch.Tensor]:
+        """The per-image values, keyed as BatchValues' fields: distance and distance_renorm (B, L, H), high_norm_rate
+        (B, L+1), and lens_top1 (B, L+1) when it was recorded."""
+        distance, renormalised = distances_of_sums(torch.stack(self.attention_sums, dim=1))  # (B, L, H, 2, N) -> (B, L, H)
+        values = {"distance": distance, "distance_renorm": renormalised,
+                  "high_norm_rate": high_norm_rates(torch.stack(self.norms, dim=1), num_prefix_tokens)}  # (B, L+1)
+        if self.lens_top1:
+            values["lens_top1"] = torch.stack(self.lens_top1, dim=1)  # (L+1) x (B,) -> (B, L+1)
+        return values
 
 
 @contextlib.contextmanager
 def reductions_recorded(loaded: LoadedModel, store: _BatchReductions, distance: torch.Tensor, logit_lens: bool) -> Iterator[None]:
     """Inside the block, a forward of `loaded.model` reduces as it goes: each block's attention pattern to
-    its mean attention distances, the tokens entering block 0 and after each block to their high-norm rate
-    and (with `logit_lens`) the top-1 class of the model's head path on them (explain.logit_lens). Hooks and
-    the attention flags are removed / restored on exit, also when the forward raises."""
+    what its mean attention distances need, the tokens entering block 0 and after each block to their norms
+    and (with `logit_lens`) the top-1 class of the model's head path on them (explain.logit_lens); `store.reduced`
+    finishes them. Hooks and the attention flags are removed / restored on exit, also when the forward raises."""
     model, p = loaded.model, loaded.geometry.num_prefix_tokens
 
     def reduce_pattern(pattern: torch.Tensor) -> None:
-        default, renormalised = attention_distances(pattern, distance, p)
-        store.distance.append(default)
-        store.distance_renorm.append(renormalised)
+        store.attention_sums.append(attention_sums(pattern, distance, p))
 
     def reduce_tokens(tokens: torch.Tensor) -> None:
-        store.high_norm_rate.append(high_norm_rates(token_norms(tokens), p))
+        store.norms.append(token_norms(tokens))
         if logit_lens:
             store.lens_top1.append(explain.head_logits(model, tokens).argmax(dim=-1))  # (B, C) -> (B,)
 
@@ -274,19 +295,15 @@ def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, dist
         started = time.perf_counter()
         logits = model(x.to(loaded.device, non_blocking=True))  # (F, C)
         seconds = time.perf_counter() - started
-    if len(store.distance) != geometry.num_layers:
-        raise CaptureError(f"expected one attention pattern per block ({geometry.num_layers}), got {len(store.distance)}: "
-                           "this model's attention does not run through timm's standard path.")
-    assert len(store.high_norm_rate) == geometry.num_layers + 1, f"{len(store.high_norm_rate)} token reductions"
+    if len(store.attention_sums) != geometry.num_layers:
+        raise CaptureError(f"expected one attention pattern per block ({geometry.num_layers}), got "
+                           f"{len(store.attention_sums)}: this model's attention does not run through timm's standard path.")
+    assert len(store.norms) == geometry.num_layers + 1, f"{len(store.norms)} token reductions"
     values: dict[str, torch.Tensor | list] = {
-        "distance": torch.stack(store.distance, dim=1),  # L x (F, H) -> (F, L, H)
-        "distance_renorm": torch.stack(store.distance_renorm, dim=1),
-        "high_norm_rate": torch.stack(store.high_norm_rate, dim=1),  # (L+1) x (F,) -> (F, L+1)
+        **store.reduced(geometry.num_prefix_tokens),
         "top1": logits.argmax(dim=-1),  # (F,): the first maximum, as np.argmax
         "probability": logits.float().softmax(dim=-1).amax(dim=-1),  # (F,)
     }
-    if logit_lens:
-        values["lens_top1"] = torch.stack(store.lens_top1, dim=1)  # (F, L+1)
     if lenses:
         values["lensed"] = _lensed(loaded, lenses, sites, crops, x, logits, kept, seconds)
     return values
@@ -332,6 +349,8 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
 
 
 def default_batch_size(device: torch.device) -> int:
-    """Images per decoded batch (how many are read, and whose values reach the host, at a time): 8 on a CPU, 64 on an
-    accelerator. The forwards inside a batch take `forward_images` each, so the batch size moves no result."""
-    return 8 if device.type == "cpu" else 64
+    """Images per decoded batch (how many are read, and whose values reach the host, at a time): 32 on a CPU, 64 on an
+    accelerator. The forwards inside a batch take `forward_images` each, so the batch size moves no result. On a CPU
+    the model workers wait at each batch's end for its last forward and for the next batch: with 8 images they were
+    idle a tenth of the Shapes ViT's run, with 32 a thirtieth (docs/performance.md)."""
+    return 32 if device.type == "cpu" else 64
