@@ -282,7 +282,7 @@ def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("--tests", type=_tests, default=EXPORT_TESTS, metavar="all|T[,T...]",
                          help=f"with --explain: the faithfulness tests per image (default: {','.join(EXPORT_TESTS)})")
     compare.add_argument("--batch-size", type=_positive, metavar="B",
-                         help="images per decoded batch (default: 32 on a CPU, 64 on a GPU)")
+                         help="pairs of images per decoded batch (default: 8 on a CPU, 64 on a GPU)")
     compare.add_argument("--limit", type=_positive, metavar="N", help="only the first N images in sorted order")
     compare.add_argument("--workers", type=_not_negative, metavar="W",
                          help=f"processes that decode images, 0: in this one (default: one fewer than the CPUs this "
@@ -1330,7 +1330,7 @@ def _compare_concepts_planned(args: argparse.Namespace, run: CompareRun):
 def _collect_pair_tokens(args: argparse.Namespace, run: CompareRun, stores, asked: list[Shard]) -> None:
     """The shards of `asked` whose tokens at --concepts-layer are not collected yet, collected, with progress."""
     from .compare.concepts import collect_pair_tokens, collected
-    from .dataset import default_batch_size
+    from .compare.engine import pair_batch_size
 
     there = collected(stores, run.shards)
     todo = [shard for shard in asked if shard.number not in there]
@@ -1339,7 +1339,7 @@ def _collect_pair_tokens(args: argparse.Namespace, run: CompareRun, stores, aske
     workers = default_workers() if args.workers is None else args.workers
     with _progress_shown(sys.stderr, sys.stdout, sum(shard.size for shard in todo), "tokens (two models)") as progress:
         collect_pair_tokens(run.pair, args.concepts_layer, stores, todo, workers=workers, progress=progress,
-                            batch_size=args.batch_size or default_batch_size(run.pair.a.device))
+                            batch_size=args.batch_size or pair_batch_size(run.pair.a.device))
 
 
 def _shared_concepts_written(args: argparse.Namespace, run: CompareRun, stores, out: OutputFolder):
@@ -1374,10 +1374,10 @@ def _run_pair_shards(args: argparse.Namespace, run: CompareRun, todo: list[Shard
     --concepts-layer's token `stores`, the tokens of those not collected yet from the same decoding."""
     from .compare import run_pair_shards
     from .compare.concepts import collected, pair_token_writers
-    from .dataset import default_batch_size
+    from .compare.engine import pair_batch_size
 
     total, desc = sum(shard.size for shard in todo), "images (two models)"
-    batch_size = args.batch_size or default_batch_size(run.pair.a.device)
+    batch_size = args.batch_size or pair_batch_size(run.pair.a.device)
     if args.engine == "local":
         workers = default_workers() if args.workers is None else args.workers
         there = collected(stores, run.shards) if stores else set()

@@ -16,7 +16,6 @@ from ..dataset import (
     class_names,
     consecutive_batches,
     dataset_files,
-    default_batch_size,
     manifest_of,
     merged_result,
     plan_run,
@@ -25,7 +24,17 @@ from ..dataset import (
 from ..images.files import OutputFolder
 from ..loading.model import LoadedModel
 from ..runtime.devices import describe_device
-from .engine import MODELS, CompareStore, Explain, Pair, Progress, merged_compare, pair_manifest, reduce_sources_pair
+from .engine import (
+    MODELS,
+    CompareStore,
+    Explain,
+    Pair,
+    Progress,
+    merged_compare,
+    pair_batch_size,
+    pair_manifest,
+    reduce_sources_pair,
+)
 from .files import ConceptsOutcome, compare_files
 from .sums import CompareTotals
 
@@ -104,7 +113,7 @@ def compare_sources(a: LoadedModel, b: LoadedModel, sources: Sequence[tuple[str,
     tab): A's and B's dataset results and the comparison's totals. Raises DatasetError when no image could be read."""
     if not sources:
         raise DatasetError(NO_IMAGES)
-    batches = consecutive_batches(0, len(sources), batch_size or default_batch_size(a.device))
+    batches = consecutive_batches(0, len(sources), batch_size or pair_batch_size(a.device))
     totals, compared = (Totals(), Totals()), CompareTotals()
     for _, ta, tb, _ in reduce_sources_pair(a, b, sources, labels, batches, progress=progress,
                                             into=lambda batch: compared):  # every batch's comparison into one
