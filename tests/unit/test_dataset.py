@@ -96,7 +96,7 @@ def test_reductions_equal_the_per_image_results(planted):
                                  progress=lambda d, t, seen=seen: seen.append((d, t)))
         assert_equals_per_image(result, planted, sources, labels, expected)
         assert result.num_labelled == 5
-        assert seen == [(min(k * batch_size, 7), 7) for k in range(1, -(-7 // batch_size) + 1)]
+        assert seen == [(k, 7) for k in range(1, 8)]  # each image as its values come in, whatever the batch
         assert 0 < result.accuracy < 1
         assert result.logit_lens_accuracy[-1] == pytest.approx(result.accuracy)  # the last row is the model's own logits
     assert recording_hooks_on(planted.model) == 0 and hooks_on(planted.model) == 0
@@ -209,7 +209,7 @@ def test_unreadable_files_are_reported_and_skipped(tiny):
     assert [name for name, _ in result.failures] == ["notes.png", "empty.jpg", "cut.png"]
     assert all(reason.endswith(".") and "\n" not in reason for _, reason in result.failures)  # one sentence each
     assert dict(result.failures)["empty.jpg"] == "The file is empty."
-    assert seen == [(4, 6), (6, 6)]
+    assert seen == [(3, 6), (4, 6), (6, 6)]  # a batch's failures counted with its next image
     assert_equals_per_image(result, tiny, good)
     assert json.loads(dataset_files(result, tiny.geometry)["dataset.json"])["failures"] == [
         f"{name}: {reason}" for name, reason in result.failures]
@@ -441,3 +441,31 @@ def test_a_pools_forwards_run_at_one_torch_thread_and_the_callers_count_is_kept(
         seen = pool.map(run, range(4))
     assert seen == [1, 1, 1, 1]
     assert torch.get_num_threads() == caller
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_forwards_are_reported_in_order_as_they_finish_not_at_the_batchs_end(tiny, workers):
+    """map_forwards' each(i) comes in the caller's thread once item i and those before it are done: the last item here
+    waits until the first has been reported, which a report at the batch's end would never allow."""
+    import threading
+
+    from vit_core.dataset import forward_pool
+    from vit_core.dataset.workers import map_forwards
+
+    first_reported, seen = threading.Event(), []
+
+    def run(model, item):
+        if item == 3 and not first_reported.wait(timeout=60):
+            raise AssertionError("item 0 was not reported before the last item ran")
+        return item * 10
+
+    def each(index):
+        seen.append((index, threading.current_thread() is threading.main_thread()))
+        first_reported.set()
+
+    if workers is None:
+        assert map_forwards(None, tiny, run, range(4), each) == [0, 10, 20, 30]
+    else:
+        with forward_pool(tiny, workers) as pool:
+            assert map_forwards(pool, tiny, run, range(4), each) == [0, 10, 20, 30]
+    assert seen == [(i, True) for i in range(4)]

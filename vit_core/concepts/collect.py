@@ -84,9 +84,10 @@ def patch_tokens(loaded: LoadedModel, x: torch.Tensor, layer: int, pool: Forward
 
 
 def patch_tokens_of_layers(loaded: LoadedModel, x: torch.Tensor, layers: Sequence[int],
-                           pool: ForwardPool | None = None) -> list[np.ndarray]:
+                           pool: ForwardPool | None = None, analysed: Callable[[int], None] | None = None
+                           ) -> list[np.ndarray]:
     """`patch_tokens` after each of the increasing blocks `layers`, from one forward per chunk: one float32 (B, N, D)
-    per layer."""
+    per layer. analysed(n), in this thread, as each forward's n images are done (a progress bar's step)."""
     size, count, p = forward_images(loaded.device), len(x), loaded.geometry.num_prefix_tokens
     chunks = []
     for first in range(0, count, size):
@@ -100,7 +101,8 @@ def patch_tokens_of_layers(loaded: LoadedModel, x: torch.Tensor, layers: Sequenc
             found = residuals_after(model, chunk.to(model.device), layers)
             return [h[:, p:].float().cpu() for h in found]  # per layer (F, N, D)
 
-    done = map_forwards(pool, loaded, tokens_of, chunks)
+    real_images = [min(size, count - first) for first in range(0, count, size)]  # per forward, before its padding
+    done = map_forwards(pool, loaded, tokens_of, chunks, None if analysed is None else lambda i: analysed(real_images[i]))
     return [torch.cat([per_chunk[i] for per_chunk in done])[:count].numpy() for i in range(len(layers))]
 
 
@@ -323,14 +325,24 @@ def collect_layers(loaded: LoadedModel, plan: RunPlan, layers: Sequence[int], st
             for writer in writers[shard.number]:
                 writer.finish()
     total, done = sum(shard.size for shard in todo), 0
+
+    def analysed(images: int) -> None:  # each forward's images, as their tokens come in; a batch's failures with them
+        nonlocal done
+        done += images
+        if progress:
+            progress(done, total)
+
     loader = image_loader(loaded, sources, 0, workers, batches=batches)
     with forward_pool(loaded, model_workers(loaded.device)) as pool:
         for batch, (indices, x, failed) in zip(batches, loader, strict=True):
             shard = owner[batch.start]
             for writer in writers[shard.number]:
                 writer.failures += [(names[i], reason) for i, reason in failed]
-            if x is not None:
-                for writer, tokens in zip(writers[shard.number], patch_tokens_of_layers(loaded, x, layers, pool),
+            done += len(failed)
+            if x is None:
+                analysed(0)
+            else:
+                for writer, tokens in zip(writers[shard.number], patch_tokens_of_layers(loaded, x, layers, pool, analysed),
                                           strict=True):
                     for index, image_tokens in zip(indices.tolist(), tokens, strict=True):
                         writer.add(index, image_tokens)
@@ -339,6 +351,3 @@ def collect_layers(loaded: LoadedModel, plan: RunPlan, layers: Sequence[int], st
                 for writer, store in zip(writers[shard.number], stores, strict=True):
                     writer.finish()
                     _logger.info("%s: %d images -> %s", shard.name, shard.size, store.shard_path(shard))
-            done += len(batch)
-            if progress:
-                progress(done, total)

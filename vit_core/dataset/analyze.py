@@ -136,6 +136,12 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
     loader = image_loader(loaded, sources, 0, workers, batches=batches, crops=bool(lenses))
     report = progress or (lambda done, total: None)
     total, done = sum(len(batch) for batch in batches), 0
+
+    def analysed(images: int) -> None:  # each forward's images, as their values come in
+        nonlocal done
+        done += images
+        report(done, total)
+
     width = model_workers(loaded.device, forwards)
     with forward_pool(loaded, max(1, min(width, total))) as pool:  # none idle
         for batch, decoded in zip(batches, loader, strict=True):
@@ -150,13 +156,11 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
                 report(done, total)
                 yield list(batch), totals
                 continue
-            values = reduce_batch(loaded, x, logit_lens, distance, pool=pool, lenses=lenses, crops=crops)
-            analysed = indices.tolist()
+            values = reduce_batch(loaded, x, logit_lens, distance, pool=pool, lenses=lenses, crops=crops,
+                                  analysed=None if explain else analysed)  # with explain: each image once explained
+            read = indices.tolist()
             explained: list[dict[str, float]] = []
-            if not explain:
-                done += len(analysed)
-                report(done, total)
-            for index in analysed if explain else ():
+            for index in read if explain else ():
                 try:  # decoded again here: a file on disk can change (or vanish) after its batch was read
                     mask = None if masks is None else masks.mask_for(sources[index])
                     explained.append(explained_values(loaded, sources[index][1], steps, tests=tests, mask=mask))
@@ -165,9 +169,9 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
                     totals.failures.append((sources[index][0], f"No explanation: {e}"))
                 done += 1
                 report(done, total)
-            totals.add_batch([sources[i][0] for i in analysed], [labels[i] for i in analysed] if logit_lens else None,
+            totals.add_batch([sources[i][0] for i in read], [labels[i] for i in read] if logit_lens else None,
                              values, explained if explain else None)
-            for index, lensed in zip(analysed, values.lensed or (), strict=False):
+            for index, lensed in zip(read, values.lensed or (), strict=False):
                 add_lensed_image(totals, sources[index][0], lensed)
             yield list(batch), totals
 

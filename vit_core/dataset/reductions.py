@@ -310,16 +310,16 @@ def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, dist
 
 
 def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor | None = None, *,
-                 pool: ForwardPool | None = None, lenses: Sequence[Lens] = (), crops: np.ndarray | None = None
-                 ) -> BatchValues:
+                 pool: ForwardPool | None = None, lenses: Sequence[Lens] = (), crops: np.ndarray | None = None,
+                 analysed: Callable[[int], None] | None = None) -> BatchValues:
     """The batch x (B, 3, H, W) through hooked forwards of `forward_images` images each on the model's device,
     reduced there; only the per-image values come back, and each image's are the same bits whatever else was in
     its batch. The forwards run on `pool`'s workers, several at once (`workers.ForwardPool`), or without a pool one
     at a time, each under `loaded.lock`; inside inference_mode, in full float32 on a GPU (as a capture: results equal the
     CPU's within float32 tolerance; an autocast around the call still runs in bfloat16); eval mode restored after.
     With `lenses` (and `crops`, uint8 (B, H, W, 3), the images' crops), each image's lens arrays from the same
-    forward (`BatchValues.lensed`). Raises SiteError (before any forward) for a site a lens reads that this model
-    hasn't."""
+    forward (`BatchValues.lensed`). analysed(n), in this thread, as each forward's n images are done, in order (a
+    progress bar's step). Raises SiteError (before any forward) for a site a lens reads that this model hasn't."""
     device, count = loaded.device, len(x)
     if distance is None:
         distance = patch_distances_on(loaded.geometry, device)
@@ -335,8 +335,9 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
         if len(chunk) < size:  # the same shape as every other forward: zero images after the real ones
             chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
         chunks.append((chunk, real))
+    real_images = [min(size, count - first) for first in range(0, count, size)]  # per forward, before its padding
     parts = map_forwards(pool, loaded, lambda model, c: _reduce_forward(model, c[0], logit_lens, distance, lenses, c[1]),
-                         chunks)
+                         chunks, None if analysed is None else lambda i: analysed(real_images[i]))
     keys = [key for key in parts[0] if key != "lensed"]
     host = {key: torch.cat([part[key] for part in parts])[:count].cpu().numpy() for key in keys}  # one copy each
     return BatchValues(

@@ -99,7 +99,10 @@ class ForwardPool:
         # count, so that threads started later (a server's next page run) don't start at one thread.
         torch.set_num_threads(caller_threads)
 
-    def map(self, run: Callable[[LoadedModel, T], R], items: Sequence[T]) -> list[R]:
+    def map(self, run: Callable[[LoadedModel, T], R], items: Sequence[T],
+            each: Callable[[int], None] | None = None) -> list[R]:
+        """run(a replica, item) for each item, results in the items' order; each(i), in this thread, as soon as item i
+        and every item before it are done."""
         def one(item: T) -> R:
             worker = self._free.get()
             try:
@@ -107,7 +110,12 @@ class ForwardPool:
             finally:
                 self._free.put(worker)
 
-        return list(self._executor.map(one, items))
+        results = []
+        for index, result in enumerate(self._executor.map(one, items)):  # in order, as they finish
+            results.append(result)
+            if each is not None:
+                each(index)
+        return results
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -129,12 +137,18 @@ def forward_pool(loaded: LoadedModel, workers: int) -> Iterator[ForwardPool | No
 
 
 def map_forwards(pool: ForwardPool | None, loaded: LoadedModel, run: Callable[[LoadedModel, T], R],
-                 items: Sequence[T]) -> list[R]:
+                 items: Sequence[T], each: Callable[[int], None] | None = None) -> list[R]:
     """run(model, item) for each item, results in order: on `pool`'s workers (each with its replica as `model`) while
     this thread holds `loaded.lock`, so that other passes of the model (a server's foreground capture) wait for the
     items as they waited for a batch's forwards one after another; without a pool, one after another in this thread
-    on `loaded`. `run` takes its model's lock for its pass."""
+    on `loaded`. `run` takes its model's lock for its pass. each(i), in this thread, once item i and those before it
+    are done (a progress bar's step)."""
     if pool is None:
-        return [run(loaded, item) for item in items]
+        results = []
+        for index, item in enumerate(items):
+            results.append(run(loaded, item))
+            if each is not None:
+                each(index)
+        return results
     with loaded.lock:
-        return pool.map(run, items)
+        return pool.map(run, items, each)
