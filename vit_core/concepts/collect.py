@@ -339,7 +339,7 @@ def collect_layers(loaded: LoadedModel, plan: RunPlan, layers: Sequence[int], st
             for writer in writers[shard.number]:
                 writer.failures += [(names[i], reason) for i, reason in failed]
             done += len(failed)
-            if x is None:
+            if x is None:  # every file of the batch failed: they are counted now
                 analysed(0)
             else:
                 for writer, tokens in zip(writers[shard.number], patch_tokens_of_layers(loaded, x, layers, pool, analysed),

@@ -157,7 +157,7 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
                 yield list(batch), totals
                 continue
             values = reduce_batch(loaded, x, logit_lens, distance, pool=pool, lenses=lenses, crops=crops,
-                                  analysed=None if explain else analysed)  # with explain: each image once explained
+                                  analysed=None if explain else analysed)  # explained: counted below, one by one
             read = indices.tolist()
             explained: list[dict[str, float]] = []
             for index in read if explain else ():
