@@ -30,7 +30,7 @@ import torch
 from .. import bounded_json
 from ..dataset.analyze import consecutive_batches
 from ..dataset.listing import Shard, files_digest
-from ..dataset.reductions import forward_images, image_loader
+from ..dataset.reductions import forward_images, image_loader, padded_forwards
 from ..dataset.runs import RunPlan
 from ..dataset.workers import ForwardPool, forward_pool, map_forwards, model_workers
 from ..explain.interventions import embedded_tokens
@@ -88,21 +88,17 @@ def patch_tokens_of_layers(loaded: LoadedModel, x: torch.Tensor, layers: Sequenc
                            ) -> list[np.ndarray]:
     """`patch_tokens` after each of the increasing blocks `layers`, from one forward per chunk: one float32 (B, N, D)
     per layer. analysed(n), in this thread, as each forward's n images are done (a progress bar's step)."""
-    size, count, p = forward_images(loaded.device), len(x), loaded.geometry.num_prefix_tokens
-    chunks = []
-    for first in range(0, count, size):
-        chunk = x[first:first + size]
-        if len(chunk) < size:
-            chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
-        chunks.append(chunk)
+    count, p = len(x), loaded.geometry.num_prefix_tokens
+    forwards = padded_forwards(x, forward_images(loaded.device))
 
-    def tokens_of(model: LoadedModel, chunk: torch.Tensor) -> list[torch.Tensor]:
+    def tokens_of(model: LoadedModel, forward: tuple[slice, torch.Tensor]) -> list[torch.Tensor]:
+        chunk = forward[1]
         with model_pass(model):
             found = residuals_after(model, chunk.to(model.device), layers)
             return [h[:, p:].float().cpu() for h in found]  # per layer (F, N, D)
 
-    real_images = [min(size, count - first) for first in range(0, count, size)]  # per forward, before its padding
-    done = map_forwards(pool, loaded, tokens_of, chunks, None if analysed is None else lambda i: analysed(real_images[i]))
+    done = map_forwards(pool, loaded, tokens_of, forwards,
+                        None if analysed is None else lambda i: analysed(forwards[i][0].stop - forwards[i][0].start))
     return [torch.cat([per_chunk[i] for per_chunk in done])[:count].numpy() for i in range(len(layers))]
 
 

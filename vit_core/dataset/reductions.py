@@ -243,6 +243,19 @@ def forward_images(device: torch.device) -> int:
     return 1 if device.type == "cpu" else 64
 
 
+def padded_forwards(x: torch.Tensor, size: int) -> list[tuple[slice, torch.Tensor]]:
+    """x (B, ...) as forwards of `size` images each: (the rows of x it holds, its input (size, ...)), a short last one
+    padded with zero images after the real ones, so that every forward has the same shape (`forward_images`)."""
+    forwards = []
+    for first in range(0, len(x), size):
+        rows = slice(first, min(first + size, len(x)))
+        chunk = x[rows]
+        if len(chunk) < size:
+            chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
+        forwards.append((rows, chunk))
+    return forwards
+
+
 def lensed_image(lenses: Sequence[Lens], cap) -> LensedImage:
     """Every lens's arrays on the capture `cap`, and the sentences of those that raised: one lens failing leaves the
     others' arrays."""
@@ -327,17 +340,14 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
         if crops is None or len(crops) != count:
             raise ValueError("lenses need the crop of every image of the batch")
         recorded_sites(sites_of(lenses), loaded.geometry.num_layers)  # a site this model hasn't: said before any pass
-    size = forward_images(device)
-    chunks = []
-    for first in range(0, count, size):
-        chunk = x[first:first + size]  # (<= F, 3, H, W)
-        real = crops[first:first + size] if lenses else None
-        if len(chunk) < size:  # the same shape as every other forward: zero images after the real ones
-            chunk = torch.cat([chunk, chunk.new_zeros((size - len(chunk), *chunk.shape[1:]))])
-        chunks.append((chunk, real))
-    real_images = [min(size, count - first) for first in range(0, count, size)]  # per forward, before its padding
-    parts = map_forwards(pool, loaded, lambda model, c: _reduce_forward(model, c[0], logit_lens, distance, lenses, c[1]),
-                         chunks, None if analysed is None else lambda i: analysed(real_images[i]))
+    forwards = padded_forwards(x, forward_images(device))
+
+    def reduced(model: LoadedModel, forward: tuple[slice, torch.Tensor]) -> dict[str, torch.Tensor | list]:
+        rows, chunk = forward
+        return _reduce_forward(model, chunk, logit_lens, distance, lenses, crops[rows] if lenses else None)
+
+    parts = map_forwards(pool, loaded, reduced, forwards,
+                         None if analysed is None else lambda i: analysed(forwards[i][0].stop - forwards[i][0].start))
     keys = [key for key in parts[0] if key != "lensed"]
     host = {key: torch.cat([part[key] for part in parts])[:count].cpu().numpy() for key in keys}  # one copy each
     return BatchValues(
