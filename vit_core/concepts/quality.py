@@ -112,14 +112,13 @@ def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candi
     """Which of the `candidates` (int (m,) features) change this image's top-1 when removed: h (T, D) is its residual
     stream after the concepts' layer, each removal x - s z_f d_f on its patch tokens (the spec's "remove this
     concept"), run REMOVALS_AT_ONCE at a time. -> bool (m,). Call inside `model_pass`."""
-    p = loaded.geometry.num_prefix_tokens
-    patches = h[p:].float().cpu()  # (N, D)
-    z = concepts.codes(patches)  # (N, F)
+    host = h.float().cpu()  # (T, D): the removals are made on the host, once per chunk of candidates
+    z = concepts.codes(host[loaded.geometry.num_prefix_tokens:])  # (N, F)
     plain = int(logits_after(loaded, h[None].to(loaded.device), concepts.layer).argmax(-1)[0])
     steers = np.zeros(len(candidates), dtype=bool)
     for first in range(0, len(candidates), REMOVALS_AT_ONCE):
         chosen = torch.as_tensor(candidates[first:first + REMOVALS_AT_ONCE])  # (r,)
-        removed, changed = removed_rows(loaded, concepts, h.float().cpu(), z, chosen)  # (r, T, D), (r, T)
+        removed, changed = removed_rows(loaded, concepts, host, z, chosen)  # (r, T, D), (r, T)
         top = removals_logits(loaded, h, removed.to(h.dtype).to(loaded.device), changed.to(loaded.device),
                               concepts.layer).argmax(-1).cpu()  # (r,)
         steers[first:first + len(chosen)] = (top != plain).numpy()
