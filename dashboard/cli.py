@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser, commands = core_cli.build_parser(prog="vit-lens")
     commands.add_parser(DASHBOARD, add_help=False, help="start the dashboard; --device D picks the models' device, other "
                         "options go to `streamlit run` (e.g. --server.port 8502); the server settings come with the package")
-    return core_cli.run(parser.parse_args(argv))
+    code = core_cli.run(parser.parse_args(argv))
+    if whole_process:
+        core_cli.exit_process(code)  # without tearing torch's modules down (vit_core.__main__.exit_process)
+    return code
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,7 @@ def test_help_answers_without_importing_torch_or_timm(command):
     """`vit-lens --help` took 7-10 s on 2 cores: it imported timm (and torch) before argparse ran."""
     script = f"""
 import sys
+import textwrap
 try:
     {command}
 except SystemExit as done:
@@ -409,6 +411,7 @@ def test_a_missing_image_is_answered_without_loading_a_model_named_once_under_th
     Here the answer comes before torch, timm or numpy are even imported."""
     script = f"""
 import sys
+import textwrap
 from dashboard import cli
 status = cli.main(['analyze', 'nope.jpg', '--weights', 'ft.safetensors'])
 print(status, ",".join(m for m in {HEAVY!r} if m in sys.modules))
@@ -647,6 +650,7 @@ sys.exit(cli.main())
 def test_dataset_and_merge_refuse_a_missing_path_before_importing_torch(tmp_path, argv, line):
     script = f"""
 import sys
+import textwrap
 from dashboard import cli
 status = cli.main({argv!r})
 print(status, ",".join(m for m in {HEAVY!r} if m in sys.modules))
@@ -660,6 +664,7 @@ def _refused_before_torch(argv: list, cwd: Path) -> tuple[int, list[str], str]:
     """`vit-lens ARGV` in a fresh process: its exit status, stderr's lines, and which of torch and timm it imported."""
     script = f"""
 import sys
+import textwrap
 from dashboard import cli
 status = cli.main({[str(a) for a in argv]!r})
 print(status, ",".join(m for m in ("torch", "timm") if m in sys.modules))
@@ -733,6 +738,7 @@ def test_no_triton_is_imported_on_a_machine_without_a_gpu(tmp_path):
     where no GPU driver is there. Here the driver files looked for are made absent by naming paths that aren't."""
     script = f"""
 import sys
+import textwrap
 from vit_core.runtime import no_triton_without_a_gpu
 assert no_triton_without_a_gpu(({str(tmp_path / "no-driver")!r},))
 import vit_core
@@ -824,3 +830,27 @@ def test_the_workers_help_gives_the_rule_and_its_value_here(capsys):
         said = " ".join(capsys.readouterr().out.split())
         assert (f"(default: one fewer than the CPUs this process may use, at most 8; {core_cli.default_workers()} "
                 "here)") in said, said
+
+
+def test_the_commands_process_ends_after_its_exit_handlers_its_output_and_any_thread_still_working(tmp_path):
+    """exit_process skips only Python's teardown of its modules: atexit handlers run, buffered output arrives, the
+    status is the command's, and a non-daemon thread still writing is waited for (Python's own exit then)."""
+    script = tmp_path / "ends.py"
+    script.write_text(textwrap.dedent(f"""
+        import atexit, sys, threading, time
+        from pathlib import Path
+        from vit_core.__main__ import exit_process
+        atexit.register(lambda: Path({str(tmp_path / "handler")!r}).write_text("ran"))
+        sys.stdout.write("buffered, not yet flushed")
+        if sys.argv[1] == "thread":
+            threading.Thread(target=lambda: (time.sleep(0.5), Path({str(tmp_path / "thread")!r}).write_text("done"))).start()
+        exit_process(3)
+        print("never here")
+    """))
+    for case in ("alone", "thread"):
+        done = subprocess.run([sys.executable, str(script), case], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert (done.returncode, done.stdout) == (3, "buffered, not yet flushed"), done.stderr
+        assert (tmp_path / "handler").read_text() == "ran"
+        (tmp_path / "handler").unlink()
+    assert (tmp_path / "thread").read_text() == "done"

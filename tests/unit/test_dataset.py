@@ -469,3 +469,79 @@ def test_forwards_are_reported_in_order_as_they_finish_not_at_the_batchs_end(tin
         with forward_pool(tiny, workers) as pool:
             assert map_forwards(pool, tiny, run, range(4), each) == [0, 10, 20, 30]
     assert seen == [(i, True) for i in range(4)]
+
+
+def test_a_pool_keeps_what_it_makes_once_made_on_a_worker_at_one_torch_thread(tiny):
+    import threading
+
+    from vit_core.dataset import forward_pool
+
+    made = []
+
+    def make():
+        made.append((threading.current_thread().name, torch.get_num_threads()))
+        return len(made)
+
+    with forward_pool(tiny, 2) as pool:
+        assert [pool.once("a", make), pool.once("a", make), pool.once("b", make)] == [1, 1, 2]
+    assert len(made) == 2 and all(name.startswith("vit-lens-forward") and threads == 1 for name, threads in made)
+
+
+def _pooled_and_eager(loaded, x, monkeypatch):
+    """reduce_batch of x through a pool of two workers and without one (eager, one forward after another), and what
+    each call of traced_reductions gave."""
+    from vit_core.dataset import forward_pool, reductions
+
+    traces = []
+    original = reductions.traced_reductions
+    monkeypatch.setattr(reductions, "traced_reductions", lambda *a: traces.append(original(*a)) or traces[-1])
+    with forward_pool(loaded, 2) as pool:
+        pooled = _values_of([reduce_batch(loaded, x[:3], True, pool=pool), reduce_batch(loaded, x[3:], True, pool=pool)])
+    return pooled, _values_of([reduce_batch(loaded, x, True)]), traces
+
+
+def test_a_pools_forwards_run_one_trace_with_the_eager_forwards_bits(tiny, monkeypatch):
+    """On a CPU a pool records the reduced forward once, as TorchScript, and runs every image through it: the same
+    bits as the eager hooked forward, on images other than the two it was checked on, with the logit lens too."""
+    from vit_core.dataset import reductions
+
+    eager_forwards = []
+    original = reductions._reduce_forward
+    monkeypatch.setattr(reductions, "_reduce_forward", lambda *a, **k: eager_forwards.append(1) or original(*a, **k))
+    x = torch.randn(7, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    pooled, eager, traces = _pooled_and_eager(tiny, x, monkeypatch)
+    assert len(traces) == 1 and traces[0] is not None  # recorded once for both batches, and kept
+    assert len(eager_forwards) == 3 + 7  # the trace's two checks and its recording; then the 7 images without a pool
+    for key, value in eager.items():
+        assert value.tobytes() == pooled[key].tobytes(), key
+    assert recording_hooks_on(tiny.model) == 0 and hooks_on(tiny.model) == 0
+
+
+def test_a_model_with_someone_elses_hook_or_a_branch_on_its_pixels_stays_eager(monkeypatch):
+    """A trace would drop a hook's Python and keep one side of a branch: such a model's pool runs the eager forward,
+    whose values (the hook's doubling, each image's own side of the branch) are those without a pool."""
+    loaded = load_model("vit_tiny_patch16_224", pretrained=False, seed=3, depth=2)
+    x = torch.randn(5, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    x[1:, :, :, :112] += 1.0  # images 1..4 brighter on the left, image 0 as drawn
+
+    handle = loaded.model.blocks[0].mlp.register_forward_hook(lambda m, i, o: 2 * o)
+    try:
+        pooled, eager, traces = _pooled_and_eager(loaded, x, monkeypatch)
+    finally:
+        handle.remove()
+    assert traces == [None]
+    for key, value in eager.items():
+        assert value.tobytes() == pooled[key].tobytes(), key
+
+    embed = loaded.model.patch_embed
+    original = embed.forward
+
+    def branching(image):  # doubles the embeddings of an image brighter on its left than on its right
+        tokens = original(image)
+        return 2 * tokens if float(image[..., :112].sum()) > float(image[..., 112:].sum()) else tokens
+
+    monkeypatch.setattr(embed, "forward", branching)
+    pooled, eager, traces = _pooled_and_eager(loaded, x, monkeypatch)
+    assert traces == [None]  # the check on the first image mirrored took the other side
+    for key, value in eager.items():
+        assert value.tobytes() == pooled[key].tobytes(), key

@@ -23,8 +23,9 @@ relevance maps (`explain.relevance_maps`: gradient passes at VIT_LENS_GRADIENT_T
 curves (`explain.judge`, its forwards on lanes of one thread). Prints each one's median seconds.
 
 `--pools`: how the W forwards run, in this process (model loaded and warm): the dataset's reduced forwards of N
-random inputs on 1 and 2 worker threads (`dataset.forward_pool`), against 2 worker processes (spawned and warmed
-before the timing, each with the model and one worker thread) taking half the images each.
+random inputs on 1 and 2 worker threads (`dataset.forward_pool`), through the pool's trace (its recording included) and
+eager (the trace turned off), against 2 worker processes (spawned and warmed before the timing, each with the model
+and one worker thread) taking half the images each.
 
 Each timing is a whole process, from its start to its exit (imports and model load included, on both sides). Prints
 the seconds, images/s, the ratio of dataset's images/s to plain's, and the load average before each timing. The
@@ -196,6 +197,19 @@ def _child_forwards(x) -> float:
     return time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def _eager() -> Iterator[None]:
+    """Inside the block, a pool's forwards run eager: no trace of them is recorded (dataset.reductions.traced_reductions)."""
+    from vit_core.dataset import reductions
+
+    recorded = reductions.traced_reductions
+    reductions.traced_reductions = lambda *args: None
+    try:
+        yield
+    finally:
+        reductions.traced_reductions = recorded
+
+
 def threads_or_processes(models: list[str], images: int, repeats: int) -> None:
     """1 and 2 worker threads in this process against 2 worker processes, alternated; medians printed."""
     import multiprocessing
@@ -215,15 +229,16 @@ def threads_or_processes(models: list[str], images: int, repeats: int) -> None:
             children.map(_child_forwards, [x[:2], x[:2]])  # warm: each child's first forwards
             for _ in range(repeats):
                 for workers in (1, 2):
-                    started = time.perf_counter()
-                    with forward_pool(loaded, workers) as pool:
-                        reduce_batch(loaded, x, False, pool=pool)
-                    times.setdefault(f"{workers} thread(s)", []).append(time.perf_counter() - started)
+                    for how in ("traced", "eager"):
+                        started = time.perf_counter()
+                        with forward_pool(loaded, workers) as pool, _eager() if how == "eager" else contextlib.nullcontext():
+                            reduce_batch(loaded, x, False, pool=pool)
+                        times.setdefault(f"{workers} thread(s), {how}", []).append(time.perf_counter() - started)
                 started = time.perf_counter()
                 children.map(_child_forwards, [x[: images // 2], x[images // 2:]], chunksize=1)
                 times.setdefault("2 processes", []).append(time.perf_counter() - started)
         for label, seconds in times.items():
-            print(f"{name:22} {images} images, {label:12} {statistics.median(seconds):7.2f} s  "
+            print(f"{name:22} {images} images, {label:22} {statistics.median(seconds):7.2f} s  "
                   f"({images / statistics.median(seconds):6.1f} images/s; load {os.getloadavg()[0]:.1f})", flush=True)
 
 

@@ -23,7 +23,7 @@ import queue
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Hashable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -82,10 +82,12 @@ def _one_torch_thread(started: threading.Barrier) -> None:
 
 class ForwardPool:
     """`workers` threads at one torch thread each, and as many replicas of a model; `map` runs a function of (a
-    replica, an item) over items, results in the items' order."""
+    replica, an item) over items, results in the items' order; `once` keeps what the pool's run makes once."""
 
     def __init__(self, loaded: LoadedModel, workers: int) -> None:
         self.workers = workers
+        self._made: dict[Hashable, object] = {}
+        self._made_lock = threading.Lock()
         self._free: queue.SimpleQueue[LoadedModel] = queue.SimpleQueue()
         for _ in range(workers):
             self._free.put(replica(loaded))
@@ -116,6 +118,15 @@ class ForwardPool:
             if each is not None:
                 each(index)
         return results
+
+    def once(self, key: Hashable, make: Callable[[], R]) -> R:
+        """make(), run on one of the workers the first time `key` is asked for in this pool's life, and its result
+        every time after. On a worker, so at one torch thread as the pool's passes run: a trace records the library
+        each operator chose at its thread count (vit_core.runtime.onednn). Not from inside `map`'s function."""
+        with self._made_lock:
+            if key not in self._made:
+                self._made[key] = self._executor.submit(make).result()
+            return self._made[key]  # type: ignore[return-value]
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
