@@ -545,3 +545,15 @@ def test_a_model_with_someone_elses_hook_or_a_branch_on_its_pixels_stays_eager(m
     assert traces == [None]  # the check on the first image mirrored took the other side
     for key, value in eager.items():
         assert value.tobytes() == pooled[key].tobytes(), key
+
+
+def test_a_model_whose_forward_is_long_is_not_traced(tiny, monkeypatch):
+    """Above TRACED_FORWARD_MACS a trace's recording costs more than it saves: the pool runs eager, same bits."""
+    from vit_core.dataset import reductions
+
+    monkeypatch.setattr(reductions, "TRACED_FORWARD_MACS", tiny.multiply_adds)  # tiny is just too long now
+    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    pooled, eager, traces = _pooled_and_eager(tiny, x, monkeypatch)
+    assert traces == []
+    for key, value in eager.items():
+        assert value.tobytes() == pooled[key].tobytes(), key

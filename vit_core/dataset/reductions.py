@@ -326,6 +326,12 @@ def _reduce_forward(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, dist
     return values
 
 
+# A run's forwards go through a trace where it pays: the workers' turns at the GIL between operators weigh in a short
+# forward (two workers, per image: the Shapes ViT 7.5 -> 5.7 ms, ViT-Ti/16 26.0 -> 18.0, ViT-S/16 65.6 -> 60.8;
+# recording took 0.5-1 s), not in a long one (ViT-B/16: the same 463 ms at one thread, and 3.1 s to record).
+TRACED_FORWARD_MACS = 1e10  # LoadedModel.multiply_adds
+
+
 class _ReducedForward(torch.nn.Module):
     """`_reduce_forward` of one model and the run's options as a module of (x, distance), its values' tensors in
     the order of `keys`: what torch.jit.trace records."""
@@ -351,9 +357,9 @@ def traced_reductions(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, di
     eager forward's in any bit on x or on x mirrored (a ViT's forward has no branch that depends on the pixels; a
     model that had one would show it here).
 
-    Why: a small model's eager forward is hundreds of operators each called from Python, and W workers take turns
-    at the GIL between them; the trace runs them all in C++ without it (the Shapes ViT on two workers: 7.5 ms an
-    image eager, 5.7 traced; docs/performance.md). Recording it costs about three forwards, once per run."""
+    Why: a forward is hundreds of operators each called from Python, and W workers take turns at the GIL between
+    them; the trace runs them all in C++ without it (TRACED_FORWARD_MACS; docs/performance.md). Recording and
+    checking it costs about seven forwards, once per run."""
     if not hasattr(torch, "jit") or foreign_hooks(loaded.model):
         return None
     own = replica(loaded)  # its hooks fire only while tracing, on its own modules
@@ -400,7 +406,7 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
         recorded_sites(sites_of(lenses), loaded.geometry.num_layers)  # a site this model hasn't: said before any pass
     forwards = padded_forwards(x, forward_images(device))
     traced = None
-    if pool is not None and not lenses:  # one trace for the pool's run, recorded on its first forward
+    if pool is not None and not lenses and loaded.multiply_adds < TRACED_FORWARD_MACS:  # one trace per run, on its first forward
         first = forwards[0][1]
         traced = pool.once(("reductions", logit_lens, tuple(first.shape)),
                            lambda: traced_reductions(loaded, first, logit_lens, distance))

@@ -25,8 +25,7 @@ LIGHT_PASS_MACS = 1e9
 
 def light_pass(loaded: LoadedModel) -> bool:
     """Whether a capture pass of `loaded` is light enough to run on the thread that asks for it (LIGHT_PASS_MACS)."""
-    params = sum(p.numel() for p in loaded.model.parameters())
-    return params * loaded.geometry.num_tokens < LIGHT_PASS_MACS
+    return loaded.multiply_adds < LIGHT_PASS_MACS
 
 
 def serve_capture(loaded: LoadedModel, image: Image.Image, *, on_this_thread: bool = False,
