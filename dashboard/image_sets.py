@@ -354,15 +354,17 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     totals = dataset.Totals()
     done = 0
     size = RUN_CHUNK_ACCELERATOR if loaded.device.type != "cpu" else RUN_CHUNK_JUDGED if explain else RUN_CHUNK
-    for first in range(0, len(sources), size):
-        if clock() - start > budget_s:
-            break
-        chunk = slice(first, first + size)
-        report = (lambda d, _, first=first: progress(first + d, len(sources))) if progress else None
-        masks = dataset.MasksByName(image_set.masks) if image_set.masks else None
-        totals.merge(dataset.analyze_totals(loaded, sources[chunk], labels[chunk] if labels else None, progress=report,
-                                            explain=explain, masks=masks))
-        done = min(first + size, len(sources))
+    workers = max(1, min(dataset.model_workers(loaded.device), len(sources)))
+    with dataset.forward_pool(loaded, workers) as pool:  # one for every chunk: one trace of the forward per run
+        for first in range(0, len(sources), size):
+            if clock() - start > budget_s:
+                break
+            chunk = slice(first, first + size)
+            report = (lambda d, _, first=first: progress(first + d, len(sources))) if progress else None
+            masks = dataset.MasksByName(image_set.masks) if image_set.masks else None
+            totals.merge(dataset.analyze_totals(loaded, sources[chunk], labels[chunk] if labels else None,
+                                                progress=report, explain=explain, masks=masks, pool=pool))
+            done = min(first + size, len(sources))
     stopped = ""
     if done < len(sources):
         stopped = (f"The run stopped after {clock() - start:.0f} s, the time one run may take here: {done} of "

@@ -8,6 +8,7 @@ key alike, so another faithfulness test is a change to that function only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from ..runtime.devices import describe_device
 from .reductions import LensedImage, Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
 from .result import DatasetResult, result_of
 from .totals import ExactMoments, Totals
-from .workers import forward_pool, model_workers
+from .workers import ForwardPool, forward_pool, model_workers
 
 _logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
                    batches: Sequence[Sequence[int]], *, workers: int = 0, explain: bool = False,
                    steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
                    masks: Masks | None = None, progress: Progress | None = None, lenses: Sequence[Lens] = (),
-                   forwards: int | None = None) -> Iterator[tuple[list[int], Totals]]:
+                   forwards: int | None = None, pool: ForwardPool | None = None) -> Iterator[tuple[list[int], Totals]]:
     """For each batch of `batches` (indices into `sources`, in order): its indices and the totals of its images.
 
     Decoded by `workers` processes (0: in this one), hooked forwards reduced on the model's device, on a CPU
@@ -130,7 +131,9 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
     time, after its batch). With `lenses`, each image's lens arrays, read on the same forward, added to the totals'
     moments; a lens that raises is a line of that image in `lens_failures` (its other values kept). A file that
     can't be used is a failure of its totals (and of the explanation alone when only that fails).
-    progress(done, total) counts files: a batch's failures at once, each image when its values are in."""
+    progress(done, total) counts files: a batch's failures at once, each image when its values are in. `pool`: the
+    forwards' pool when the caller keeps one across calls (a page's chunks share one trace of the forward); by default
+    one of `forwards` workers for this call."""
     logit_lens = labels is not None and any(label is not None for label in labels)
     distance = patch_distances_on(loaded.geometry, loaded.device)
     loader = image_loader(loaded, sources, 0, workers, batches=batches, crops=bool(lenses))
@@ -142,8 +145,8 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
         done += images
         report(done, total)
 
-    width = model_workers(loaded.device, forwards)
-    with forward_pool(loaded, max(1, min(width, total))) as pool:  # none idle
+    width = max(1, min(model_workers(loaded.device, forwards), total))  # none idle
+    with contextlib.nullcontext(pool) if pool is not None else forward_pool(loaded, width) as pool:
         for batch, decoded in zip(batches, loader, strict=True):
             indices, x, failed = decoded[:3]
             crops = decoded[3] if lenses else None  # uint8 (B', H, W, 3): what each image's capture shows
@@ -205,14 +208,16 @@ def analyze_dataset(loaded: LoadedModel, sources: Sequence[Source], labels: Sequ
 def analyze_totals(loaded: LoadedModel, sources: Sequence[Source], labels: Sequence[int | None] | None = None, *,
                    batch_size: int | None = None, workers: int = 0, explain: bool = False,
                    steps: int = explanations.DEFAULT_STEPS, tests: Sequence[str] = EXPORT_TESTS,
-                   masks: Masks | None = None, progress: Progress | None = None, forwards: int | None = None) -> Totals:
+                   masks: Masks | None = None, progress: Progress | None = None, forwards: int | None = None,
+                   pool: ForwardPool | None = None) -> Totals:
     """`analyze_dataset`'s totals, before they become a result: what a part of a larger set adds (merge them with
-    `Totals.merge`, then `dataset_result`). No image that could be read is not an error here."""
+    `Totals.merge`, then `dataset_result`); `pool` as `reduce_sources` takes it. No image that could be read is not
+    an error here."""
     check_labels(loaded, sources, labels)
     batches = consecutive_batches(0, len(sources), batch_size or default_batch_size(loaded.device))
     totals = Totals()
     for _, batch in reduce_sources(loaded, sources, labels, batches, workers=workers, explain=explain, steps=steps,
-                                   tests=tests, masks=masks, progress=progress, forwards=forwards):
+                                   tests=tests, masks=masks, progress=progress, forwards=forwards, pool=pool):
         totals.merge(batch)
     return totals
 
