@@ -391,8 +391,9 @@ def reduce_batch(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distanc
                  analysed: Callable[[int], None] | None = None) -> BatchValues:
     """The batch x (B, 3, H, W) through hooked forwards of `forward_images` images each on the model's device,
     reduced there; only the per-image values come back, and each image's are the same bits whatever else was in
-    its batch. The forwards run on `pool`'s workers, several at once (`workers.ForwardPool`), or without a pool one
-    at a time, each under `loaded.lock`; inside inference_mode, in full float32 on a GPU (as a capture: results equal the
+    its batch. The forwards run on `pool`'s workers, several at once (`workers.ForwardPool`; without lenses, for a
+    model under TRACED_FORWARD_MACS, through the pool's one trace of the forward: `traced_reductions`), or without a
+    pool one at a time, each under `loaded.lock`; inside inference_mode, in full float32 on a GPU (as a capture: results equal the
     CPU's within float32 tolerance; an autocast around the call still runs in bfloat16); eval mode restored after.
     With `lenses` (and `crops`, uint8 (B, H, W, 3), the images' crops), each image's lens arrays from the same
     forward (`BatchValues.lensed`). analysed(n), in this thread, as each forward's n images are done, in order (a
