@@ -1444,11 +1444,68 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _ReaderMayLeave:
+    """A standard stream whose reader may leave before the command ends (`| head -1`, a closed log pipe). From the
+    first write the pipe refuses, the stream's file descriptor points at /dev/null: the rest of what the command
+    prints is dropped, and the run goes on to write all its files, as it does when nobody reads its output."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop_the_rest()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop_the_rest()
+
+    def _drop_the_rest(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        finally:
+            os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # what the pipe refused, still buffered, goes to /dev/null
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _readers_may_leave() -> Iterator[None]:
+    """sys.stdout and sys.stderr as `_ReaderMayLeave` for the block, where they are files (a test's captured streams
+    are not, and have no reader to lose)."""
+    own = {}
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last
+            stream.fileno()
+            own[name] = stream
+            setattr(sys, name, _ReaderMayLeave(stream))
+    try:
+        yield
+    finally:
+        for name, stream in own.items():
+            setattr(sys, name, stream)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed subcommand; returns the exit status."""
     global _program
     _program = getattr(args, "program", _program)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    with _readers_may_leave():
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         settings.check_all()
     except settings.SettingError as e:

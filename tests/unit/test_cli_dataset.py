@@ -309,6 +309,27 @@ def test_installed_vit_lens_dataset_decodes_in_worker_processes_with_no_bar_off_
     assert int(np.load(tmp_path / "dataset.npz")["num_images"]) == len(IMAGES)
 
 
+def test_a_run_whose_reader_has_left_writes_every_file_and_ends_with_status_0(tmp_path):
+    """`vit-lens dataset ... | head -1`: head leaves after the first progress line. The run ended with "Broken pipe",
+    status 2 and only parts/ written; the rest of what it prints is now dropped and the run finishes. Here the pipe's
+    reader is gone before the command starts, so every write it makes meets the closed pipe."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for index in range(6):
+        drawn_image(index, (64, 64)).save(images / f"{index}.png")
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = subprocess.run([sys.executable, "-m", "vit_core", "dataset", images, *MODEL, "--out", tmp_path / "out",
+                                 "--device", "cpu", "--workers", "0"], stdout=writer, stderr=writer,
+                                timeout=COMMAND_TIMEOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    finally:
+        os.close(writer)
+    assert result.returncode == 0
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"dataset.npz", "dataset.json", "images.csv"}
+    assert int(np.load(tmp_path / "out" / "dataset.npz")["num_images"]) == 6
+
+
 def test_a_file_larger_than_any_input_is_one_line_and_the_other_images_are_analysed(tmp_path, capsys):
     """The decoder reads each listed file as a regular file of at most images.MAX_FILE_BYTES (files.read_input):
     a larger one (sparse here: nothing written) is a failure in one line, refused from its size, unread."""
