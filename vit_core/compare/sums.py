@@ -10,6 +10,7 @@ n images.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -56,6 +57,11 @@ def fixed_limbs(values: torch.Tensor, images: int) -> tuple[np.ndarray, np.ndarr
 CHUNK_VALUES = 2 ** 16  # values of a sum's array worked on at a time: scratch of a few hundred KiB, in the CPU's cache
 
 
+def limb_threads() -> int:
+    """Threads that turn a large sum's values into limbs: torch's intra-op threads, the forwards' own between sums."""
+    return max(1, torch.get_num_threads())
+
+
 def flat_chunks(size: int) -> list[slice]:
     """Consecutive pieces of CHUNK_VALUES values (the last one shorter) covering range(size)."""
     return [slice(start, min(start + CHUNK_VALUES, size)) for start in range(0, size, CHUNK_VALUES)]
@@ -80,10 +86,11 @@ def add_limbs(high: np.ndarray, low: np.ndarray, part_high: np.ndarray | int, pa
 
 
 def add_small_units(high: np.ndarray, low: np.ndarray, values: np.ndarray, scratch: tuple[np.ndarray, ...]) -> bool:
-    """`fixed_limbs`' usual case on the host, in place: values (F, n) float64, F images' -> their rounded units summed
-    into the limbs high (int64) and low (uint32) (n,) as `add_limbs` adds, where every value is finite and the F
-    images' units sum within int64; False, nothing added, where one is not. `scratch`: a float64 and two int64
-    arrays of n values or more."""
+    """`fixed_limbs`' usual case on the host, in place: values (F, n) float64 or float32, F images' -> their rounded
+    units summed into the limbs high (int64) and low (uint32) (n,) as `add_limbs` adds, where every value is finite
+    and the F images' units sum within int64; False, nothing added, where one is not. A float32 value gives the same
+    units as in float64: times 2**40 it is exact in either, and so is its rounding to an integer. `scratch`: a float
+    array of the values' dtype and two int64 arrays, of n values or more."""
     bound = 2.0 ** 62 / (2.0 ** FRACTION_BITS * len(values))  # a power of two: the images' units sum below 2**62
     if not (-bound < values.min() and values.max() < bound):  # also False for a NaN
         return False
@@ -124,14 +131,25 @@ class FixedSums:
                 add_limbs(high[piece], low[piece], part_high.reshape(-1)[piece], part_low.reshape(-1)[piece])
             not_finite += self._per_leading_index(bad).reshape(-1)
             return
-        values = np.ascontiguousarray(values[:images].double().numpy()).reshape(images, -1)  # (F, n) float64
-        per_index = high.size // max(1, not_finite.size)  # values per leading index
+        values = values[:images] if values.dtype in (torch.float32, torch.float64) else values[:images].double()
+        values = np.ascontiguousarray(values.numpy()).reshape(images, -1)  # (F, n): the products' own float32
         size = min(CHUNK_VALUES, values.shape[1])
-        scratch = (np.empty(size), np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64))
-        for piece in flat_chunks(values.shape[1]):
-            if add_small_units(high[piece], low[piece], values[:, piece], scratch):
-                continue
-            part_high, part_low, bad = fixed_limbs(torch.from_numpy(values[:, piece]), images)  # rare: NaN, large
+
+        def add_pieces(pieces: list[slice]) -> list[slice]:  # -> the pieces it left: a NaN or a value too large
+            scratch = (np.empty(size, dtype=values.dtype), np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64))
+            return [piece for piece in pieces if not add_small_units(high[piece], low[piece], values[:, piece], scratch)]
+
+        pieces = flat_chunks(values.shape[1])
+        threads = min(limb_threads(), len(pieces))
+        if threads > 1:  # numpy lets go of the GIL in each operation: the pieces are apart, each thread its own
+            with ThreadPoolExecutor(threads) as pool:
+                left = [piece for share in pool.map(add_pieces, [pieces[t::threads] for t in range(threads)])
+                        for piece in share]
+        else:
+            left = add_pieces(pieces)
+        per_index = high.size // max(1, not_finite.size)  # values per leading index
+        for piece in sorted(left, key=lambda piece: piece.start):  # rare: on this thread, the counts shared
+            part_high, part_low, bad = fixed_limbs(torch.from_numpy(values[:, piece]), images)
             add_limbs(high[piece], low[piece], part_high, part_low)
             where = np.flatnonzero(bad)
             np.add.at(not_finite, (piece.start + where) // per_index, bad[where])
