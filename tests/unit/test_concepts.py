@@ -237,6 +237,40 @@ def test_the_decoder_columns_stay_unit_norm_and_dead_features_get_the_auxk_gradi
     assert not torch.equal(untrained.W_enc, sae.W_enc)
 
 
+@pytest.mark.parametrize("dead_count", [3, 40])  # fewer dead than k_aux (all of them chosen), and more
+def test_auxk_chooses_the_largest_dead_pre_activations_as_a_masked_choice_over_every_feature(dead_count):
+    """AuxK's k_aux largest pre-activations among the dead features, chosen from the dead columns alone: the same
+    loss and gradients, bit for bit, as the choice over all F columns with the living masked to -inf."""
+    from torch.nn import functional as F
+
+    from vit_core.concepts.sae import auxk_loss, chosen_pre_activations, sparse_decode
+
+    generator = torch.Generator().manual_seed(3)
+    sae = initialised_sae(24, 64, 4, seed=0)
+    x_n = torch.randn(50, 24, generator=generator)
+    dead = torch.zeros(64, dtype=torch.bool)
+    dead[torch.randperm(64, generator=generator)[:dead_count]] = True
+    residual = torch.randn(50, 24, generator=generator)
+
+    def loss_and_gradients(loss_of) -> list[bytes]:
+        sae.zero_grad(set_to_none=True)
+        centred = x_n - sae.b_pre
+        with torch.no_grad():
+            pre = centred @ sae.W_enc.T + sae.b_enc
+        loss = loss_of(pre, centred)
+        loss.backward()
+        return [loss.detach().numpy().tobytes()] + [p.grad.numpy().tobytes() for p in (sae.W_enc, sae.b_enc, sae.b_pre)]
+
+    def masked_choice(pre: torch.Tensor, centred: torch.Tensor) -> torch.Tensor:
+        _, indices = pre.masked_fill(~dead, float("-inf")).topk(min(12, dead_count), dim=-1)
+        estimate = sparse_decode(sae, F.relu(chosen_pre_activations(sae, centred, pre, indices)), indices)
+        return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean()
+
+    chosen = loss_and_gradients(lambda pre, centred: auxk_loss(sae, pre, centred, residual, dead, 12))
+    assert chosen == loss_and_gradients(masked_choice)
+    assert auxk_loss(sae, torch.zeros(50, 64), x_n, residual, torch.zeros(64, dtype=torch.bool), 12).item() == 0
+
+
 def collected(shapes, folder: Path, out: Path, num_shards: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     plan = plan_run(shapes, folder, num_shards=num_shards)
     store = TokenStore(out)

@@ -234,11 +234,12 @@ def auxk_loss(sae: TopKSAE, pre: torch.Tensor, centred: torch.Tensor, residual: 
     """Gao et al.'s AuxK loss: the residual (B, D) reconstructed from the k_aux largest pre-activations (B, F, no
     gradient: the chosen entries get theirs through `centred` = x_n - b_pre, `chosen_pre_activations`) among the
     `dead` (F,) bool features, its squared error over the residual's own squared norm; 0 with no dead feature."""
-    dead_count = int(dead.sum())
-    if dead_count == 0:
+    dead_features = dead.nonzero()[:, 0]  # (n_dead,), increasing
+    if len(dead_features) == 0:
         return pre.new_zeros(())
-    masked = pre.masked_fill(~dead, float("-inf"))  # (B, F): only the dead compete
-    _, indices = masked.topk(min(k_aux, dead_count), dim=-1)  # (B, k_aux), all among the dead
+    # only the dead compete: a few hundred of F columns, so the choice reads those columns alone
+    _, among_dead = pre[:, dead_features].topk(min(k_aux, len(dead_features)), dim=-1)  # (B, k_aux)
+    indices = dead_features[among_dead]  # (B, k_aux): feature indices
     values = chosen_pre_activations(sae, centred, pre, indices)  # (B, k_aux)
     estimate = sparse_decode(sae, F.relu(values), indices)  # (B, D): no bias, it reconstructs an error
     return (residual - estimate).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
