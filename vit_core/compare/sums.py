@@ -86,11 +86,10 @@ def add_limbs(high: np.ndarray, low: np.ndarray, part_high: np.ndarray | int, pa
 
 
 def add_small_units(high: np.ndarray, low: np.ndarray, values: np.ndarray, scratch: tuple[np.ndarray, ...]) -> bool:
-    """`fixed_limbs`' usual case on the host, in place: values (F, n) float64 or float32, F images' -> their rounded
-    units summed into the limbs high (int64) and low (uint32) (n,) as `add_limbs` adds, where every value is finite
-    and the F images' units sum within int64; False, nothing added, where one is not. A float32 value gives the same
-    units as in float64: times 2**40 it is exact in either, and so is its rounding to an integer. `scratch`: a float
-    array of the values' dtype and two int64 arrays, of n values or more."""
+    """`fixed_limbs`' usual case on the host, in place: values (F, n) float64, F images' -> their rounded units summed
+    into the limbs high (int64) and low (uint32) (n,) as `add_limbs` adds, where every value is finite and the F
+    images' units sum within int64; False, nothing added, where one is not. `scratch`: a float64 and two int64
+    arrays of n values or more."""
     bound = 2.0 ** 62 / (2.0 ** FRACTION_BITS * len(values))  # a power of two: the images' units sum below 2**62
     if not (-bound < values.min() and values.max() < bound):  # also False for a NaN
         return False
@@ -131,12 +130,11 @@ class FixedSums:
                 add_limbs(high[piece], low[piece], part_high.reshape(-1)[piece], part_low.reshape(-1)[piece])
             not_finite += self._per_leading_index(bad).reshape(-1)
             return
-        values = values[:images] if values.dtype in (torch.float32, torch.float64) else values[:images].double()
-        values = np.ascontiguousarray(values.numpy()).reshape(images, -1)  # (F, n): the products' own float32
+        values = np.ascontiguousarray(values[:images].double().numpy()).reshape(images, -1)  # (F, n) float64
         size = min(CHUNK_VALUES, values.shape[1])
 
         def add_pieces(pieces: list[slice]) -> list[slice]:  # -> the pieces it left: a NaN or a value too large
-            scratch = (np.empty(size, dtype=values.dtype), np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64))
+            scratch = (np.empty(size), np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64))
             return [piece for piece in pieces if not add_small_units(high[piece], low[piece], values[:, piece], scratch)]
 
         pieces = flat_chunks(values.shape[1])
