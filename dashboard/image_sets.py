@@ -354,8 +354,8 @@ def run_set(request: ModelRequest, loaded: LoadedModel, image_set: ImageSet,
     totals = dataset.Totals()
     done = 0
     size = RUN_CHUNK_ACCELERATOR if loaded.device.type != "cpu" else RUN_CHUNK_JUDGED if explain else RUN_CHUNK
-    workers = max(1, min(dataset.model_workers(loaded.device), len(sources)))
-    with dataset.forward_pool(loaded, workers) as pool:  # one for every chunk: one trace of the forward per run
+    width = dataset.pool_width(loaded.device, len(sources))
+    with dataset.forward_pool(loaded, width) as pool:  # one for every chunk: one trace of the forward per run
         for first in range(0, len(sources), size):
             if clock() - start > budget_s:
                 break

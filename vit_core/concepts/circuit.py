@@ -29,7 +29,7 @@ import torch
 from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
-from ..dataset.workers import forward_pool, map_forwards, model_workers
+from ..dataset.workers import forward_pool, map_forwards, pool_width
 from ..explain.interventions import attention_heads, block_rows_from_qkv, block_tail, standard_block
 from ..explain.passes import eval_mode, model_pass
 from ..loading.model import LoadedModel
@@ -263,9 +263,8 @@ def _each_held_out_image(loaded: LoadedModel, plan: RunPlan, images: int,
     alone at one torch thread, so the result does not depend on the pool's width)."""
     sources = circuit_sources(plan, images)
     batches = consecutive_batches(0, len(sources), batch_size)
-    width = max(1, min(model_workers(loaded.device), len(sources)))
     done = done_before
-    with forward_pool(loaded, width) as pool:
+    with forward_pool(loaded, pool_width(loaded.device, len(sources))) as pool:
         for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers,
                                                batches=batches):
             done += len(decoded) + len(failed)

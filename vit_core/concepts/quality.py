@@ -15,7 +15,7 @@ import torch
 from ..dataset.analyze import consecutive_batches
 from ..dataset.reductions import image_loader
 from ..dataset.runs import RunPlan
-from ..dataset.workers import forward_pool, map_forwards, model_workers
+from ..dataset.workers import forward_pool, map_forwards, pool_width
 from ..explain.interventions import (
     block_from_qkv,
     keys_values,
@@ -147,8 +147,7 @@ def steerable(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, alive: np.
             return candidates[image_steers(model, concepts, h, candidates)] if len(candidates) else candidates
 
     batches = consecutive_batches(0, len(sources), batch_size)
-    width = max(1, min(model_workers(loaded.device, forwards), len(sources)))
-    with forward_pool(loaded, width) as pool:
+    with forward_pool(loaded, pool_width(loaded.device, len(sources), forwards)) as pool:
         for decoded, x, failed in image_loader(loaded, sources, batch_size, 0 if not sources else workers, batches=batches):
             done += len(decoded) + len(failed)
             if x is not None:

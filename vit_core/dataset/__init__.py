@@ -73,13 +73,13 @@ from .result import (
 )
 from .runs import PartsError, PartStore, RunPlan, manifest_of, merged_result, plan_run, run_shards
 from .totals import NO_LABEL, ExactMoments, ImageRows, Totals
-from .workers import ForwardPool, forward_pool, model_workers
+from .workers import ForwardPool, forward_pool, model_workers, pool_width
 
 __all__ = [
     "LAYERS", "NO_LABEL", "TABLE_FORMATS", "BatchValues", "DatasetError", "DatasetResult", "DecodedImages", "ImageRows",
     "MaskFolder", "MasksByName",
     "PartStore", "PartsError",
-    "ForwardPool", "LensedImage", "forward_pool", "model_workers",
+    "ForwardPool", "LensedImage", "forward_pool", "model_workers", "pool_width",
     "RunPlan", "ExactMoments", "Shard", "ShardError", "Source", "Totals",
     "analyze_dataset", "analyze_totals", "attention_distances", "check_labels", "class_names", "class_of_folder", "class_table",
     "collate_decoded", "consecutive_batches", "csv_bytes", "dataset_files", "dataset_result", "decoded_crop",

@@ -27,7 +27,7 @@ from ..runtime.devices import describe_device
 from .reductions import LensedImage, Source, default_batch_size, image_loader, patch_distances_on, reduce_batch
 from .result import DatasetResult, result_of
 from .totals import ExactMoments, Totals
-from .workers import ForwardPool, forward_pool, model_workers
+from .workers import ForwardPool, forward_pool, pool_width
 
 _logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def reduce_sources(loaded: LoadedModel, sources: Sequence[Source], labels: Seque
         done += images
         report(done, total)
 
-    width = max(1, min(model_workers(loaded.device, forwards), total))  # none idle
+    width = pool_width(loaded.device, total, forwards)
     with contextlib.nullcontext(pool) if pool is not None else forward_pool(loaded, width) as pool:
         for batch, decoded in zip(batches, loader, strict=True):
             indices, x, failed = decoded[:3]

@@ -17,9 +17,7 @@ entering block 0, row b + 1 the tokens after block b.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -36,10 +34,9 @@ from ..images import DRAFT_MIN_SIDE, load_image
 from ..lenses import Lens, LensError, arrays_of, sites_of
 from ..loading.model import Geometry, LoadedModel
 from ..runtime.devices import full_float32
+from ..runtime.tracing import exact_trace
 from ..sites import recorded_sites, sites_recorded
 from .workers import ForwardPool, map_forwards, replica
-
-_logger = logging.getLogger(__name__)
 
 Source = tuple[str, "bytes | Path"]  # (image name, raw file bytes or a path)
 
@@ -334,16 +331,18 @@ TRACED_FORWARD_MACS = 1e10  # LoadedModel.multiply_adds
 
 class _ReducedForward(torch.nn.Module):
     """`_reduce_forward` of one model and the run's options as a module of (x, distance), its values' tensors in
-    the order of `keys`: what torch.jit.trace records."""
+    the order of `keys` (those of its last forward): what torch.jit.trace records."""
 
-    def __init__(self, loaded: LoadedModel, logit_lens: bool, keys: Sequence[str]) -> None:
+    def __init__(self, loaded: LoadedModel, logit_lens: bool) -> None:
         super().__init__()
         self.model = loaded.model  # a submodule, so that the trace reads its parameters in place, not as constants
-        self.loaded, self.logit_lens, self.keys = loaded, logit_lens, tuple(keys)
+        self.loaded, self.logit_lens = loaded, logit_lens
+        self.keys: tuple[str, ...] = ()
 
     def forward(self, x: torch.Tensor, distance: torch.Tensor) -> tuple[torch.Tensor, ...]:
         values = _reduce_forward(self.loaded, x, self.logit_lens, distance)
-        return tuple(values[key] for key in self.keys)
+        self.keys = tuple(values)
+        return tuple(values.values())
 
 
 TracedForward = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]  # (x, distance) -> _reduce_forward's values
@@ -352,37 +351,26 @@ TracedForward = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] 
 def traced_reductions(loaded: LoadedModel, x: torch.Tensor, logit_lens: bool, distance: torch.Tensor
                       ) -> TracedForward | None:
     """`_reduce_forward` without lenses, as a TorchScript trace recorded on x (F, 3, H, W) at this thread's torch
-    threads: valid for inputs of x's shape, the same values bit for bit. None where the model stays eager: a hook
-    that someone else put on it (a trace would drop it), tracing failing, or the trace's values differing from the
-    eager forward's in any bit on x or on x mirrored (a ViT's forward has no branch that depends on the pixels; a
-    model that had one would show it here).
+    threads: valid for inputs of x's shape, the same values bit for bit (vit_core.runtime.tracing.exact_trace). None
+    where the model stays eager: a hook that someone else put on it (a trace would drop it), tracing failing, or
+    the trace's values differing from the eager forward's.
 
     Why: a forward is hundreds of operators each called from Python, and W workers take turns at the GIL between
     them; the trace runs them all in C++ without it (TRACED_FORWARD_MACS; docs/performance.md). Recording and
     checking it costs about seven forwards, once per run."""
-    if not hasattr(torch, "jit") or foreign_hooks(loaded.model):
+    if foreign_hooks(loaded.model):
         return None
-    own = replica(loaded)  # its hooks fire only while tracing, on its own modules
-    checks = [x, x.flip(-1)]
-    expected = [_reduce_forward(own, c, logit_lens, distance) for c in checks]
-    keys = list(expected[0])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.jit.trace's deprecation, and TracerWarnings on timm's shape asserts
-            with torch.inference_mode():
-                graph = torch.jit.trace(_ReducedForward(own, logit_lens, keys), (x, distance), check_trace=False)
-    except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
-        _logger.info("%s: the dataset's forward stays eager (tracing failed: %s)", loaded.name, e)
+    module = _ReducedForward(replica(loaded), logit_lens)  # a replica: its hooks fire only here, on its own modules
+    with torch.inference_mode():
+        graph = exact_trace(module, (x, distance), f"{loaded.name}: the dataset's forward")
+    if graph is None:
         return None
+    keys = module.keys
 
     def traced(x: torch.Tensor, distance: torch.Tensor) -> dict[str, torch.Tensor]:
-        with torch.inference_mode(), torch.jit.optimized_execution(False):  # the recorded operators as they are
+        with torch.inference_mode():
             return dict(zip(keys, graph(x, distance), strict=True))
 
-    got = [traced(c, distance) for c in checks]
-    if not all(torch.equal(want[key], have[key]) for want, have in zip(expected, got, strict=True) for key in keys):
-        _logger.info("%s: the dataset's forward stays eager (its trace differs from the eager forward)", loaded.name)
-        return None
     return traced
 
 

@@ -46,6 +46,11 @@ def model_workers(device: torch.device, asked: int | None = None) -> int:
     return workers
 
 
+def pool_width(device: torch.device, items: int, asked: int | None = None) -> int:
+    """`model_workers`, but no more than the `items` to run (at least 1): a pool with none idle."""
+    return max(1, min(model_workers(device, asked), items))
+
+
 def _modules_copied(module: torch.nn.Module, memo: dict[int, torch.nn.Module]) -> torch.nn.Module:
     """`module` and every module inside it copied: each copy's own attributes, and its own dictionaries (hooks,
     submodules, parameters and buffers), whose values are the same tensors and functions (a shallow copy of each)."""

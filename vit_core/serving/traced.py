@@ -4,12 +4,9 @@ An eager forward gives the GIL up around each of its few hundred torch operation
 each; on a server where 30 sessions' scripts, figures and downloads hold it, that made a forward take up to
 three times its time alone (docs/performance.md, "The traced forward"). A TorchScript trace of the hooked forward runs the whole
 recorded graph in C++ without the GIL and returns every intermediate the hooks saw as an output. It is recorded
-once per model, by the model's first capture pass, and kept only if its outputs equal the eager forward's in
-every bit, on that pass's input and on the same input mirrored (a ViT's forward has no branch that depends on
-the pixels; a model that had one would show it here); else, or if tracing fails, the model stays eager. The
-graph holds no hooks and changes no flags; it reads the model's parameters in place. `torch.jit.trace` is
-deprecated (a FutureWarning since torch 2.10): torch.compile's and torch.export's programs still come back to
-Python between operations, so nothing else in torch does this; without torch.jit the model stays eager.
+once per model, by the model's first capture pass, and kept only where its outputs equal the eager forward's in
+every bit (vit_core.runtime.tracing.exact_trace); else the model stays eager. The graph holds no hooks and changes
+no flags; it reads the model's parameters in place.
 
 The traced forwards run on "forward lanes": as many threads as passes may run at once, at a lower CPU priority
 than the threads that answer pages (Linux: a thread's own nice value), so that a forward that never gives the
@@ -23,7 +20,6 @@ import contextlib
 import logging
 import threading
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -33,6 +29,7 @@ import torch
 from ..hooks import CAPTURED_KEYS, foreign_hooks
 from ..loading.model import LoadedModel
 from ..runtime import torch_threads
+from ..runtime.tracing import exact_trace
 from ..sites import recorded_sites, sites_recorded
 from .passes import narrow_threads, parallel_passes
 from .priority import FORWARD_LANE_NAME, become_a_lane
@@ -77,10 +74,12 @@ class _Recorder(torch.nn.Module):
         self.model = model
         self._store = store  # filled by this thread's capture hooks during the forward
         self._keys = (*CAPTURED_KEYS, *sites)
+        self.counts: dict[str, int] = {}  # tensors per key of the store in the last forward
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self._store.clear()
         logits = self.model(x)
+        self.counts = {key: len(self._store.get(key, [])) for key in self._keys}  # how a trace's outputs split
         return (logits, *(t for key in self._keys for t in self._store.get(key, [])))
 
 
@@ -93,7 +92,7 @@ class _Traced:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
         """(logits, store) as the eager hooked forward gives them (with its sites' hooks on)."""
-        outputs, store, i = self.graph(x), {}, 1
+        outputs, store, i = self.graph(x), {}, 1  # the graph runs its recorded operators (exact_trace)
         for key in (*CAPTURED_KEYS, *self.sites):
             store[key], i = list(outputs[i:i + self.counts[key]]), i + self.counts[key]
         return outputs[0], store
@@ -118,41 +117,21 @@ def _trace(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Ten
            sites: tuple[str, ...] = ()) -> _Traced | None:
     """Inside a capture pass (its hooks fill `store`): `loaded.model` traced at the shape of `x` with `threads` torch
     threads, recording `sites` too (canonical names beyond the default capture), or None if tracing fails or the
-    trace's outputs differ from the eager forward's in any bit."""
+    trace's outputs differ from the eager forward's in any bit (vit_core.runtime.tracing.exact_trace)."""
     started = time.perf_counter()
-    keys = (*CAPTURED_KEYS, *sites)
-
-    def eager(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
-        logits = loaded.model(x)
-        return logits, {key: store.pop(key, []) for key in keys}
-
-    def same(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> bool:
-        return torch.equal(a[0], b[0]) and all(
-            len(a[1][key]) == len(b[1][key]) and all(map(torch.equal, a[1][key], b[1][key])) for key in keys)
-
+    recorder = _Recorder(loaded.model, store, sites)
     # At the thread count its passes run at: the trace records the library each linear was given, and
     # vit_core.runtime.onednn chooses it per thread count (docs/performance.md, "Linears on MKL, oneDNN opt-in").
     with torch_threads(threads):
         try:
-            checks = [x, x.flip(-1)]
             with _sites_of_this_thread(loaded.model, sites, store):
-                expected = [eager(c) for c in checks]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # the deprecation, and TracerWarnings on timm's shape asserts
-                    graph = torch.jit.trace(_Recorder(loaded.model, store, sites), x, check_trace=False)
-            traced = _Traced(graph, {key: len(t) for key, t in expected[0][1].items()}, tuple(x.shape), sites)
-            with torch.jit.optimized_execution(False):
-                exact = all(same(traced(c), e) for c, e in zip(checks, expected, strict=True))
-        except Exception as e:  # noqa: BLE001 - a model the tracer can't record stays eager
-            _logger.info("%s: capture stays eager (tracing failed: %s)", loaded.name, e)
-            return None
+                graph = exact_trace(recorder, (x,), f"{loaded.name}: capture")
         finally:
             store.clear()
-    if not exact:
-        _logger.info("%s: capture stays eager (the traced forward differs from the eager one)", loaded.name)
+    if graph is None:
         return None
     _logger.info("%s: capture forward traced in %.1f s", loaded.name, time.perf_counter() - started)
-    return traced
+    return _Traced(graph, recorder.counts, tuple(x.shape), sites)
 
 
 def traced_forward(loaded: LoadedModel, x: torch.Tensor, store: dict[str, list[torch.Tensor]],
@@ -182,7 +161,7 @@ def on_a_lane(traced: _Traced, x: torch.Tensor) -> tuple[torch.Tensor, dict[str,
     def run() -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)  # the lane's own OpenMP setting, as the pass's
-        with torch.inference_mode(), torch.jit.optimized_execution(False):  # the recorded operations as they are
+        with torch.inference_mode():
             return traced(x)
 
     return _forward_lanes().submit(run).result()
