@@ -2,7 +2,7 @@
 CKA sums.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python -m tools.benchmarks.compare [--model vit_base_patch16_224] [--images 16] [--repeats 3]
-                                                 [--device cpu] [--cka-memory-only] [--command]
+                                                 [--device cpu] [--cka-memory-only] [--command] [--floor]
 
 Time: the same in-memory JPEGs (drawn here, 500 x 375 px), one process, no decoding workers. One side runs
 `dataset`'s engine twice (`analyze_totals` of model A, then of model B: two random inits, seeds 0 and 1, of --model),
@@ -12,6 +12,9 @@ medians and their ratio (target: compare <= 1.1 x the two dataset runs).
 
 Memory: the CKA sums' arrays for two --model models (FixedSums: an int64 and a uint32 limb per sum) computed from the
 geometry (target for two ViT-B/16: under 2 GB), and the process's peak RSS after the runs (ru_maxrss).
+
+--floor: the least compare can cost next to two dataset runs on this machine, whatever its engine: per image, the
+float64 products the CKA sums are made of against one forward (`floor`).
 
 --command: the command itself instead, `python -m vit_core compare` over --images drawn Shapes images enlarged to 256 px
 (tools.benchmarks.concepts' draw_folder) in a temporary folder, --model at random init (seed 0) against its random init
@@ -75,6 +78,48 @@ def run_command(model: str, images: int) -> None:
     print(f"compare command: {seconds:.1f} s for {images} images; peak RSS {peak / 1e9:.2f} GB ({peak / 2**30:.2f} GiB)")
 
 
+def floor(model: str, repeats: int) -> None:
+    """The least `compare` can cost next to two `dataset` runs on this machine, whatever its engine: per image, the
+    products analyses.md's CKA sums are made of (float64, one image: X^T Y for every pair of residual rows and X^T X,
+    Y^T Y) against one forward of the model (random init, one 224 px image, torch's threads), medians of `repeats`
+    in one process. floor = (2 forwards + products) / 2 forwards."""
+    import torch
+
+    loaded = load_model(model, pretrained=False, seed=0, device="cpu")
+    g = loaded.geometry
+    rows, tokens, width = g.num_layers + 1, g.num_patches, g.embed_dim
+    x = torch.randn(1, 3, *g.img_size)
+    residual = torch.randn(1, rows, tokens, width, dtype=torch.float64)  # (F, L+1, N, D): one image's patch rows
+
+    def forward() -> None:
+        with torch.inference_mode():
+            loaded.model(x)
+
+    def products() -> None:
+        with torch.inference_mode():
+            for _ in range(2):  # X^T X and Y^T Y
+                residual.transpose(-1, -2) @ residual
+            for i in range(rows):  # a row of A against every row of B, as compare's add_pair makes them
+                residual[:, i:i + 1].transpose(-1, -2) @ residual
+
+    def median_seconds(run) -> float:
+        run()
+        return statistics.median(_seconds(run) for _ in range(repeats))
+
+    forward_s, products_s = median_seconds(forward), median_seconds(products)
+    multiply_adds = (rows * rows + 2 * rows) * tokens * width * width
+    print(f"{model}, one image: a forward {forward_s * 1e3:.0f} ms; the CKA sums' float64 products "
+          f"({multiply_adds / 1e9:.1f} G multiply-adds) {products_s * 1e3:.0f} ms; torch threads {torch.get_num_threads()}")
+    print(f"floor: (2 forwards + products) / 2 forwards = {(2 * forward_s + products_s) / (2 * forward_s):.2f}x "
+          "(target <= 1.1x)")
+
+
+def _seconds(run) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit_base_patch16_224")
@@ -83,9 +128,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cka-memory-only", action="store_true")
     parser.add_argument("--command", action="store_true", help="time the command and its peak RSS instead")
+    parser.add_argument("--floor", action="store_true", help="the CKA sums' products against a forward instead")
     args = parser.parse_args()
     if args.command:
         run_command(args.model, args.images)
+        return
+    if args.floor:
+        floor(args.model, args.repeats)
         return
 
     a = load_model(args.model, pretrained=False, seed=0, device=args.device)
