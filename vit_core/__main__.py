@@ -207,6 +207,9 @@ def build_parser(prog: str = "python -m vit_core") -> tuple[argparse.ArgumentPar
     concepts.add_argument("--circuit-images", type=_positive, default=None, metavar="N",
                           help="with several blocks: the circuit is measured on the first N held-out images (default "
                                f"{CIRCUIT_IMAGES})")
+    concepts.add_argument("--steering-images", type=_positive, default=None, metavar="N",
+                          help="the steerable share is measured on the first N held-out images (default: all of them; "
+                               "each costs a pass of the later blocks per feature firing on it)")
     concepts.add_argument("--features", type=_positive, metavar="F",
                           help="the autoencoder's features (default: 8 x the model's width)")
     concepts.add_argument("--k", type=_positive, default=CONCEPTS_K, metavar="K",
@@ -1039,7 +1042,8 @@ def _concepts_of_layer(args: argparse.Namespace, loaded: LoadedModel, plan: RunP
         with _stage_bars() as progress:
             files, summary = concepts_files(loaded, plan, store, layer, settings,
                                             memory_budget=int(args.memory_gb * 2 ** 30), progress=progress,
-                                            collect_seconds=collect_seconds, stability=args.stability)
+                                            collect_seconds=collect_seconds, stability=args.stability,
+                                            steering_images=args.steering_images)
         if out is None:
             folder.mkdir(parents=True, exist_ok=True)
             with OutputFolder(folder) as written_to:
@@ -1059,6 +1063,8 @@ def _concepts_of_layer(args: argparse.Namespace, loaded: LoadedModel, plan: RunP
           f"features, k = {args.k}: held-out fvu {summary['fvu']:.3f}, dead {summary['dead_fraction']:.1%}, spliced "
           f"top-1 agreement {summary['spliced_top1_agreement']:.1%}, KL {summary['spliced_kl']:.3g}, steerable "
           f"{summary['steerable_share']:.1%}"
+          + (f" (on {summary['steering_images']:,} of the {summary['held_out_images']:,} held-out images)"
+             if summary["steering_images"] < summary["held_out_images"] else "")
           + (f", stability {summary['stability']:.3f} ({summary['stable_share']:.1%} stable)" if args.stability else "")
           + f" -> {', '.join(map(str, written))}",
           flush=True)

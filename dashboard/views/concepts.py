@@ -186,10 +186,11 @@ def folder_note(picked: PickedConcepts) -> None:
         st.caption(f"{outside:,} top patches name files outside the folder the concepts were learned from: skipped.")
 
 
-def feature_marks(entry: dict[str, Any]) -> str:
+def feature_marks(entry: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
     """Sentences on a feature from its concepts.json entry: stable or not (`--stability`: the largest cosine between
     its decoder column and a second dictionary's, at seed + 1, above STABLE_COSINE or not), and whether removing it
-    changes some held-out image's top-1 ("" where the entry says neither)."""
+    changes some held-out image's top-1 ("" where the entry says neither); from the `summary` (concepts.json), how
+    many held-out images were tried where `--steering-images` tried fewer than all."""
     marks = []
     if isinstance(entry.get("stability"), (int, float)):
         cosine = float(entry["stability"])
@@ -198,7 +199,10 @@ def feature_marks(entry: dict[str, Any]) -> str:
     if entry.get("steers") is True:
         marks.append("Removing it changes the top-1 of some held-out image")
     elif entry.get("steers") is False:
-        marks.append("Removing it changed no held-out image's top-1")
+        tried, held = (summary or {}).get("steering_images"), (summary or {}).get("held_out_images")
+        marks.append(f"Removing it changed the top-1 of none of the {tried:,} held-out images tried (of {held:,})"
+                     if isinstance(tried, int) and isinstance(held, int) and tried < held
+                     else "Removing it changed no held-out image's top-1")
     return "".join(f" {mark}." for mark in marks)
 
 
@@ -233,7 +237,7 @@ def concepts_view(ctx: ViewContext) -> None:
             st.caption(f"Feature **#{feature}**: fires on {entry.get('firing_rate', float('nan')):.2%} of the folder's "
                        f"patches, mean activation {entry.get('mean_activation', float('nan')):.3g}; here its total "
                        f"activation is {float(seen.maps[list(seen.strongest).index(feature)].sum()):.3g}."
-                       + feature_marks(entry))
+                       + feature_marks(entry, picked.summary))
     if not len(seen.strongest):
         st.info("No feature fires on this image.")
         return

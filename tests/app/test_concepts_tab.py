@@ -111,7 +111,7 @@ def test_the_tab_shows_the_images_features_and_removes_one(concepts_dir, offered
     captions = " ".join(c.value for c in at.caption)
     assert all(f"#{f}" in captions for f in seen.strongest.tolist())
     summary = json.loads((concepts_dir / "concepts.json").read_text())
-    assert all(feature_marks(summary["features"][f]) in captions for f in seen.strongest.tolist())
+    assert all(feature_marks(summary["features"][f], summary) in captions for f in seen.strongest.tolist())
     feature = int(seen.strongest[0])
     at.selectbox(key=session.K_CONCEPT_REMOVED).set_value(feature).run()
     assert_healthy(at)
@@ -127,6 +127,10 @@ def test_a_feature_is_marked_unstable_at_cosine_0_9_or_less_and_says_whether_it_
         " Stable: a second dictionary (seed + 1) has it at cosine 0.95. Removing it changes the top-1 of some held-out "
         "image.")
     assert feature_marks({"steers": False}) == " Removing it changed no held-out image's top-1."
+    assert feature_marks({"steers": False}, {"steering_images": 200, "held_out_images": 200}) == (
+        " Removing it changed no held-out image's top-1.")
+    assert feature_marks({"steers": False}, {"steering_images": 64, "held_out_images": 1200}) == (
+        " Removing it changed the top-1 of none of the 64 held-out images tried (of 1,200).")
 
 
 def test_a_class_server_takes_no_path(monkeypatch, single_user):

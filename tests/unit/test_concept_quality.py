@@ -4,6 +4,8 @@ forward per feature and image. On the bundled Shapes ViT, its bundled concepts a
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -96,12 +98,15 @@ def test_a_feature_steers_exactly_when_its_spliced_removal_changes_the_top_1(sha
 
 
 def test_steerable_features_are_those_some_held_out_image_steers(shapes, concepts, folder):
+    concepts = copy.deepcopy(concepts)
+    with torch.no_grad():
+        concepts.sae.decoder.mul_(8.0)  # removals eight times as large: a few change a top-1 (none at 1x)
     plan = plan_run(shapes, folder)
     alive = np.ones(concepts.sae.num_features, dtype=bool)
     alive[::2] = False  # the dead are never tried
     found = steerable(shapes, concepts, plan, alive, batch_size=3, forwards=2)
     assert steerable(shapes, concepts, plan, alive, batch_size=2, forwards=1).tolist() == found.tolist()  # images apart
-    expected = np.zeros_like(alive)
+    per_image = []  # each held-out image's steering features, in the run's order
     for path, held in zip(plan.paths, held_out(plan.names), strict=True):
         if not held:
             continue
@@ -109,6 +114,31 @@ def test_steerable_features_are_those_some_held_out_image_steers(shapes, concept
         with model_pass(shapes):
             h = residual_after(shapes, x, concepts.layer)[0]
             candidates = np.flatnonzero((concepts.codes(h[1:]) > 0).any(dim=0).numpy() & alive)
-            expected[candidates[image_steers(shapes, concepts, h, candidates)]] = True
-    assert found.tolist() == expected.tolist()
+            per_image.append(np.isin(np.arange(len(alive)), candidates[image_steers(shapes, concepts, h, candidates)]))
+    assert len(per_image) == 2
+    assert found.tolist() == np.logical_or.reduce(per_image).tolist()
     assert not found[~alive].any()
+    assert found.any() and (per_image[0] != per_image[1]).any()  # the second image steers features the first does not
+    shown = []
+    first = steerable(shapes, concepts, plan, alive, batch_size=3, forwards=2, images=1,  # --steering-images 1
+                      progress=lambda done, of: shown.append((done, of)))
+    assert first.tolist() == per_image[0].tolist() and shown[-1] == (1, 1)
+
+
+def test_the_command_measures_the_steerable_share_on_the_first_steering_images(folder, tmp_path, capsys):
+    """`concepts --steering-images 1` on a folder with 2 held-out images: concepts.json's steers are those of the
+    first held-out image alone (`steerable` with images=1), `steering_images` says 1, and the last line says so."""
+    from vit_core import __main__ as core_cli
+
+    out = tmp_path / "concepts"
+    assert core_cli.main(["concepts", str(folder), "--model", "vit-lens/shapes-vit", "--layer", "2", "--features", "64",
+                          "--k", "4", "--epochs", "1", "--workers", "0", "--steering-images", "1", "--out", str(out)]) == 0
+    summary = json.loads((out / "concepts.json").read_text())
+    assert (summary["held_out_images"], summary["steering_images"]) == (2, 1)
+    assert "(on 1 of the 2 held-out images)" in capsys.readouterr().out.splitlines()[-1]
+    shapes = load_model("vit-lens/shapes-vit", device="cpu")
+    concepts = load_concepts(out)
+    alive = np.array([f["firing_rate"] > 0 for f in summary["features"]])  # fires somewhere: a superset of the alive
+    first = steerable(shapes, concepts, plan_run(shapes, folder), alive, images=1)
+    steers = np.array([f["steers"] for f in summary["features"]])
+    assert steers[alive].tolist() == first[alive].tolist()

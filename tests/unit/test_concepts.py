@@ -393,7 +393,7 @@ def test_the_command_writes_the_concepts_files(shapes, folder, tmp_path, capsys)
     assert f"training: {trained:,} of {trained:,} tokens" in said and "metrics: 1 of 1 images" in said, said
     summary = json.loads((out / "concepts.json").read_text())
     assert (summary["model"], summary["layer"], summary["num_features"], summary["k"]) == ("vit-lens/shapes-vit", 2, 64, 4)
-    assert summary["images"] == 12 and summary["held_out_images"] == 1
+    assert summary["images"] == 12 and summary["held_out_images"] == 1 and summary["steering_images"] == 1
     for key in ("fvu", "dead_fraction", "spliced_top1_agreement", "spliced_kl"):
         assert np.isfinite(summary[key]), key
     assert 0 < summary["fvu"] < 1.5 and 0 <= summary["dead_fraction"] <= 1
@@ -426,7 +426,7 @@ def test_stability_compares_the_dictionary_with_the_one_of_the_next_seed(shapes,
     out = tmp_path / "concepts"
     assert core_cli.main(["concepts", str(folder), "--model", "vit-lens/shapes-vit", "--layer", str(LAYER), "--features",
                           "48", "--k", "4", "--epochs", "1", "--workers", "0", "--seed", "3", "--stability",
-                          "--out", str(out)]) == 0
+                          "--steering-images", "5", "--out", str(out)]) == 0  # 5: more than the 1 held out
     said = capsys.readouterr().out
     assert "stability: " in said and "stable)" in said.splitlines()[-1]
     summary = json.loads((out / "concepts.json").read_text())
@@ -443,6 +443,7 @@ def test_stability_compares_the_dictionary_with_the_one_of_the_next_seed(shapes,
     assert summary["stable_share"] == pytest.approx((match[alive] > 0.9).mean())
     steers = np.array([f["steers"] for f in summary["features"]])
     assert summary["steerable_share"] == pytest.approx(steers[alive].mean()) and not steers[~alive].any()
+    assert summary["steering_images"] == 1
     assert summary["learning_rate"] == settings.lr(tokens.count(held=False))
 
 

@@ -2,6 +2,7 @@
 image, and the peak memory of a large run.
 
     .venv/bin/python -m tools.benchmarks.concepts shapes [--images 2000] [--features 2048] [--k 32] [--epochs 4] [--layer 1,2,3]
+                                                   [--steering-images N]
     .venv/bin/python -m tools.benchmarks.concepts vit-b [--images 1000] [--expansion 8] [--k 32] [--epochs 1] [--layer 6]
 
 shapes: the bundled Shapes ViT over --images drawn Shapes images (vit_core.teaching.data, written as PNG into a
@@ -300,6 +301,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--layer", help="a block, or 2 or 3 (shapes: e.g. 1,2,3): their dictionaries and the circuit")
+    parser.add_argument("--steering-images", type=int, help="the command's --steering-images (default: all held out)")
     args = parser.parse_args()
     if args.which == "peers":
         sizes = [tuple(int(v) for v in size.split(":")) for size in args.sizes.split(",")]
@@ -322,8 +324,9 @@ def main() -> None:
             features = args.features or args.expansion * 768
             draw_folder(folder, images, side=256)
             command = [str(folder), "--model", "vit_base_patch16_224", "--random-init"]
+        steering = ["--steering-images", str(args.steering_images)] if args.steering_images else []
         seconds, peak_mib = run_command([*command, "--layer", str(layer), "--features", str(features), "--k", str(args.k),
-                                         "--epochs", str(epochs), "--out", str(out)])
+                                         "--epochs", str(epochs), *steering, "--out", str(out)])
         result = {"which": args.which, "images": images, "features": features, "k": args.k, "epochs": epochs,
                   "layer": layer, "command_s": round(seconds, 1), "peak_rss_mib": peak_mib}
         if "," in layer:  # one dictionary per block in out/layer-L, and the circuit between them

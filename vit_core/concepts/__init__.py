@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
-from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
+from .collect import TokenStore, collect_shards, held_out, held_out_sources, patch_tokens, residual_after
 from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, image_crop, patch_crop, top_crops
 from .folders import load_concepts
 from .image import SHOWN_FEATURES, ImageConcepts, image_concepts
@@ -87,11 +87,13 @@ STAGES = {"training": "tokens", "stability": "tokens", "metrics": "images", "ste
 def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer: int, settings: TrainingSettings, *,
                    memory_budget: int = MEMORY_BUDGET, workers: int = 0,
                    progress: Callable[[str, int, int], None] | None = None,
-                   collect_seconds: float | None = None, stability: bool = False) -> tuple[dict[str, bytes], dict[str, Any]]:
+                   collect_seconds: float | None = None, stability: bool = False,
+                   steering_images: int | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every shard's tokens (all collected) -> the autoencoder trained, measured and drawn: the files of
     docs/spec/interface.md "Concepts" (name -> bytes) and concepts.json's content (without its features, for a
-    summary line). `stability`: a second autoencoder trained at seed + 1 and compared. progress(stage, done, of) as
-    each stage goes: STAGES names them and their units."""
+    summary line). `stability`: a second autoencoder trained at seed + 1 and compared. `steering_images`: the
+    steerable share over the first that many held-out images (default all). progress(stage, done, of) as each stage
+    goes: STAGES names them and their units."""
     import json
     from dataclasses import replace
 
@@ -117,8 +119,9 @@ def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer:
         quality |= stability_of(match, held["alive"])
     splice = clock.time("splice", lambda: splice_metrics(loaded, concepts, plan, workers, progress=stage("metrics")))
     steers = clock.time("steering", lambda: steerable(loaded, concepts, plan, held["alive"], workers,
-                                                      progress=stage("steering")))
-    quality = {"steerable_share": steerable_share(steers, held["alive"]), **quality}
+                                                      progress=stage("steering"), images=steering_images))
+    quality = {"steerable_share": steerable_share(steers, held["alive"]),
+               "steering_images": len(held_out_sources(plan, steering_images)), **quality}
     stats = clock.time("features", lambda: feature_statistics(concepts, tokens, progress=stage("features")))
     features = features_json(stats, plan.names, loaded.geometry.grid, steers, match)
     cache: dict = {}

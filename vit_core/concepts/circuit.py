@@ -34,7 +34,7 @@ from ..explain.interventions import attention_heads, block_rows_from_qkv, block_
 from ..explain.passes import eval_mode, model_pass
 from ..loading.model import LoadedModel
 from ..runtime.devices import full_float32
-from .collect import held_out, residuals_after
+from .collect import held_out_sources, residuals_after
 from .folders import CIRCUIT_EDGES_PER_FEATURE, CIRCUIT_FILE, CIRCUIT_MAX_LAYERS
 from .quality import first_block_after_removals, qkv_after_removals, removed_rows
 from .sae import Concepts, ConceptsError
@@ -250,10 +250,8 @@ def top_upstream(attribution: np.ndarray, alive: np.ndarray, count: int = EDGES_
 
 
 def circuit_sources(plan: RunPlan, images: int = CIRCUIT_IMAGES) -> list:
-    """The circuit's images: the held-out images (`held_out`), at most `images` of them, the first in the run's
-    sorted order."""
-    mask = held_out(plan.names)
-    return [source for source, held in zip(plan.sources(), mask, strict=True) if held][:images]
+    """The circuit's images: the first `images` held-out images (`held_out_sources`)."""
+    return held_out_sources(plan, images)
 
 
 def _each_held_out_image(loaded: LoadedModel, plan: RunPlan, images: int,

@@ -117,6 +117,13 @@ def held_out(names: Sequence[str], share: float = HELD_OUT_SHARE) -> np.ndarray:
     return mask
 
 
+def held_out_sources(plan: RunPlan, images: int | None = None) -> list:
+    """The run's held-out images (`held_out`) as its sources, the first `images` of them in its sorted order (default
+    all): what the steerable share and the circuit are measured on."""
+    mask = held_out(plan.names)
+    return [source for source, held in zip(plan.sources(), mask, strict=True) if held][:images]
+
+
 # ----------------------------------------------------------------------------------------------
 # The shards' token parts on disk
 

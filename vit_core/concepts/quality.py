@@ -26,7 +26,7 @@ from ..explain.interventions import (
 )
 from ..explain.passes import model_pass
 from ..loading.model import LoadedModel
-from .collect import held_out, residual_after
+from .collect import held_out_sources, residual_after
 from .sae import Concepts, TopKSAE
 
 STABLE_COSINE = 0.9  # a feature is stable when another seed's dictionary has a column this close to its own
@@ -127,13 +127,13 @@ def image_steers(loaded: LoadedModel, concepts: Concepts, h: torch.Tensor, candi
 
 def steerable(loaded: LoadedModel, concepts: Concepts, plan: RunPlan, alive: np.ndarray, workers: int = 0,
               batch_size: int = 8, progress: Callable[[int, int], None] | None = None,
-              forwards: int | None = None) -> np.ndarray:
-    """bool (F,): the alive features whose removal changes the top-1 of at least one held-out image on whose patches
-    they fire (z_f > 0). Every image tries every alive feature that fires on it, so images are independent: on a CPU
-    `forwards` of them at once (default `model_workers`), each on its own thread at one torch thread, as the dataset
-    engine runs its forwards (the same bits whatever their number). progress(images, of) per batch."""
-    mask = held_out(plan.names)
-    sources = [source for source, held in zip(plan.sources(), mask, strict=True) if held]
+              forwards: int | None = None, images: int | None = None) -> np.ndarray:
+    """bool (F,): the alive features whose removal changes the top-1 of at least one held-out image (the first
+    `images` of them: `held_out_sources`) on whose patches they fire (z_f > 0). Every image tries every alive
+    feature that fires on it, so images are independent: on a CPU `forwards` of them at once (default
+    `model_workers`), each on its own thread at one torch thread, as the dataset engine runs its forwards (the same
+    bits whatever their number). progress(images, of) per batch."""
+    sources = held_out_sources(plan, images)
     found = np.zeros(len(alive), dtype=bool)
     done = 0
     if progress:
