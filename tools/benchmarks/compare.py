@@ -82,8 +82,10 @@ def floor(model: str, repeats: int) -> None:
     """The least `compare` can cost next to two `dataset` runs on this machine, whatever its engine: per image, the
     products analyses.md's CKA sums are made of (float64, one image: X^T Y for every pair of residual rows and X^T X,
     Y^T Y) against one forward of the model (random init, one 224 px image, torch's threads), medians of `repeats`
-    in one process. floor = (2 forwards + products) / 2 forwards."""
+    interleaved rounds in one process. floor = (2 forwards + products) / 2 forwards."""
     import torch
+
+    from tools.benchmarks.benchmark import interleaved_times
 
     loaded = load_model(model, pretrained=False, seed=0, device="cpu")
     g = loaded.geometry
@@ -102,22 +104,13 @@ def floor(model: str, repeats: int) -> None:
             for i in range(rows):  # a row of A against every row of B, as compare's add_pair makes them
                 residual[:, i:i + 1].transpose(-1, -2) @ residual
 
-    def median_seconds(run) -> float:
-        run()
-        return statistics.median(_seconds(run) for _ in range(repeats))
-
-    forward_s, products_s = median_seconds(forward), median_seconds(products)
+    times = interleaved_times({"forward": forward, "products": products}, repeats, warmups=1)
+    forward_s, products_s = (statistics.median(times[name]) for name in ("forward", "products"))
     multiply_adds = (rows * rows + 2 * rows) * tokens * width * width
     print(f"{model}, one image: a forward {forward_s * 1e3:.0f} ms; the CKA sums' float64 products "
           f"({multiply_adds / 1e9:.1f} G multiply-adds) {products_s * 1e3:.0f} ms; torch threads {torch.get_num_threads()}")
     print(f"floor: (2 forwards + products) / 2 forwards = {(2 * forward_s + products_s) / (2 * forward_s):.2f}x "
           "(target <= 1.1x)")
-
-
-def _seconds(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ..dataset.runs import RunPlan
 from ..loading.model import LoadedModel
-from .collect import TokenStore, collect_shards, held_out, held_out_sources, patch_tokens, residual_after
+from .collect import TokenStore, collect_shards, held_out, patch_tokens, residual_after
 from .crops import SHEET_CROPS, SHEET_FEATURES, contact_sheet_png, image_crop, patch_crop, top_crops
 from .folders import load_concepts
 from .image import SHOWN_FEATURES, ImageConcepts, image_concepts
@@ -121,7 +121,7 @@ def concepts_files(loaded: LoadedModel, plan: RunPlan, store: TokenStore, layer:
     steers = clock.time("steering", lambda: steerable(loaded, concepts, plan, held["alive"], workers,
                                                       progress=stage("steering"), images=steering_images))
     quality = {"steerable_share": steerable_share(steers, held["alive"]),
-               "steering_images": len(held_out_sources(plan, steering_images)), **quality}
+               "steering_images": min(steering_images or len(plan.names), int(held_out(plan.names).sum())), **quality}
     stats = clock.time("features", lambda: feature_statistics(concepts, tokens, progress=stage("features")))
     features = features_json(stats, plan.names, loaded.geometry.grid, steers, match)
     cache: dict = {}
